@@ -1,0 +1,678 @@
+"""The grouped GEMMs of an MoE layer behind one front door, by recipe and backend.
+
+Two cases, with ``torch._grouped_mm`` semantics (``offs`` int32 (G,) cumulative group ends, groups may be empty):
+
+* 2D x 3D (forward, backward input): a (M, K), b (G, K, N) -> out (M, N); group g is rows [offs[g-1], offs[g]) of
+  a and out and uses b[g]. Output rows past offs[-1] are unspecified.
+* 2D x 2D (backward weight): a (N, M), b (M, K) -> out (G, N, K); offs splits the contraction dim M and
+  out[g] = a[:, group g] @ b[group g, :]. An empty group's output is zero.
+
+``grouped_mm(a, b, offs, recipe)`` takes high-precision operands, quantizes them for the recipe and runs the
+operand-level call. The operand-level calls -- what the pipeline times -- take quantized operands with the contraction
+dim contiguous for both ("TN", as every FP8/MX tensor-core GEMM wants them):
+
+* 2D x 3D: a_q (M, K), b_q (G, N, K) -> out (M, N);
+* 2D x 2D: a_q (N, M), b_q (K, M) -> out (G, N, K).
+
+``mxfp8_grouped_mm`` takes e4m3 data and the *blocked* e8m0 scales exactly as ``layouts`` produces them, the same
+inputs for every backend: 2D x 3D: a_sb = ``rearrange_m_groups`` buffer (128 * (ceil(M/128) + G), ceil_4(K/32)),
+b_sb = ``rearrange_3d`` (G, ceil_128(N), ceil_4(K/32)); 2D x 2D: ``rearrange_k_groups`` buffers
+(ceil_128(N), M/32 + 4G) and (ceil_128(K), M/32 + 4G), whose group sizes must be multiples of 32 (an MX block must
+not straddle two experts; the kernels trust this, it is not checked on the device). Backends:
+
+* "native": ``torch._scaled_grouped_mm`` with blocked e8m0 scales; compute capability 10.x only. On SM90 that call
+  is not rejected: it launches an SM100-only kernel and the CUDA context dies, so it is refused here first.
+* "triton": a Triton grouped GEMM on ``tl.dot_scaled`` (e4m3 x e4m3, e8m0 scales): block-scaled tensor-core MMA
+  (``tcgen05.mma ... block_scale``) on SM100; on SM90 Triton upcasts the operands to bf16 (correct, slow). Triton
+  <= 3.8 decodes scale byte 0 (2**-127) as 0 and byte 255 (NaN) as Inf on that SM90 path: harmless for the
+  quantizers' output, where byte 0 only scales blocks of |x| < 2**-118 (zero blocks above all) and a NaN block's data
+  is NaN anyway.
+* "triton_fp8": the SM90 fast path: fp8 ``tl.dot`` (wgmma e4m3) on every 32-wide contraction chunk, then
+  ``acc += partial * sa * sb`` with the power-of-two scales decoded from their bytes, exactly the MX math
+  (products of e4m3 values are exact; the chunk sums use the tensor core's fp8 accumulator). Scale byte 255
+  decodes to +Inf rather than NaN (the quantizers write NaN data into those blocks, so the output is NaN).
+* "emulated": dequantize (scales unblocked per group with ``layouts.from_blocked``) and multiply in fp32 with a
+  host loop over groups (reads offs on the host): the reference the others are checked against.
+
+Default backend (``available_backends``, best first): SM100 native > triton > triton_fp8; SM90 and SM89
+triton_fp8 > triton; CPU emulated (the Triton backends run there only under the interpreter, for tests).
+
+The Triton kernels read the blocked scales in place, four 32-blocks (one int32 word) per row per 128 contraction
+elements, and map tiles to groups on the device from offs: no host sync, so they can be captured in a CUDA graph
+(after their first, autotuning call). ``fp8_rowwise_grouped_mm`` is the FP8 rowwise sibling over
+``torch._scaled_grouped_mm`` (SM90 and SM100); bf16 runs ``torch._grouped_mm``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .cost import Cost, ceil_to
+from .format import BLOCK_SIZE, DATA_DTYPE, SCALE_DTYPE, ScaleMode, dequantize_reference
+from .fp8_rowwise import (
+    dequantize_fp8_rowwise_reference,
+    quantize_fp8_rowwise,
+    quantize_fp8_rowwise_3d,
+    quantize_fp8_rowwise_k_groups,
+)
+from .layouts import (
+    from_blocked,
+    k_groups_shape,
+    m_groups_shape,
+    rearrange_3d,
+    rearrange_k_groups,
+    rearrange_m_groups,
+)
+from .padding import check_host_offsets, group_bounds, locate, pick
+from .quantize import quantize_3d, quantize_dim0, quantize_dim1
+from .runtime import INTERPRET, check_offsets, check_tensor
+
+RECIPES = ("bf16", "fp8_rowwise", "mxfp8")
+BACKENDS = {
+    "bf16": ("native", "emulated"),
+    "fp8_rowwise": ("native", "emulated"),
+    "mxfp8": ("native", "triton", "triton_fp8", "emulated"),
+}
+SCALE_DTYPES = (SCALE_DTYPE, torch.uint8)
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class GroupedMMResult:
+    """What ``grouped_mm`` returns: the output and the backend that computed it."""
+
+    out: torch.Tensor
+    backend: str
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which backend runs where
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of a CUDA device, None for any other device."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def _unavailable(recipe: str, backend: str, device: torch.device) -> str | None:
+    """Why ``backend`` cannot run ``recipe`` on ``device``, or None if it can."""
+    cap = _capability(device)
+    if backend == "emulated":
+        return None
+    if backend == "native":
+        if recipe == "bf16":
+            return None  # torch._grouped_mm: graph-safe on SM90/SM100, a host loop over offs elsewhere
+        if cap is None:
+            return f"torch._scaled_grouped_mm needs a CUDA device, got {device}"
+        if recipe == "fp8_rowwise" and not (cap == (9, 0) or cap[0] == 10):
+            return f"FP8 rowwise torch._scaled_grouped_mm runs on compute capability 9.0 and 10.x, not {cap}"
+        if recipe == "mxfp8" and cap[0] != 10:
+            return (
+                f"MXFP8 torch._scaled_grouped_mm needs compute capability 10.x (SM100), this GPU is {cap}: on SM90 "
+                "it launches an SM100-only kernel and the CUDA context dies; use backend 'triton_fp8', 'triton' "
+                "or 'emulated'"
+            )
+        return None
+    if cap is None:
+        return None if INTERPRET else f"the Triton backends need a CUDA device (or TRITON_INTERPRET=1), got {device}"
+    if cap < (8, 9):
+        return f"the Triton MXFP8 backends need fp8 tensor cores (compute capability >= 8.9), this GPU is {cap}"
+    return None
+
+
+def _preference(recipe: str, device: torch.device) -> tuple[str, ...]:
+    cap = _capability(device)
+    if recipe != "mxfp8":
+        return BACKENDS[recipe]
+    if cap is None:
+        # On CPU the Triton backends run in the interpreter, for tests; the emulation is the fast one there.
+        return ("emulated", "triton_fp8", "triton")
+    if cap[0] == 10:
+        return ("native", "triton", "triton_fp8", "emulated")
+    return ("triton_fp8", "triton", "emulated")
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _check_recipe(recipe: object) -> str:
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}; got {recipe!r}")
+    return recipe
+
+
+def available_backends(recipe: str, device: torch.device | str | None = None) -> list[str]:
+    """Backends that can run ``recipe`` on ``device`` (default: the current GPU, else CPU), best first."""
+    recipe = _check_recipe(recipe)
+    device = _default_device() if device is None else torch.device(device)
+    return [b for b in _preference(recipe, device) if _unavailable(recipe, b, device) is None]
+
+
+def default_backend(recipe: str, device: torch.device | str | None = None) -> str:
+    """The backend a call with ``backend=None`` uses: the best available for ``recipe`` on ``device``."""
+    return available_backends(recipe, device)[0]
+
+
+def _resolve_backend(recipe: str, backend: str | None, device: torch.device) -> str:
+    if backend is None:
+        return default_backend(recipe, device)
+    if backend not in BACKENDS[recipe]:
+        raise ValueError(f"backend for recipe {recipe!r} must be one of {', '.join(BACKENDS[recipe])}; got {backend!r}")
+    reason = _unavailable(recipe, backend, device)
+    if reason:
+        raise RuntimeError(reason)
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton MXFP8 grouped GEMM
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _blocked_word(row, words_per_row):
+    """Index of the int32 word holding scales (row, 0..3) inside one blocked image whose padded rows hold
+    ``words_per_row`` words; scales (row, 4w..4w+3) are 128 words further per w.
+
+    Tile (row // 128, c // 4) is 512 bytes = 128 words; (r, c) sits at byte (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4.
+    """
+    return (row // 128) * words_per_row * 128 + (row % 32) * 4 + (row // 32) % 4
+
+
+@triton.jit
+def _scale_bytes(words):
+    """(R,) int32 scale words -> (R, 4) uint8 scale bytes, byte j = block j of the word's 128 elements."""
+    shifts = 8 * tl.arange(0, 4)
+    return ((words[:, None] >> shifts[None, :]) & 0xFF).to(tl.uint8)
+
+
+@triton.jit
+def _e8m0_to_fp32(words, shift):
+    """fp32 2**(e - 127) of the scale byte e in bits [shift, shift + 8) of int32 ``words``.
+
+    Exact for e = 0..254 (e = 0 is the subnormal 2**-127); e = 255 (NaN) gives +Inf, and since the quantizers
+    write NaN data into such blocks the products stay NaN. Four integer ops, because every thread decodes the
+    scales of all its accumulator columns in every 32-wide step.
+    """
+    bits = ((words >> shift) << 23) & 0x7F800000
+    return tl.maximum(bits, 0x400000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mx_mainloop(
+    a_rows, a_ok, b_rows, b_ok, sa_words, sb_words, k_len,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8_DOT: tl.constexpr,
+):  # fmt: skip
+    """acc (BLOCK_M, BLOCK_N) fp32 = sum over k < k_len of (A[m, k] * sa) * (B[n, k] * sb), MX scales per 32 k.
+
+    a_rows (BLOCK_M,) / b_rows (BLOCK_N,): pointers to element k = 0 of each row of A / B (e4m3, k contiguous);
+    rows with a_ok / b_ok false read as zero. sa_words / sb_words: each row's scale word of k in [0, 128) inside its
+    blocked image; the word of k in [128w, 128w + 128) is 128 words (one 512-byte tile) further, i.e. at offset
+    k - k % 128.
+    """
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if FP8_DOT:
+        # One 32-wide chunk per iteration, so one partial product is live at a time (an unrolled 128-wide step
+        # keeps four, and spills).
+        for k0 in range(0, k_len, 32):
+            k = k0 + tl.arange(0, 32)
+            a = tl.load(a_rows[:, None] + k[None, :], mask=a_ok[:, None] & (k < k_len)[None, :], other=0.0)
+            b = tl.load(b_rows[None, :] + k[:, None], mask=b_ok[None, :] & (k < k_len)[:, None], other=0.0)
+            shift = k0 % 128 // 4  # 8 bits per 32-block
+            sa = _e8m0_to_fp32(tl.load(sa_words + (k0 - k0 % 128), mask=a_ok, other=0), shift)
+            sb = _e8m0_to_fp32(tl.load(sb_words + (k0 - k0 % 128), mask=b_ok, other=0), shift)
+            acc = tl.fma(tl.dot(a, b) * sa[:, None], sb[None, :], acc)
+    else:
+        for k0 in range(0, k_len, 128):
+            k = k0 + tl.arange(0, 128)
+            a = tl.load(a_rows[:, None] + k[None, :], mask=a_ok[:, None] & (k < k_len)[None, :], other=0.0)
+            b = tl.load(b_rows[None, :] + k[:, None], mask=b_ok[None, :] & (k < k_len)[:, None], other=0.0)
+            sa = _scale_bytes(tl.load(sa_words + k0, mask=a_ok, other=0))
+            sb = _scale_bytes(tl.load(sb_words + k0, mask=b_ok, other=0))
+            acc = tl.dot_scaled(a, sa, "e4m3", b, sb, "e4m3", acc)
+    return acc
+
+
+@triton.jit
+def _mx_2d3d_kernel(
+    a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, out_ptr, M, N, K, G,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, FP8_DOT: tl.constexpr,
+):  # fmt: skip
+    """out (M, N) = A (M, K) @ B_g (N, K)^T per row group g; scales as word pointers into the blocked buffers.
+
+    Row tiles are numbered group after group, cdiv(size_g, BLOCK_M) per group, so a tile never straddles two groups;
+    the grid covers the upper bound cdiv(M, BLOCK_M) + G row tiles (times the column tiles) and programs past the
+    last group's tiles exit.
+    """
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
+    g, m_tile = locate(tl.cdiv(sizes, BLOCK_M), pid // n_tiles, BLOCK_G)
+    if g >= G:
+        return
+    words = tl.cdiv(K, 128)
+    # Group g's blocked image (rows padded to 128) starts at row sum_{j<g} ceil_128(size_j) of A's scale buffer.
+    image_row = tl.sum(tl.where(tl.arange(0, BLOCK_G) < g, tl.cdiv(sizes, 128) * 128, 0), 0)
+    local = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = pick(starts, g, BLOCK_G) + local
+    n = (pid % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    a_ok = local < pick(sizes, g, BLOCK_G)
+    b_ok = n < N
+    acc = _mx_mainloop(
+        a_ptr + rows.to(tl.int64) * K, a_ok,
+        b_ptr + (g * N + n).to(tl.int64) * K, b_ok,
+        sa_ptr + image_row * words + _blocked_word(local, words),
+        sb_ptr + g * tl.cdiv(N, 128) * 128 * words + _blocked_word(n, words),
+        K, BLOCK_M, BLOCK_N, FP8_DOT,
+    )  # fmt: skip
+    out = out_ptr + rows.to(tl.int64)[:, None] * N + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=a_ok[:, None] & b_ok[None, :])
+
+
+@triton.jit
+def _mx_2d2d_kernel(
+    a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, out_ptr, M, N, K, G,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, FP8_DOT: tl.constexpr,
+):  # fmt: skip
+    """out[g] (N, K) = A[:, group g] @ B[:, group g]^T with A (N, M), B (K, M); program (tile, g)."""
+    g = tl.program_id(1)
+    pid = tl.program_id(0)
+    k_tiles = tl.cdiv(K, BLOCK_N)
+    starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
+    # Group sizes are multiples of 32, so every group's columns start 16-byte aligned.
+    start = tl.multiple_of(pick(starts, g, BLOCK_G), 16)
+    size = pick(sizes, g, BLOCK_G)
+    # Group g's images follow the complete images of the groups before it; an image row of 128-row tiles holds
+    # ceil_4(size/32) / 4 = cdiv(size, 128) words.
+    words = tl.cdiv(size, 128)
+    words_before = tl.sum(tl.where(tl.arange(0, BLOCK_G) < g, tl.cdiv(sizes, 128), 0), 0)
+    i = (pid // k_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+    j = (pid % k_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    a_ok = i < N
+    b_ok = j < K
+    acc = _mx_mainloop(
+        a_ptr + i.to(tl.int64) * M + start, a_ok,
+        b_ptr + j.to(tl.int64) * M + start, b_ok,
+        sa_ptr + tl.cdiv(N, 128) * 128 * words_before + _blocked_word(i, words),
+        sb_ptr + tl.cdiv(K, 128) * 128 * words_before + _blocked_word(j, words),
+        size, BLOCK_M, BLOCK_N, FP8_DOT,
+    )  # fmt: skip
+    out = out_ptr + (g * N + i).to(tl.int64)[:, None] * K + j[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=a_ok[:, None] & b_ok[None, :])
+
+
+def _configs(fp8_dot: bool) -> list[triton.Config]:
+    """Tile configs to autotune over. The interpreter gets one small tile (one config: no benchmarking).
+
+    Chosen with ptxas on sm_90a / sm_100a so that each builds without spills on at least one of them (fp8 dot keeps
+    two fp32 tiles live, the step's partial product and the accumulator).
+    """
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32})]
+    if fp8_dot:
+        shapes = [(128, 128, 8, 4), (128, 64, 4, 4), (256, 64, 8, 4), (64, 128, 4, 4)]
+    else:
+        shapes = [(128, 128, 8, 3), (128, 64, 4, 4), (128, 256, 8, 3), (128, 128, 4, 3)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+# (case, backend) -> the kernel autotuned over its backend's tiles; tuning is keyed on the output and
+# contraction sizes (M changes with the routing every step).
+_TUNED = {
+    (case, backend): triton.autotune(_configs(backend == "triton_fp8"), key=["N", "K"])(kernel)
+    for case, kernel in (("2d3d", _mx_2d3d_kernel), ("2d2d", _mx_2d2d_kernel))
+    for backend in ("triton", "triton_fp8")
+}
+
+
+def _scale_words(blocked: torch.Tensor) -> torch.Tensor:
+    """A blocked scale buffer as int32 words (its byte count is a multiple of 512)."""
+    return blocked.view(torch.uint8).reshape(-1).view(torch.int32)
+
+
+def _mx_triton(a_q, a_sb, b_q, b_sb, offs, out, backend: str) -> None:
+    G = offs.numel()
+    args = (a_q, b_q, _scale_words(a_sb), _scale_words(b_sb), offs, out)
+    common = dict(G=G, BLOCK_G=triton.next_power_of_2(G), FP8_DOT=backend == "triton_fp8")
+    if b_q.dim() == 3:
+        (M, K), N = a_q.shape, b_q.shape[1]
+        grid = lambda meta: ((triton.cdiv(M, meta["BLOCK_M"]) + G) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+        _TUNED["2d3d", backend][grid](*args, M=M, N=N, K=K, **common)
+    else:
+        (N, M), K = a_q.shape, b_q.shape[0]
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"]), G)  # noqa: E731
+        _TUNED["2d2d", backend][grid](*args, M=M, N=N, K=K, **common)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Emulation: dequantize, then multiply in fp32 group by group (host loops; reads offs on the host)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
+    ends = offs.tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def _grouped_matmul_fp32(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``torch._grouped_mm`` semantics computed in fp32: a (M, K) x b (G, K, N) -> (M, N) (rows past offs[-1]
+    zero), or a (N, M) x b (M, K) -> (G, N, K)."""
+    bounds = _bounds(offs)
+    if b.dim() == 3:
+        out = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float32, device=a.device)
+        for g, (start, end) in enumerate(bounds):
+            out[start:end] = a[start:end].float() @ b[g].float()
+    else:
+        out = torch.zeros(len(bounds), a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+        for g, (start, end) in enumerate(bounds):
+            out[g] = a[:, start:end].float() @ b[start:end].float()
+    return out.to(out_dtype)
+
+
+def _mx_dequantize(a_q, a_sb, b_q, b_sb, bounds) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 operands in ``torch._grouped_mm`` form (a, b) of MXFP8 operands with blocked scales."""
+    if b_q.dim() == 3:
+        (M, K), (G, N, _) = a_q.shape, b_q.shape
+        a = torch.zeros(M, K, dtype=torch.float32, device=a_q.device)
+        image_row = 0
+        for start, end in bounds:
+            scales = from_blocked(a_sb[image_row:], end - start, K // BLOCK_SIZE)
+            a[start:end] = dequantize_reference(a_q[start:end], scales)
+            image_row += ceil_to(end - start, 128)
+        b = torch.stack([dequantize_reference(b_q[g], from_blocked(b_sb[g], N, K // BLOCK_SIZE)) for g in range(G)])
+        return a, b.transpose(-2, -1)
+    deq = []
+    for q, blocked in ((a_q, a_sb), (b_q, b_sb)):
+        rows = q.shape[0]
+        x = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        flat = blocked.reshape(-1)
+        image = 0
+        for start, end in bounds:
+            cols = (end - start) // BLOCK_SIZE
+            if cols:
+                x[:, start:end] = dequantize_reference(q[:, start:end], from_blocked(flat[image:], rows, cols))
+            image += ceil_to(rows, 128) * ceil_to(cols, 4)
+        deq.append(x)
+    return deq[0], deq[1].t()
+
+
+def _fp8_dequantize(a_q, a_scale, b_q, b_scale, bounds) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 operands in ``torch._grouped_mm`` form (a, b) of FP8 rowwise operands."""
+    if b_q.dim() == 3:
+        a = dequantize_fp8_rowwise_reference(a_q, a_scale)
+        return a, dequantize_fp8_rowwise_reference(b_q, b_scale).transpose(-2, -1)
+    deq = []
+    for q, scale in ((a_q, a_scale), (b_q, b_scale)):
+        x = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        for g, (start, end) in enumerate(bounds):
+            x[:, start:end] = dequantize_fp8_rowwise_reference(q[:, start:end], scale[g])
+        deq.append(x)
+    return deq[0], deq[1].t()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Operand checks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _check_quantized(a_q, b_q, offs, group_multiple: int = 1) -> tuple[str, int, int, int, int]:
+    """(case, M, N, K, G) of TN operands a_q, b_q (e4m3, contiguous): 2D x 3D or 2D x 2D, see the module doc.
+
+    Where offs can be read without a sync (CPU), its values are checked too; in 2D x 2D every group size must be a
+    multiple of ``group_multiple``.
+    """
+    check_tensor("a_q", a_q, dtypes=(DATA_DTYPE,), ndim=2)
+    check_tensor("b_q", b_q, dtypes=(DATA_DTYPE,), ndim=(2, 3))
+    check_offsets(offs)
+    G = offs.numel()
+    _check_same_device(a_q, b_q=b_q, offs=offs)
+    if b_q.dim() == 3:
+        (M, K), (Gb, N, Kb) = a_q.shape, b_q.shape
+        if Kb != K:
+            raise ValueError(f"b_q (G, N, K) must share K with a_q (M, K); got {tuple(b_q.shape)}, {tuple(a_q.shape)}")
+        if Gb != G:
+            raise ValueError(f"offs must hold one group end per expert of b_q ({Gb}), got {G}")
+        check_host_offsets(offs, M)
+        return "2d3d", M, N, K, G
+    (N, M), (K, Mb) = a_q.shape, b_q.shape
+    if Mb != M:
+        raise ValueError(f"a_q (N, M) and b_q (K, M) must share M; got {tuple(a_q.shape)}, {tuple(b_q.shape)}")
+    check_host_offsets(offs, M, group_multiple)
+    return "2d2d", M, N, K, G
+
+
+def _check_same_device(a_q: torch.Tensor, **tensors: torch.Tensor) -> None:
+    for name, x in tensors.items():
+        if x.device != a_q.device:
+            raise ValueError(f"{name} is on {x.device} but a_q is on {a_q.device}")
+
+
+def _check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+
+
+def _check_out_dtype(out_dtype: object, backend: str) -> torch.dtype:
+    allowed = (torch.bfloat16,) if backend == "native" else OUT_DTYPES
+    if out_dtype not in allowed:
+        raise ValueError(f"out_dtype must be one of {allowed} for backend {backend!r}; got {out_dtype}")
+    return out_dtype
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Operand-level calls
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def mxfp8_grouped_mm(
+    a_q: torch.Tensor,
+    a_sb: torch.Tensor,
+    b_q: torch.Tensor,
+    b_sb: torch.Tensor,
+    offs: torch.Tensor,
+    *,
+    backend: str | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """MXFP8 grouped GEMM on quantized TN operands with blocked scales (shapes in the module doc).
+
+    2D x 3D: a_q (M, K), a_sb ``rearrange_m_groups`` buffer, b_q (G, N, K), b_sb (G, ceil_128(N), ceil_4(K/32))
+    -> (M, N). 2D x 2D: a_q (N, M), b_q (K, M), a_sb / b_sb ``rearrange_k_groups`` buffers -> (G, N, K).
+    e4m3 data and e8m0 (or uint8) scales, all contiguous; K (2D x 3D) or M (2D x 2D) a multiple of 32.
+    ``backend``: None picks ``default_backend("mxfp8", device)``. ``out_dtype``: bf16, or fp32 (not "native").
+    """
+    case, M, N, K, G = _check_quantized(a_q, b_q, offs, BLOCK_SIZE)
+    contraction = K if case == "2d3d" else M
+    if contraction % BLOCK_SIZE:
+        raise ValueError(f"the contraction dim ({contraction}) must be a multiple of {BLOCK_SIZE}")
+    check_tensor("a_sb", a_sb, dtypes=SCALE_DTYPES, ndim=2)
+    check_tensor("b_sb", b_sb, dtypes=SCALE_DTYPES, ndim=3 if case == "2d3d" else 2)
+    _check_same_device(a_q, a_sb=a_sb, b_sb=b_sb)
+    if case == "2d3d":
+        _check_shape("a_sb", a_sb, m_groups_shape(M, K // BLOCK_SIZE, G))
+        _check_shape("b_sb", b_sb, (G, ceil_to(N, 128), ceil_to(K // BLOCK_SIZE, 4)))
+    else:
+        _check_shape("a_sb", a_sb, k_groups_shape(N, M // BLOCK_SIZE, G))
+        _check_shape("b_sb", b_sb, k_groups_shape(K, M // BLOCK_SIZE, G))
+    backend = _resolve_backend("mxfp8", backend, a_q.device)
+    out_dtype = _check_out_dtype(out_dtype, backend)
+
+    if backend == "native":
+        sa, sb = a_sb.view(SCALE_DTYPE), b_sb.view(SCALE_DTYPE)
+        if case == "2d3d":
+            return torch._scaled_grouped_mm(
+                a_q, b_q.transpose(-2, -1), sa, sb.reshape(G, -1), offs=offs, out_dtype=out_dtype
+            )
+        return torch._scaled_grouped_mm(a_q, b_q.t(), sa, sb, offs=offs, out_dtype=out_dtype)
+    if backend == "emulated":
+        a, b = _mx_dequantize(a_q, a_sb, b_q, b_sb, _bounds(offs))
+        return _grouped_matmul_fp32(a, b, offs, out_dtype)
+    shape = (M, N) if case == "2d3d" else (G, N, K)
+    out = torch.empty(shape, dtype=out_dtype, device=a_q.device)
+    if out.numel():
+        _mx_triton(a_q, a_sb, b_q, b_sb, offs, out, backend)
+    return out
+
+
+def fp8_rowwise_grouped_mm(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_q: torch.Tensor,
+    b_scale: torch.Tensor,
+    offs: torch.Tensor,
+    *,
+    backend: str | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """FP8 rowwise grouped GEMM on quantized TN operands with fp32 scales (``fp8_rowwise`` produces them).
+
+    2D x 3D: a_q (M, K), a_scale (M,), b_q (G, N, K), b_scale (G, N) -> (M, N).
+    2D x 2D: a_q (N, M), a_scale (G, N), b_q (K, M), b_scale (G, K) -> (G, N, K) (per-group scales; torch reads
+    them flattened group-major). "native" (``torch._scaled_grouped_mm``, SM90/SM100) needs the contraction dim and
+    the output's column count to be multiples of 16, bf16 output, and in 2D x 2D every group size a multiple of
+    16 (a device-side assert otherwise). ``use_fast_accum``: the native kernel's fast (less precise) accumulation.
+    """
+    case, M, N, K, G = _check_quantized(a_q, b_q, offs)
+    if case == "2d3d":
+        scale_shapes = (M,), (G, N)
+    else:
+        scale_shapes = (G, N), (G, K)
+    for name, scale, shape in zip(("a_scale", "b_scale"), (a_scale, b_scale), scale_shapes, strict=True):
+        check_tensor(name, scale, dtypes=(torch.float32,))
+        _check_shape(name, scale, shape)
+    _check_same_device(a_q, a_scale=a_scale, b_scale=b_scale)
+    backend = _resolve_backend("fp8_rowwise", backend, a_q.device)
+    out_dtype = _check_out_dtype(out_dtype, backend)
+
+    if backend == "emulated":
+        a, b = _fp8_dequantize(a_q, a_scale, b_q, b_scale, _bounds(offs))
+        return _grouped_matmul_fp32(a, b, offs, out_dtype)
+    contraction, out_cols = (K, N) if case == "2d3d" else (M, K)
+    for what, value in (("the contraction dim", contraction), ("the output's column count", out_cols)):
+        if value % 16:
+            raise ValueError(f"native FP8 rowwise grouped GEMM: {what} ({value}) must be a multiple of 16")
+    b = b_q.transpose(-2, -1)
+    if case == "2d2d":
+        a_scale, b_scale = a_scale.reshape(-1), b_scale.reshape(-1)
+    return torch._scaled_grouped_mm(
+        a_q, b, a_scale, b_scale, offs=offs, out_dtype=out_dtype, use_fast_accum=use_fast_accum
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The front door
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _mx_along_last(x: torch.Tensor, mode) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 blocks along the last dim of a 2D x (row- or column-major): q row-major, scales (R, C/32)."""
+    if x.is_contiguous():
+        return quantize_dim0(x, mode)
+    return quantize_dim1(x.t().contiguous(), mode)
+
+
+def _quantize_mxfp8(a, b, offs, mode):
+    if b.dim() == 3:
+        a_q, a_s = quantize_dim0(a.contiguous(), mode)
+        b_q, b_s = quantize_3d(b.transpose(-2, -1).contiguous(), along="K", mode=mode)
+        return a_q, rearrange_m_groups(a_s, offs), b_q, rearrange_3d(b_s)
+    a_q, a_s = _mx_along_last(a, mode)
+    b_q, b_s = _mx_along_last(b.t(), mode)
+    return a_q, rearrange_k_groups(a_s, offs), b_q, rearrange_k_groups(b_s, offs)
+
+
+def _quantize_fp8_rowwise(a, b, offs):
+    if b.dim() == 3:
+        a_q, a_scale = quantize_fp8_rowwise(a.contiguous())
+        b_q, b_scale = quantize_fp8_rowwise_3d(b.transpose(-2, -1).contiguous(), along="K")
+        return a_q, a_scale, b_q, b_scale
+    return (*quantize_fp8_rowwise_k_groups(a.t(), offs), *quantize_fp8_rowwise_k_groups(b, offs))
+
+
+def grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor,
+    recipe: str = "bf16",
+    backend: str | None = None,
+    mode: ScaleMode | str = "rceil",
+) -> GroupedMMResult:
+    """``torch._grouped_mm(a, b, offs=offs)`` in ``recipe``, on high-precision operands; bf16 output.
+
+    2D x 3D: a (M, K), b (G, K, N) -> (M, N); 2D x 2D: a (N, M), b (M, K) -> (G, N, K) (module doc). Any strides
+    (b is usually a transposed view of (G, N, K) weights). bf16 needs bf16 operands; fp8_rowwise and mxfp8 take
+    bf16 or fp32, quantize them with this package's Triton quantizers (mxfp8: ``mode`` scales, blocked by the
+    ``layouts`` kernels) and run ``fp8_rowwise_grouped_mm`` / ``mxfp8_grouped_mm``. ``backend``: None picks the
+    best available on the device (``available_backends``). mxfp8 2D x 2D needs group sizes that are multiples of 32.
+    """
+    recipe = _check_recipe(recipe)
+    dtypes = (torch.bfloat16,) if recipe == "bf16" else (torch.bfloat16, torch.float32)
+    check_tensor("a", a, dtypes=dtypes, ndim=2, contiguous=False)
+    check_tensor("b", b, dtypes=dtypes, ndim=(2, 3), contiguous=False)
+    check_offsets(offs)
+    if b.dim() == 3:
+        if a.shape[1] != b.shape[1]:
+            raise ValueError(f"a (M, K) and b (G, K, N) must agree on K; got {tuple(a.shape)}, {tuple(b.shape)}")
+        if b.shape[0] != offs.numel():
+            raise ValueError(f"offs must hold one group end per expert of b ({b.shape[0]}), got {offs.numel()}")
+    elif a.shape[1] != b.shape[0]:
+        raise ValueError(f"a (N, M) and b (M, K) must agree on M; got {tuple(a.shape)}, {tuple(b.shape)}")
+    backend = _resolve_backend(recipe, backend, a.device)
+
+    if recipe == "mxfp8":
+        out = mxfp8_grouped_mm(*_quantize_mxfp8(a, b, offs, ScaleMode.parse(mode)), offs, backend=backend)
+    elif recipe == "fp8_rowwise":
+        out = fp8_rowwise_grouped_mm(*_quantize_fp8_rowwise(a, b, offs), offs, backend=backend)
+    elif backend == "native":
+        out = torch._grouped_mm(a, b, offs=offs)
+    else:
+        out = _grouped_matmul_fp32(a, b, offs, torch.bfloat16)
+    return GroupedMMResult(out, backend)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cost
+# ---------------------------------------------------------------------------------------------------------------
+
+_PRECISION = {"bf16": "bf16", "fp8_rowwise": "fp8", "mxfp8": "mxfp8"}
+
+
+def grouped_mm_cost(M: int, N: int, K: int, G: int, recipe: str, case: str = "2d3d") -> Cost:
+    """Cost of one grouped GEMM with bf16 output: 2*M*N*K FLOPs; bytes = operands + scales + output.
+
+    2d3d: (M, K) x (G, K, N) -> (M, N); 2d2d: (N, M) x (M, K) -> (G, N, K) (M is the contraction dim). Operands
+    are bf16 (2 bytes) or e4m3 (1 byte); fp8_rowwise scales are fp32, one per row (per group and row in 2d2d);
+    mxfp8 scales are the blocked buffers as handed over (``layouts`` shapes, their padding included).
+    """
+    recipe = _check_recipe(recipe)
+    if case not in ("2d3d", "2d2d"):
+        raise ValueError(f"case must be '2d3d' or '2d2d', got {case!r}")
+    if min(M, N, K) < 0 or G < 1:
+        raise ValueError(f"M, N, K must be >= 0 and G >= 1; got {M}, {N}, {K}, {G}")
+    elt = 2 if recipe == "bf16" else 1
+    if case == "2d3d":
+        operands, out = (M * K + G * N * K) * elt, M * N * 2
+    else:
+        operands, out = (N * M + M * K) * elt, G * N * K * 2
+    scales = 0
+    if recipe == "fp8_rowwise":
+        scales = 4 * (M + G * N if case == "2d3d" else G * (N + K))
+    elif recipe == "mxfp8":
+        contraction = K if case == "2d3d" else M
+        if contraction % BLOCK_SIZE:
+            raise ValueError(f"mxfp8: the contraction dim ({contraction}) must be a multiple of {BLOCK_SIZE}")
+        if case == "2d3d":
+            a_rows, a_cols = m_groups_shape(M, K // BLOCK_SIZE, G)
+            scales = a_rows * a_cols + G * ceil_to(N, 128) * ceil_to(K // BLOCK_SIZE, 4)
+        else:
+            scales = sum(r * c for r, c in (k_groups_shape(R, M // BLOCK_SIZE, G) for R in (N, K)))
+    return Cost(bytes_read=operands + scales, bytes_written=out, flops=2 * M * N * K, precision=_PRECISION[recipe])

@@ -1,0 +1,290 @@
+"""The blocked ("swizzled") scale layout that MX GEMMs consume, and the kernels that produce it per group.
+
+A scale matrix S (R, C) -- R rows of the non-contracted dim, C = 32-blocks along the contraction dim -- is padded
+with zeros to (ceil_128(R), ceil_4(C)) and cut into 128 x 4 tiles of 512 contiguous bytes each, ordered
+row-block-major: tile t = (r // 128) * (C' / 4) + (c // 4). Inside a tile, element (r, c) sits at byte
+(r % 32) * 16 + (r // 32) * 4 + c.
+
+Per-group variants, each a Triton kernel with a plain-torch ``*_reference`` beside it (mxfp8.md section 2):
+  * ``rearrange_m_groups``: token groups split the rows (forward A, dgrad grad_out); each group's rows get their own
+    image, padded to 128 rows, images stacked in a buffer sized for any group sizes;
+  * ``rearrange_k_groups``: token groups split the columns (wgrad); each group's columns get their own complete image,
+    images back to back in one flat buffer;
+  * ``rearrange_3d``: one image per expert of (G, R, C) weight scales.
+Every byte of every output is written by the kernel, the zero padding and the unused tail included, and group
+offsets are read on the device only, so each call can be captured in a CUDA graph. One program turns a 128-row x
+``block_cols`` block of scales into its tiles: a coalesced load, a register/shared-memory permutation, and one
+contiguous store.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .cost import Cost, ceil_to
+from .format import BLOCK_SIZE, SCALE_DTYPE
+from .padding import check_host_offsets, check_power_of_two, check_same_device, group_bounds, locate, pick
+from .runtime import check_offsets, check_tensor
+
+TILE_ROWS = 128
+TILE_COLS = 4
+# The same two numbers as seen from inside kernels (Triton reads only constexpr globals).
+_ROWS = tl.constexpr(TILE_ROWS)
+_COLS = tl.constexpr(TILE_COLS)
+_MX_BLOCK = tl.constexpr(BLOCK_SIZE)
+SCALE_DTYPES = (SCALE_DTYPE, torch.uint8)
+
+
+def to_blocked(scales: torch.Tensor) -> torch.Tensor:
+    """Reference: scales (R, C) (e8m0 or uint8) -> (ceil_128(R), ceil_4(C)) same dtype, memory in blocked order."""
+    R, C = scales.shape
+    Rp, Cp = ceil_to(R, TILE_ROWS), ceil_to(C, TILE_COLS)
+    padded = torch.zeros(Rp, Cp, dtype=torch.uint8, device=scales.device)
+    padded[:R, :C] = scales.view(torch.uint8)
+    # row r = rb*128 + rh*32 + rl, col c = cb*4 + cl  ->  tile (rb, cb), byte rl*16 + rh*4 + cl
+    tiles = padded.view(Rp // 128, 4, 32, Cp // 4, 4).permute(0, 3, 2, 1, 4)
+    return tiles.reshape(Rp, Cp).view(scales.dtype)
+
+
+def from_blocked(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Reference inverse of ``to_blocked``: the first ``rows`` x ``cols`` scales of one blocked image."""
+    Rp, Cp = ceil_to(rows, TILE_ROWS), ceil_to(cols, TILE_COLS)
+    flat = blocked.reshape(-1)[: Rp * Cp].view(torch.uint8)
+    tiles = flat.view(Rp // 128, Cp // 4, 32, 4, 4).permute(0, 3, 2, 1, 4)
+    return tiles.reshape(Rp, Cp)[:rows, :cols].contiguous().view(blocked.dtype)
+
+
+# ---- output shapes, shared by the kernels, the references and the costs ---------------------------------------
+
+
+def m_groups_shape(M: int, C: int, G: int) -> tuple[int, int]:
+    """(128 * (ceil(M/128) + G), ceil_4(C)): room for G groups' images whatever their sizes."""
+    return TILE_ROWS * (-(-M // TILE_ROWS) + G), ceil_to(C, TILE_COLS)
+
+
+def k_groups_shape(R: int, cols: int, G: int) -> tuple[int, int]:
+    """(ceil_128(R), cols + 4*G) for scales (R, cols = M/32): room for G images of ceil_4(cols_g) columns each."""
+    return ceil_to(R, TILE_ROWS), cols + TILE_COLS * G
+
+
+# ---- kernels ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _blocked_block(src, stride_r, stride_c, n_rows, n_cols, dst, n_out, BLOCK_C: tl.constexpr):
+    """Write the blocked image of a 128 x BLOCK_C block of scales -- its BLOCK_C/4 tiles of 512 bytes -- to
+    dst[0 : n_out]. Source rows >= n_rows and columns >= n_cols read as zero: that is the padding."""
+    r = tl.arange(0, _ROWS)
+    c = tl.arange(0, BLOCK_C)
+    mask = (r < n_rows)[:, None] & (c < n_cols)[None, :]
+    block = tl.load(src + r.to(tl.int64)[:, None] * stride_r + c.to(tl.int64)[None, :] * stride_c, mask=mask, other=0)
+    # row r = rh*32 + rl, column c = cb*4 + cl  ->  byte cb*512 + rl*16 + rh*4 + cl
+    tiles = tl.permute(tl.reshape(block, (4, 32, BLOCK_C // 4, 4)), (2, 1, 0, 3))
+    f = tl.arange(0, _ROWS * BLOCK_C)
+    tl.store(dst + f, tl.reshape(tiles, (_ROWS * BLOCK_C,)), mask=f < n_out)
+
+
+@triton.jit
+def _m_groups_kernel(
+    s_ptr, offs_ptr, out_ptr, M, C, G, stride_r, stride_c, out_cols, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr
+):
+    # One program: 128 output rows (one row of tiles) x BLOCK_C columns. Output row block ob lies in group g's
+    # image, or past the last image, where the group picked is empty and the block comes out zero.
+    ob = tl.program_id(0)
+    c0 = tl.program_id(1) * BLOCK_C
+    starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
+    g, local = locate(tl.cdiv(sizes, _ROWS), ob, BLOCK_G)
+    row = pick(starts, g, BLOCK_G) + local * _ROWS
+    n_rows = pick(sizes, g, BLOCK_G) - local * _ROWS
+    src = s_ptr + row.to(tl.int64) * stride_r + c0.to(tl.int64) * stride_c
+    dst = out_ptr + ob.to(tl.int64) * _ROWS * out_cols + c0 * _ROWS
+    _blocked_block(src, stride_r, stride_c, n_rows, C - c0, dst, (out_cols - c0) * _ROWS, BLOCK_C)
+
+
+@triton.jit
+def _k_groups_kernel(
+    s_ptr, offs_ptr, out_ptr, R, cols, G, stride_r, stride_c, out_rows, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr
+):
+    # One program: 128 rows x BLOCK_C columns of one group's image. The buffer's tail after the last image is one
+    # more slot (lane G) with no source columns, so the same code zero-fills it.
+    rb = tl.program_id(0)
+    chunk = tl.program_id(1)
+    lane = tl.arange(0, BLOCK_G)
+    starts, sizes = group_bounds(offs_ptr, G, cols * _MX_BLOCK, BLOCK_G)
+    col0 = starts // _MX_BLOCK
+    n_cols = (starts + sizes) // _MX_BLOCK - col0
+    width = tl.cdiv(n_cols, _COLS) * _COLS
+    tail = tl.maximum(cols + _COLS * G - tl.sum(width, 0), 0)
+    width = tl.where(lane == G, tail, width)
+    g, k = locate(tl.cdiv(width, BLOCK_C), chunk, BLOCK_G)
+    w = pick(width, g, BLOCK_G)
+    c = k * BLOCK_C
+    image = pick(tl.cumsum(width, 0) - width, g, BLOCK_G)
+    dst = image.to(tl.int64) * out_rows + rb.to(tl.int64) * _ROWS * w + c * _ROWS
+    # Malformed offs could ask for more images than fit: never write past the buffer.
+    n_out = tl.minimum((w - c) * _ROWS, out_rows.to(tl.int64) * (cols + _COLS * G) - dst)
+    src = s_ptr + (rb * _ROWS).to(tl.int64) * stride_r + (pick(col0, g, BLOCK_G) + c).to(tl.int64) * stride_c
+    n_src = pick(n_cols, g, BLOCK_G) - c
+    _blocked_block(src, stride_r, stride_c, R - rb * _ROWS, n_src, out_ptr + dst, n_out, BLOCK_C)
+
+
+@triton.jit
+def _3d_kernel(s_ptr, out_ptr, R, C, row_blocks, out_cols, stride_g, stride_r, stride_c, BLOCK_C: tl.constexpr):
+    # One program: 128 rows x BLOCK_C columns of one expert; program row p = expert * row_blocks + row block is also
+    # the index of its row of tiles in the (G * ceil_128(R), ceil_4(C)) output.
+    p = tl.program_id(0)
+    c0 = tl.program_id(1) * BLOCK_C
+    expert = (p // row_blocks).to(tl.int64)
+    rb = p % row_blocks
+    src = s_ptr + expert * stride_g + (rb * _ROWS).to(tl.int64) * stride_r + c0.to(tl.int64) * stride_c
+    dst = out_ptr + p.to(tl.int64) * _ROWS * out_cols + c0 * _ROWS
+    _blocked_block(src, stride_r, stride_c, R - rb * _ROWS, C - c0, dst, (out_cols - c0) * _ROWS, BLOCK_C)
+
+
+# ---- wrappers -----------------------------------------------------------------------------------------------
+
+
+def _check_scales(scales: object, ndim: int) -> torch.Tensor:
+    return check_tensor("scales", scales, dtypes=SCALE_DTYPES, ndim=ndim, contiguous=False)
+
+
+def _check_block_cols(block_cols: int) -> int:
+    if check_power_of_two("block_cols", block_cols) < TILE_COLS:
+        raise ValueError(f"block_cols must be at least {TILE_COLS}, got {block_cols}")
+    return block_cols
+
+
+def _check_group_offsets(offs: object, scales: torch.Tensor, total: int, multiple: int = 1) -> torch.Tensor:
+    offs = check_offsets(offs)
+    check_same_device("offs", offs, scales)
+    check_host_offsets(offs, total, multiple)
+    return offs
+
+
+def rearrange_m_groups(
+    scales: torch.Tensor, offs: torch.Tensor, *, block_cols: int = 64, num_warps: int = 4
+) -> torch.Tensor:
+    """Blocked scales of a 2D operand whose token groups split the rows (forward A, dgrad grad_out).
+
+    scales: (M, C) e8m0 or uint8, any strides; offs: int32 (G,) group end rows, any sizes, read on the device only.
+    Returns (128 * (ceil(M/128) + G), ceil_4(C)), scales' dtype, row-major: group g's blocked image
+    (ceil_128(size_g) rows x ceil_4(C)) starts at row sum_{j<g} ceil_128(size_j); every other byte is zero.
+    Rows past offs[-1] belong to no group and are dropped. ``block_cols`` (a power of two >= 4) scale columns
+    per program.
+    """
+    scales = _check_scales(scales, 2)
+    M, C = scales.shape
+    offs = _check_group_offsets(offs, scales, M)
+    block_cols = _check_block_cols(block_cols)
+    G = offs.numel()
+    out = torch.empty(m_groups_shape(M, C, G), dtype=torch.uint8, device=scales.device)
+    if out.numel():
+        grid = (out.shape[0] // TILE_ROWS, triton.cdiv(out.shape[1], block_cols))
+        _m_groups_kernel[grid](
+            scales.view(torch.uint8), offs, out, M, C, G, *scales.stride(), out.shape[1],
+            BLOCK_C=block_cols, BLOCK_G=triton.next_power_of_2(G), num_warps=num_warps,
+        )  # fmt: skip
+    return out.view(scales.dtype)
+
+
+def rearrange_k_groups(
+    scales: torch.Tensor, offs: torch.Tensor, *, block_cols: int = 64, num_warps: int = 4
+) -> torch.Tensor:
+    """Blocked scales of a 2D operand whose token groups split the contraction dim (wgrad's grad_out_t and A_t).
+
+    scales: (R, M/32) e8m0 or uint8, row-major or column-major (stride (1, R), as a dim1 quantizer may produce) or
+    any strides; offs: int32 (G,) group end *tokens* (rows of the original M), so group g owns scale columns
+    [offs[g-1]/32, offs[g]/32). Every group size must be a multiple of 32; that is checked only where offs can be
+    read without a sync (CPU tensors): CUDA offs are not read on the host, and a size that is not a multiple of 32
+    has its column bounds rounded down. Returns a (ceil_128(R), M/32 + 4*G) buffer, scales' dtype, whose bytes hold
+    from byte 0 each group's complete blocked image (ceil_128(R) x ceil_4(size_g/32)) back to back in group
+    order; every other byte is zero. ``block_cols`` (a power of two >= 4) scale columns per program.
+    """
+    scales = _check_scales(scales, 2)
+    R, cols = scales.shape
+    offs = _check_group_offsets(offs, scales, cols * BLOCK_SIZE, BLOCK_SIZE)
+    block_cols = _check_block_cols(block_cols)
+    G = offs.numel()
+    out = torch.empty(k_groups_shape(R, cols, G), dtype=torch.uint8, device=scales.device)
+    if out.numel():
+        # Images plus the tail slot: at most ceil((cols + 4G) / block_cols) + G chunks of block_cols columns.
+        grid = (out.shape[0] // TILE_ROWS, triton.cdiv(out.shape[1], block_cols) + G)
+        _k_groups_kernel[grid](
+            scales.view(torch.uint8), offs, out, R, cols, G, *scales.stride(), out.shape[0],
+            BLOCK_C=block_cols, BLOCK_G=triton.next_power_of_2(G + 1), num_warps=num_warps,
+        )  # fmt: skip
+    return out.view(scales.dtype)
+
+
+def rearrange_3d(scales: torch.Tensor, *, block_cols: int = 64, num_warps: int = 4) -> torch.Tensor:
+    """Blocked scales of 3D expert weights: scales (G, R, C) e8m0 or uint8, any strides -> (G, ceil_128(R),
+    ceil_4(C)), scales' dtype, contiguous, each expert's blocked image. ``block_cols`` as above."""
+    scales = _check_scales(scales, 3)
+    block_cols = _check_block_cols(block_cols)
+    G, R, C = scales.shape
+    out = torch.empty(G, ceil_to(R, TILE_ROWS), ceil_to(C, TILE_COLS), dtype=torch.uint8, device=scales.device)
+    if out.numel():
+        row_blocks = out.shape[1] // TILE_ROWS
+        grid = (G * row_blocks, triton.cdiv(out.shape[2], block_cols))
+        _3d_kernel[grid](
+            scales.view(torch.uint8), out, R, C, row_blocks, out.shape[2], *scales.stride(),
+            BLOCK_C=block_cols, num_warps=num_warps,
+        )  # fmt: skip
+    return out.view(scales.dtype)
+
+
+# ---- references ---------------------------------------------------------------------------------------------
+
+
+def rearrange_m_groups_reference(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Plain-torch ``rearrange_m_groups`` (reads offs on the host)."""
+    ends = offs.tolist()
+    out = torch.zeros(m_groups_shape(*scales.shape, len(ends)), dtype=torch.uint8, device=scales.device)
+    row, start = 0, 0
+    for end in ends:
+        image = to_blocked(scales[start:end]).view(torch.uint8)
+        out[row : row + image.shape[0]] = image
+        row, start = row + image.shape[0], end
+    return out.view(scales.dtype)
+
+
+def rearrange_k_groups_reference(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Plain-torch ``rearrange_k_groups`` (reads offs on the host)."""
+    ends = offs.tolist()
+    out = torch.zeros(k_groups_shape(*scales.shape, len(ends)), dtype=torch.uint8, device=scales.device)
+    flat = out.view(-1)
+    pos, start = 0, 0
+    for end in ends:
+        image = to_blocked(scales[:, start // BLOCK_SIZE : end // BLOCK_SIZE]).view(torch.uint8).reshape(-1)
+        flat[pos : pos + image.numel()] = image
+        pos, start = pos + image.numel(), end
+    return out.view(scales.dtype)
+
+
+def rearrange_3d_reference(scales: torch.Tensor) -> torch.Tensor:
+    """Plain-torch ``rearrange_3d``."""
+    return torch.stack([to_blocked(expert) for expert in scales])
+
+
+# ---- costs --------------------------------------------------------------------------------------------------
+
+
+def rearrange_m_groups_cost(M: int, C: int, G: int) -> Cost:
+    """``rearrange_m_groups`` of (M, C) scales in G groups: read M*C bytes, write the whole output buffer."""
+    rows, cols = m_groups_shape(M, C, G)
+    return Cost(M * C, rows * cols)
+
+
+def rearrange_k_groups_cost(R: int, M: int, G: int) -> Cost:
+    """``rearrange_k_groups`` of (R, M/32) scales, M tokens in G groups: read R*M/32 bytes, write the whole buffer."""
+    if M % BLOCK_SIZE:
+        raise ValueError(f"M must be a multiple of {BLOCK_SIZE}, got {M}")
+    rows, cols = k_groups_shape(R, M // BLOCK_SIZE, G)
+    return Cost(R * (M // BLOCK_SIZE), rows * cols)
+
+
+def rearrange_3d_cost(G: int, R: int, C: int) -> Cost:
+    """``rearrange_3d`` of (G, R, C) scales: read G*R*C bytes, write G*ceil_128(R)*ceil_4(C)."""
+    return Cost(G * R * C, G * ceil_to(R, TILE_ROWS) * ceil_to(C, TILE_COLS))

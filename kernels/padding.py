@@ -1,0 +1,306 @@
+"""Token groups: padding each group to an aligned slot and back, and the group arithmetic the layouts share.
+
+Token groups are given by ``offs``, int32 (G,), the cumulative **end** row of each group: group g is rows
+[offs[g-1], offs[g]) (group 0 starts at row 0), groups may be empty, and rows past the last end belong to no group. Padding gives
+group g a slot of ceil_a(size_g) rows (a = the alignment), slots back to back from row 0, its rows at the start of
+the slot and zeros after them, in a buffer sized by the upper bound ceil_a(M + a*G) so that no kernel needs the group
+sizes on the host. Every kernel here reads ``offs`` on the device only: no device-to-host sync, so each call can be
+captured in a CUDA graph and replayed with new offsets written into the same tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .cost import Cost, ceil_to
+from .runtime import check_offsets, check_tensor
+
+ALIGNMENTS = (16, 32, 128)
+# Copies move raw bits: an integer view of the same width makes every float dtype (fp8 included) a plain copy.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+# ---- group arithmetic on the device, shared with the layouts -------------------------------------------------
+
+
+@triton.jit
+def group_bounds(offs_ptr, G, limit, BLOCK_G: tl.constexpr):
+    """(start, size) of each group as BLOCK_G int32 lanes; lanes >= G hold (0, 0).
+
+    Group ends are clamped to [0, limit] and sizes to >= 0, so malformed offs (never checked on the device: that
+    would need a host read) give unspecified contents but never an address outside rows [0, limit).
+    """
+    lane = tl.arange(0, BLOCK_G)
+    ends = tl.load(offs_ptr + lane, mask=lane < G, other=0)
+    starts = tl.load(offs_ptr + lane - 1, mask=(lane > 0) & (lane < G), other=0)
+    ends = tl.minimum(tl.maximum(ends, 0), limit)
+    starts = tl.minimum(tl.maximum(starts, 0), limit)
+    return starts, tl.maximum(ends - starts, 0)
+
+
+@triton.jit
+def pick(values, index, BLOCK_G: tl.constexpr):
+    """values[index] of a BLOCK_G vector as a scalar; 0 when index >= BLOCK_G."""
+    return tl.sum(tl.where(tl.arange(0, BLOCK_G) == index, values, 0), 0)
+
+
+@triton.jit
+def locate(lengths, pos, BLOCK_G: tl.constexpr):
+    """Slots of the given lengths (>= 0) lie back to back from 0: (the slot holding ``pos``, pos - its start).
+
+    Past the last slot the index is BLOCK_G: everything picked with it is 0 and the offset is pos itself.
+    """
+    ends = tl.cumsum(lengths, 0)
+    index = tl.sum((ends <= pos).to(tl.int32), 0)
+    return index, pos - pick(ends - lengths, index, BLOCK_G)
+
+
+def check_host_offsets(offs: torch.Tensor, total: int, multiple: int = 1, name: str = "offs") -> None:
+    """Check the values of ``offs`` where reading them costs no sync (CPU tensors, interpreter runs).
+
+    They must be non-decreasing, within [0, total], and every group size a multiple of ``multiple``. CUDA offsets
+    are never read on the host, so there the kernels trust them (see ``group_bounds`` for what malformed ones do).
+    """
+    if offs.is_cuda:
+        return
+    prev = 0
+    for g, end in enumerate(offs.tolist()):
+        if not prev <= end <= total:
+            raise ValueError(f"{name} must be non-decreasing group ends within [0, {total}]; {name}[{g}] = {end}")
+        if (end - prev) % multiple:
+            raise ValueError(f"{name}: group {g} holds {end - prev} rows, not a multiple of {multiple}")
+        prev = end
+
+
+def check_same_device(name: str, x: torch.Tensor, like: torch.Tensor) -> None:
+    if x.device != like.device:
+        raise ValueError(f"{name} is on {x.device} but the data is on {like.device}")
+
+
+# ---- padding ------------------------------------------------------------------------------------------------
+
+
+def padded_rows(num_tokens: int, num_groups: int, alignment: int) -> int:
+    """Rows of the padded buffer: ceil_a(M + a*G), the most that G slots of ceil_a(size_g) rows can need."""
+    return ceil_to(num_tokens + alignment * num_groups, alignment)
+
+
+@triton.jit
+def _pad_kernel(
+    x_ptr, offs_ptr, out_ptr, padded_offs_ptr, M, D, G,
+    ALIGN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    # One program: BLOCK_M padded rows x BLOCK_D columns. BLOCK_M divides ALIGN, so its rows lie in one slot.
+    pid_m = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
+    slots = tl.cdiv(sizes, ALIGN) * ALIGN
+    if (pid_m == 0) & (pid_d == 0):
+        lane = tl.arange(0, BLOCK_G)
+        tl.store(padded_offs_ptr + lane, tl.cumsum(slots, 0), mask=lane < G)
+    row0 = pid_m * BLOCK_M
+    g, local = locate(slots, row0, BLOCK_G)
+    n_rows = pick(sizes, g, BLOCK_G) - local  # <= 0 in a slot's padding and past the last slot
+    src_row = pick(starts, g, BLOCK_G) + local
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    in_cols = (cols < D)[None, :]
+    src = x_ptr + (src_row + rows).to(tl.int64)[:, None] * D + cols[None, :]
+    values = tl.load(src, mask=(rows < n_rows)[:, None] & in_cols, other=0)
+    dst = out_ptr + (row0 + rows).to(tl.int64)[:, None] * D + cols[None, :]
+    tl.store(dst, values, mask=in_cols)
+
+
+@triton.jit
+def _unpad_kernel(
+    padded_ptr, offs_ptr, padded_offs_ptr, out_ptr, num_tokens, num_padded, D, G,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    # One program: BLOCK_M output rows x BLOCK_D columns; groups are unaligned, so each row finds its own group.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    lane = tl.arange(0, BLOCK_G)
+    ends = tl.load(offs_ptr + lane, mask=lane < G, other=0)
+    g = tl.sum(((ends[None, :] <= rows[:, None]) & (lane < G)[None, :]).to(tl.int32), 1)
+    in_group = g < G  # rows past offs[-1] belong to no group: they come out zero
+    previous = in_group & (g > 0)
+    start = tl.load(offs_ptr + g - 1, mask=previous, other=0)
+    slot_start = tl.load(padded_offs_ptr + g - 1, mask=previous, other=0)
+    src_row = slot_start + rows - start
+    valid = in_group & (src_row >= 0) & (src_row < num_padded)
+    in_cols = (cols < D)[None, :]
+    src = padded_ptr + src_row.to(tl.int64)[:, None] * D + cols[None, :]
+    values = tl.load(src, mask=valid[:, None] & in_cols, other=0)
+    dst = out_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :]
+    tl.store(dst, values, mask=(rows < num_tokens)[:, None] & in_cols)
+
+
+def _check_alignment(alignment: int) -> int:
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {alignment!r}")
+    return alignment
+
+
+def _check_rows(x: object, name: str) -> torch.Tensor:
+    x = check_tensor(name, x, ndim=2)
+    if not x.dtype.is_floating_point or x.element_size() not in _BITS:
+        raise ValueError(f"{name} must have a floating-point dtype, got {x.dtype}")
+    return x
+
+
+def check_power_of_two(name: str, value: object) -> int:
+    if not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two, got {value!r}")
+    return value
+
+
+def _block_cols(D: int, element_size: int, block_cols: int | None) -> int:
+    """Columns per program: by default 2 KiB of each row (whole rows when narrower)."""
+    if block_cols is None:
+        return min(triton.next_power_of_2(max(D, 1)), 2048 // element_size)
+    return check_power_of_two("block_cols", block_cols)
+
+
+def pad_token_groups(
+    x: torch.Tensor,
+    offs: torch.Tensor,
+    alignment: int = 32,
+    *,
+    block_rows: int = 16,
+    block_cols: int | None = None,
+    num_warps: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy each token group of ``x`` to the start of an aligned slot.
+
+    x: (M, D), any floating-point dtype, row-major. offs: int32 (G,) group ends (see the module docstring).
+    Returns ``(padded, padded_offs)``: padded (ceil_a(M + a*G), D), x's dtype, row-major, group g's rows at the
+    start of slot g (slot = ceil_a(size_g) rows, slots back to back from row 0), zero everywhere else including the
+    tail after the last slot; padded_offs int32 (G,), the cumulative slot ends (computed on the device). Rows of x
+    past offs[-1] are not copied. ``block_rows`` (dividing the alignment) x ``block_cols`` elements per program.
+    """
+    alignment = _check_alignment(alignment)
+    x = _check_rows(x, "x")
+    offs = check_offsets(offs)
+    check_same_device("offs", offs, x)
+    check_host_offsets(offs, x.shape[0])
+    if check_power_of_two("block_rows", block_rows) > alignment:
+        raise ValueError(f"block_rows must divide the alignment {alignment}, got {block_rows}")
+    (M, D), G = x.shape, offs.numel()
+    bits = _BITS[x.element_size()]
+    padded = torch.empty(padded_rows(M, G, alignment), D, dtype=bits, device=x.device)
+    padded_offs = torch.empty(G, dtype=torch.int32, device=x.device)
+    BLOCK_D = _block_cols(D, x.element_size(), block_cols)
+    # At least one column program even when D = 0: program (0, 0) writes padded_offs.
+    grid = (padded.shape[0] // block_rows, max(triton.cdiv(D, BLOCK_D), 1))
+    _pad_kernel[grid](
+        x.view(bits), offs, padded, padded_offs, M, D, G,
+        ALIGN=alignment, BLOCK_M=block_rows, BLOCK_D=BLOCK_D, BLOCK_G=triton.next_power_of_2(G),
+        num_warps=num_warps,
+    )  # fmt: skip
+    return padded.view(x.dtype), padded_offs
+
+
+def unpad_token_groups(
+    padded: torch.Tensor,
+    offs: torch.Tensor,
+    padded_offs: torch.Tensor,
+    num_tokens: int,
+    *,
+    block_rows: int = 16,
+    block_cols: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """Inverse of ``pad_token_groups``: gather each group's rows back from its slot.
+
+    padded: (P, D) any floating-point dtype, row-major; offs, padded_offs: int32 (G,) as given to and returned by
+    ``pad_token_groups``. Returns (num_tokens, D), padded's dtype, row-major: row i of group g is padded row
+    padded_offs[g-1] + (i - offs[g-1]). Rows past offs[-1] are zero.
+    """
+    padded = _check_rows(padded, "padded")
+    offs = check_offsets(offs)
+    padded_offs = check_offsets(padded_offs, name="padded_offs")
+    if padded_offs.shape != offs.shape:
+        raise ValueError(f"padded_offs must have the shape of offs {tuple(offs.shape)}, got {tuple(padded_offs.shape)}")
+    if not isinstance(num_tokens, int) or num_tokens < 0:
+        raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+    check_same_device("offs", offs, padded)
+    check_same_device("padded_offs", padded_offs, padded)
+    check_host_offsets(offs, num_tokens)
+    check_host_offsets(padded_offs, padded.shape[0], name="padded_offs")
+    check_power_of_two("block_rows", block_rows)
+    (P, D), G = padded.shape, offs.numel()
+    bits = _BITS[padded.element_size()]
+    out = torch.empty(num_tokens, D, dtype=bits, device=padded.device)
+    if out.numel():
+        BLOCK_D = _block_cols(D, padded.element_size(), block_cols)
+        grid = (triton.cdiv(num_tokens, block_rows), triton.cdiv(D, BLOCK_D))
+        _unpad_kernel[grid](
+            padded.view(bits), offs, padded_offs, out, num_tokens, P, D, G,
+            BLOCK_M=block_rows, BLOCK_D=BLOCK_D, BLOCK_G=triton.next_power_of_2(G), num_warps=num_warps,
+        )  # fmt: skip
+    return out.view(padded.dtype)
+
+
+# ---- references ---------------------------------------------------------------------------------------------
+
+
+def pad_token_groups_reference(
+    x: torch.Tensor, offs: torch.Tensor, alignment: int = 32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain-torch ``pad_token_groups`` (reads offs on the host)."""
+    alignment = _check_alignment(alignment)
+    ends = offs.tolist()
+    padded = torch.zeros(padded_rows(x.shape[0], len(ends), alignment), x.shape[1], dtype=x.dtype, device=x.device)
+    slot_ends, start, slot = [], 0, 0
+    for end in ends:
+        padded[slot : slot + end - start] = x[start:end]
+        slot += ceil_to(end - start, alignment)
+        slot_ends.append(slot)
+        start = end
+    return padded, torch.tensor(slot_ends, dtype=torch.int32, device=x.device)
+
+
+def unpad_token_groups_reference(
+    padded: torch.Tensor, offs: torch.Tensor, padded_offs: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """Plain-torch ``unpad_token_groups`` (reads offs and padded_offs on the host)."""
+    out = torch.zeros(num_tokens, padded.shape[1], dtype=padded.dtype, device=padded.device)
+    start, slot = 0, 0
+    for end, slot_end in zip(offs.tolist(), padded_offs.tolist()):
+        out[start:end] = padded[slot : slot + end - start]
+        start, slot = end, slot_end
+    return out
+
+
+# ---- costs --------------------------------------------------------------------------------------------------
+
+
+def _data_rows(M: int, G: int, group_sizes) -> int:
+    """Rows that lie in some group: all M unless the host-side group sizes say the groups end earlier."""
+    if group_sizes is None:
+        return M
+    sizes = list(group_sizes)
+    if len(sizes) != G or min(sizes, default=0) < 0 or sum(sizes) > M:
+        raise ValueError(f"group_sizes must be {G} sizes >= 0 summing to at most M = {M}, got {sizes}")
+    return sum(sizes)
+
+
+def pad_cost(M: int, D: int, G: int, alignment: int, elt: int, group_sizes=None) -> Cost:
+    """``pad_token_groups`` of an (M, D) tensor of ``elt``-byte elements in G groups.
+
+    Reads the rows that lie in groups (all M by default) and offs; writes the whole padded buffer, zero rows
+    included, and padded_offs.
+    """
+    _check_alignment(alignment)
+    offsets = 4 * G
+    return Cost(_data_rows(M, G, group_sizes) * D * elt + offsets, padded_rows(M, G, alignment) * D * elt + offsets)
+
+
+def unpad_cost(M: int, D: int, G: int, alignment: int, elt: int, group_sizes=None) -> Cost:
+    """``unpad_token_groups`` back to (M, D): reads only the rows that hold data (padding rows are never touched,
+    so the alignment does not change the count; it is taken for symmetry with ``pad_cost``) plus offs and
+    padded_offs; writes all M rows."""
+    _check_alignment(alignment)
+    return Cost(_data_rows(M, G, group_sizes) * D * elt + 2 * 4 * G, M * D * elt)

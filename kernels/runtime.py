@@ -1,0 +1,66 @@
+"""Argument checks and the execution target shared by every kernel wrapper.
+
+Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter (``TRITON_INTERPRET=1``, which must be
+set before ``mxkernels`` is imported). Every public wrapper validates its arguments here first, so bad input fails
+with a ``ValueError`` that names the argument before anything is launched.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_tensor(
+    name: str,
+    x: object,
+    *,
+    dtypes: Iterable[torch.dtype] | None = None,
+    ndim: int | Iterable[int] | None = None,
+    contiguous: bool = True,
+) -> torch.Tensor:
+    """Raise ``ValueError`` naming ``name`` unless ``x`` is a tensor of the given dtypes, rank and layout that a
+    kernel can run on (CUDA, or CPU under the interpreter)."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if x.dtype not in dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise ValueError(f"{name} must have dtype {names}; got {str(x.dtype).removeprefix('torch.')}")
+    if ndim is not None:
+        ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if x.dim() not in ranks:
+            raise ValueError(f"{name} must be {' or '.join(f'{r}D' for r in ranks)}, got shape {tuple(x.shape)}")
+    if contiguous and not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (row-major); call .contiguous() first")
+    check_device(name, x)
+    return x
+
+
+def check_device(name: str, x: torch.Tensor) -> None:
+    if x.is_cuda:
+        return
+    if x.device.type == "cpu" and INTERPRET:
+        return
+    raise ValueError(
+        f"{name} is on {x.device}: the kernels need a CUDA tensor "
+        "(CPU tensors run only under the Triton interpreter, TRITON_INTERPRET=1 set before import)"
+    )
+
+
+def check_multiple(name: str, value: int, multiple: int, what: str) -> None:
+    if value % multiple:
+        raise ValueError(f"{name}: {what} must be a multiple of {multiple}, got {value}")
+
+
+def check_offsets(offs: object, num_rows: int | None = None, name: str = "offs") -> torch.Tensor:
+    """``offs``: int32 (G,) cumulative group end rows, 1 <= G <= 512. Values are not read (that would sync)."""
+    offs = check_tensor(name, offs, dtypes=(torch.int32,), ndim=1)
+    if not 1 <= offs.numel() <= 512:
+        raise ValueError(f"{name} must hold 1 to 512 group ends, got {offs.numel()}")
+    return offs

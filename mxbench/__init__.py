@@ -1,0 +1,3 @@
+"""mxbench: benchmarking and roofline suite for MXFP8 MoE grouped-GEMM training kernels."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,201 @@
+"""Measured ceilings: the bandwidth and GEMM throughput this card actually reaches, stored per power limit.
+
+Achievable HBM bandwidth is the best of three streaming kernels, each timed cold (``timing.time_fn``):
+``copy`` (torch ``copy_``: read + write), ``read2write1`` (bf16 -> fp8 cast: 2 B read, 1 B written) and ``read``
+(a sum: read only). GEMM ceilings are ``torch.mm`` in bf16 and ``torch._scaled_mm`` in fp8 (e4m3, tensorwise
+scales, fast accumulation) on N x N x N random data. HBM bandwidth need not fall in proportion to a power cap, so
+ceilings are measured at each cap rather than scaled; ``results/<card-slug>/ceilings.json`` keeps one entry per
+power limit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .hardware import Peak, card_slug, device_properties
+
+SCHEMA_VERSION = 1
+_BANDWIDTH_KERNELS = {"copy": "copy_tbps", "read2write1": "read2write1_tbps", "read": "read_tbps"}
+# A stored entry matches a requested power limit within this many watts (NVML works in milliwatts).
+_LIMIT_TOLERANCE_W = 0.5
+
+
+@dataclass
+class Ceilings:
+    """Ceilings of ``card`` (the torch device name) at ``power_limit_w`` (the enforced limit while measuring; None
+    when NVML could not tell). Bandwidths in TB/s, ``bandwidth_tbps`` the best of the three; GEMMs in TFLOP/s,
+    ``fp8_tflops`` None where the card or torch has no fp8 GEMM (``meta["fp8_error"]`` says why)."""
+
+    card: str
+    power_limit_w: float | None
+    copy_tbps: float
+    read2write1_tbps: float
+    read_tbps: float
+    bandwidth_tbps: float
+    bf16_tflops: float
+    fp8_tflops: float | None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def measure_ceilings(device: int = 0, *, size_bytes: int = 2**31, gemm_n: int = 8192) -> Ceilings:
+    """Measure the ceilings of CUDA device ``device`` at its current power limit.
+
+    ``size_bytes``: bytes of the bf16 source each streaming kernel reads (needs about 2.5x that in free memory).
+    ``gemm_n``: the GEMM is ``gemm_n``^3. Raises ``timing.TimingError`` without a CUDA device.
+    """
+    import torch
+
+    from .timing import TimingError
+
+    if size_bytes < 2**20 or size_bytes % 2:
+        raise ValueError(f"size_bytes must be an even number of at least 1 MiB, got {size_bytes}")
+    if gemm_n < 16 or gemm_n % 16:
+        raise ValueError(f"gemm_n must be a positive multiple of 16, got {gemm_n}")
+    if not torch.cuda.is_available():
+        raise TimingError("no CUDA device: ceilings are measured on a GPU")
+    with torch.cuda.device(device):
+        bandwidth = _bandwidth_tbps(size_bytes)
+        bf16, fp8, fp8_error = _gemm_tflops(gemm_n)
+    props = device_properties(device)
+    meta = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "method": "graph-cold",
+        "size_bytes": size_bytes,
+        "gemm_n": gemm_n,
+        "fp8_gemm": "torch._scaled_mm e4m3 tensorwise, use_fast_accum=True",
+        "device_properties": props,
+    }
+    if fp8_error:
+        meta["fp8_error"] = fp8_error
+    return Ceilings(
+        card=str(props["name"]),
+        power_limit_w=_enforced_limit_w(device),
+        **bandwidth,
+        bandwidth_tbps=max(bandwidth.values()),
+        bf16_tflops=bf16,
+        fp8_tflops=fp8,
+        meta=meta,
+    )
+
+
+def _bandwidth_tbps(size_bytes: int) -> dict[str, float]:
+    """TB/s of copy, bf16->fp8 cast and sum over a bf16 source of ``size_bytes``; 1 TB/s = 1e6 bytes per us."""
+    import torch
+
+    from .timing import time_fn
+
+    src = torch.randn(size_bytes // 2, dtype=torch.bfloat16, device="cuda")
+    same = torch.empty_like(src)
+    fp8 = torch.empty(src.shape, dtype=torch.float8_e4m3fn, device="cuda")
+    kernels = {
+        "copy_tbps": (lambda: same.copy_(src), 2 * size_bytes),
+        "read2write1_tbps": (lambda: fp8.copy_(src), size_bytes + size_bytes // 2),
+        "read_tbps": (lambda: src.sum(), size_bytes),
+    }
+    return {key: nbytes / time_fn(fn).median_us / 1e6 for key, (fn, nbytes) in kernels.items()}
+
+
+def _gemm_tflops(n: int) -> tuple[float, float | None, str | None]:
+    """(bf16 TFLOP/s, fp8 TFLOP/s or None, why fp8 failed or None) of an n^3 GEMM; 1 TFLOP/s = 1e6 FLOP per us."""
+    import torch
+
+    from .timing import time_fn
+
+    flops = 2 * n**3
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+    bf16 = flops / time_fn(lambda: torch.mm(a, b, out=out)).median_us / 1e6
+    # _scaled_mm wants the second operand column-major: the transpose of a row-major (N, K) tensor
+    a8 = a.to(torch.float8_e4m3fn)
+    b8 = b.to(torch.float8_e4m3fn).t()
+    one = torch.ones((), dtype=torch.float32, device="cuda")
+
+    def fp8_mm():
+        return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+    try:
+        fp8_mm()
+    except RuntimeError as e:  # no fp8 tensor cores (e.g. A100) or no fp8 GEMM in this torch
+        return bf16, None, " ".join(str(e).split())[:300]
+    return bf16, flops / time_fn(fp8_mm).median_us / 1e6, None
+
+
+def _enforced_limit_w(device: int) -> float | None:
+    from .power import PowerController, PowerError
+
+    try:
+        return PowerController(device).read_limits().enforced_w
+    except PowerError:
+        return None
+
+
+def _path(results_dir: str | Path, card: str) -> Path:
+    return Path(results_dir) / card_slug(card) / "ceilings.json"
+
+
+def _same_limit(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= _LIMIT_TOLERANCE_W
+
+
+def _read_entries(path: Path) -> list[Ceilings]:
+    if not path.exists():
+        return []
+    try:
+        payload = json.loads(path.read_text())
+        if payload.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"schema {payload.get('schema')!r} is not {SCHEMA_VERSION}")
+        known = {f.name for f in fields(Ceilings)}
+        return [Ceilings(**{k: v for k, v in e.items() if k in known}) for e in payload["entries"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not an mxbench ceilings file ({e})") from None
+
+
+def save_ceilings(c: Ceilings, results_dir: str | Path) -> Path:
+    """Write ``c`` into ``results_dir/<card-slug>/ceilings.json``, replacing the entry of the same power limit and
+    keeping the others (sorted by limit, unknown first). Written atomically; returns the path."""
+    path = _path(results_dir, c.card)
+    entries = [e for e in _read_entries(path) if not _same_limit(e.power_limit_w, c.power_limit_w)] + [c]
+    entries.sort(key=lambda e: (e.power_limit_w is not None, e.power_limit_w or 0.0))
+    payload = {"schema": SCHEMA_VERSION, "card": c.card, "entries": [asdict(e) for e in entries]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def load_ceilings(results_dir: str | Path, card: str, power_limit_w: float | None = None) -> Ceilings | None:
+    """The stored ceilings of ``card`` (a device name or its slug) at ``power_limit_w`` (within 0.5 W), or None.
+
+    ``power_limit_w`` None: the entry measured at the highest limit (the card uncapped), else one whose limit is
+    unknown.
+    """
+    entries = _read_entries(_path(results_dir, card))
+    if power_limit_w is not None:
+        return next((e for e in entries if _same_limit(e.power_limit_w, power_limit_w)), None)
+    known = [e for e in entries if e.power_limit_w is not None]
+    if known:
+        return max(known, key=lambda e: e.power_limit_w)
+    return entries[0] if entries else None
+
+
+def measured_peaks(c: Ceilings) -> dict[str, Peak]:
+    """Denominators from measured ceilings: "bandwidth" (the best streaming kernel), "bf16" and, where measured,
+    "fp8"; each label says "measured ... ceiling" with the card and power limit."""
+    where = f"{c.card}, {c.power_limit_w:g} W" if c.power_limit_w is not None else f"{c.card}, limit unknown"
+    kernel = max(_BANDWIDTH_KERNELS, key=lambda k: getattr(c, _BANDWIDTH_KERNELS[k]))
+    peaks = {
+        "bandwidth": Peak(c.bandwidth_tbps, "TB/s", f"measured {kernel} ceiling {c.bandwidth_tbps:.3g} TB/s ({where})"),
+        "bf16": Peak(c.bf16_tflops, "TFLOP/s", f"measured bf16 GEMM ceiling {c.bf16_tflops:.4g} TFLOP/s ({where})"),
+    }
+    if c.fp8_tflops is not None:
+        peaks["fp8"] = Peak(c.fp8_tflops, "TFLOP/s", f"measured fp8 GEMM ceiling {c.fp8_tflops:.4g} TFLOP/s ({where})")
+    return peaks

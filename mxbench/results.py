@@ -1,0 +1,169 @@
+"""Results: the schema of a run, its metadata, and JSON (source of truth) / CSV I/O.
+
+A ``Run`` is the metadata of one invocation plus one ``Record`` per (sweep point, stage). Tables, plots and
+comparisons read only stored Runs, so any past run can be re-rendered or compared.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep point: the problem and the conditions it was measured under.
+
+    ``power_limit_w`` None means the card's limit as found (never changed).
+    """
+
+    M: int
+    N: int
+    K: int
+    G: int
+    recipe: str = "mxfp8"
+    mode: str = "rceil"
+    groups: str = "balanced"
+    seed: int = 0
+    power_limit_w: float | None = None
+
+    def label(self) -> str:
+        pl = "" if self.power_limit_w is None else f" @{self.power_limit_w:g}W"
+        return f"M={self.M} N={self.N} K={self.K} G={self.G} {self.recipe}/{self.mode} {self.groups}{pl}"
+
+
+@dataclass
+class Record:
+    """One stage at one point: what ran, what it must move, how long it took.
+
+    ``pass_name``: "forward" | "backward_input" | "backward_weight" | "end_to_end".
+    ``category``: "quantize" | "rearrange" | "pad" | "gemm" | "end_to_end".
+    ``samples_us``: per-call times (each sample = one graph replay / calls per replay). Empty for model rows and
+    error rows. ``measured`` False marks the analytic model (``model_us`` set), never a measurement.
+    """
+
+    point: Point
+    pass_name: str
+    stage: str
+    kernel: str
+    category: str
+    purpose: str = ""
+    shape: str = ""
+    bytes_read: int = 0
+    bytes_written: int = 0
+    flops: int = 0
+    precision: str | None = None
+    backend: str | None = None
+    method: str = ""
+    samples_us: list[float] = field(default_factory=list)
+    measured: bool = True
+    model_us: float | None = None
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and (bool(self.samples_us) or self.model_us is not None)
+
+    @property
+    def median_us(self) -> float | None:
+        if self.samples_us:
+            return statistics.median(self.samples_us)
+        return self.model_us
+
+    @property
+    def iqr_us(self) -> float | None:
+        if len(self.samples_us) < 2:
+            return None
+        q = statistics.quantiles(self.samples_us, n=4, method="inclusive")
+        return q[2] - q[0]
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass
+class Run:
+    """``meta``: card name and UUID, driver, CUDA, torch, triton, mxbench version and git commit, clocks, power
+    limits, date, command line, seeds, timing options, hardware spec used for denominators."""
+
+    meta: dict[str, Any]
+    records: list[Record] = field(default_factory=list)
+
+    @property
+    def card(self) -> str:
+        return str(self.meta.get("card", "unknown"))
+
+
+def _record_to_dict(r: Record) -> dict[str, Any]:
+    d = asdict(r)
+    d["point"] = asdict(r.point)
+    return d
+
+
+def _record_from_dict(d: dict[str, Any]) -> Record:
+    d = dict(d)
+    point = Point(**d.pop("point"))
+    known = {f.name for f in fields(Record)}
+    return Record(point=point, **{k: v for k, v in d.items() if k in known})
+
+
+def run_to_json(run: Run) -> str:
+    payload = {"schema": SCHEMA_VERSION, "meta": run.meta, "records": [_record_to_dict(r) for r in run.records]}
+    return json.dumps(payload, indent=1, sort_keys=False)
+
+
+def run_from_json(text: str) -> Run:
+    payload = json.loads(text)
+    schema = payload.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise ValueError(f"results schema {schema!r} is not supported (expected {SCHEMA_VERSION})")
+    return Run(meta=payload["meta"], records=[_record_from_dict(d) for d in payload["records"]])
+
+
+CSV_COLUMNS = [
+    "M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w",
+    "pass_name", "stage", "kernel", "category", "purpose", "shape", "backend", "method", "measured",
+    "median_us", "iqr_us", "samples", "bytes_read", "bytes_written", "flops", "precision", "error",
+]  # fmt: skip
+
+
+def _csv_row(r: Record) -> dict[str, Any]:
+    row = asdict(r.point)
+    row.update({k: getattr(r, k) for k in CSV_COLUMNS if hasattr(r, k) and k not in row})
+    row["samples"] = len(r.samples_us)
+    return row
+
+
+def save_run(run: Run, path: str | Path) -> tuple[Path, Path]:
+    """Write ``path`` (JSON, the source of truth) and the CSV beside it; returns both paths.
+
+    The JSON is written to a temporary file first and renamed, so an interrupted save never leaves half a file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(run_to_json(run))
+    tmp.replace(path)
+    csv_path = path.with_suffix(".csv")
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in run.records:
+            w.writerow(_csv_row(r))
+    return path, csv_path
+
+
+def load_run(path: str | Path) -> Run:
+    path = Path(path)
+    try:
+        return run_from_json(path.read_text())
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not an mxbench results file ({e})") from None

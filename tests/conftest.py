@@ -1,0 +1,31 @@
+"""Test set-up: without a GPU, Triton kernels run on CPU tensors under the interpreter.
+
+TRITON_INTERPRET must be set before any kernel is defined, so it is set here, before test modules import
+mxkernels. GPU-only tests carry the ``gpu`` marker and skip cleanly without CUDA.
+"""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    """Where kernels run in CPU-or-GPU tests: the GPU when there is one, else CPU under the interpreter."""
+    return "cuda" if HAS_CUDA else "cpu"

@@ -1,0 +1,44 @@
+"""Cross-compile a Triton kernel for a GPU that is not here (SM90, SM100) and return its PTX.
+
+Compilation runs in a subprocess because this test process runs under the interpreter (TRITON_INTERPRET=1), where
+``triton.jit`` does not produce compilable kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+_SCRIPT = textwrap.dedent(
+    """
+    import importlib, json, sys
+    import triton
+    from triton.compiler import ASTSource
+    from triton.backends.compiler import GPUTarget
+    spec = json.loads(sys.argv[1])
+    module = importlib.import_module(spec["module"])
+    fn = getattr(module, spec["kernel"])
+    src = ASTSource(fn=fn, signature=spec["signature"], constexprs=spec["constexprs"])
+    compiled = triton.compile(src, target=GPUTarget("cuda", spec["cc"], 32))
+    sys.stdout.write(compiled.asm["ptx"])
+    """
+)
+
+
+def compile_ptx(module: str, kernel: str, signature: dict, constexprs: dict, cc: int) -> str:
+    """PTX of ``module.kernel`` built for compute capability ``cc`` (90 or 100).
+
+    ``signature`` maps every argument name to a Triton type string ("*fp32", "*u8", "i32", "i64", "constexpr");
+    ``constexprs`` gives the constexpr values by name.
+    """
+    spec = {"module": module, "kernel": kernel, "signature": signature, "constexprs": constexprs, "cc": cc}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, json.dumps(spec)], capture_output=True, text=True, env=env, timeout=600
+    )
+    if proc.returncode:
+        raise AssertionError(f"compiling {module}.{kernel} for sm_{cc} failed:\n{proc.stderr[-4000:]}")
+    return proc.stdout

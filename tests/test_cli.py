@@ -1,0 +1,325 @@
+"""The mxbench command line, through click's CliRunner: help, presets, the no-GPU model, bad input (exit 2, one
+line, no traceback), and the table / compare commands on synthetic result files."""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mxbench import cli as cli_module
+from mxbench.cli import cli
+from mxbench.results import Point, Record, Run, load_run, save_run
+
+CARD = "NVIDIA H100 80GB HBM3"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(cli_module, "_has_gpu", lambda: False)
+
+
+def test_help_lists_every_command():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("roofline", "presets", "ceilings", "table", "plot", "compare", "regress", "peers"):
+        assert command in result.output
+
+
+def test_version_is_the_installed_distribution_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and version("mxbench") in result.output
+
+
+def test_presets_lists_every_model_with_its_shapes():
+    result = invoke("presets")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    for name, K, N in [
+        ("deepseek-v3", "7168", "2048"),
+        ("llama4-scout", "5120", "8192"),
+        ("mixtral-8x7b", "4096", "14336"),
+    ]:
+        (line,) = [line for line in lines if line.split() and line.split()[0] == name]
+        assert f" {K} " in line and f" {N} " in line and "huggingface.co" in line
+
+
+# ----------------------------------------------------------------------------------------- roofline, no GPU
+
+
+def test_roofline_without_a_gpu_prints_the_labelled_model(no_gpu, tmp_path):
+    out = tmp_path / "model.json"
+    result = invoke("roofline", "--K", 7168, "--N", 2048, "--M", "16384,131072", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("no CUDA GPU found")
+    assert "model, not measured" in result.output
+    for kernel in ("quantize_dim0", "rearrange_m_groups", "rearrange_k_groups", "mxfp8_grouped_mm"):
+        assert kernel in result.output
+    assert "Net speedup" in result.output and "131072" in result.output
+    stored = load_run(out)
+    assert stored.meta["measured"] is False and stored.meta["hardware"] == "b200"
+    assert stored.records and not any(r.measured for r in stored.records)
+    # the breakdown is at the largest M unless --breakdown-M says otherwise
+    assert "(131072, 7168)" in result.output and "(16384, 7168)" not in result.output
+
+
+def test_roofline_preset_and_breakdown_M(no_gpu):
+    result = invoke("roofline", "--preset", "llama4-scout", "--M", "16384,32768", "--breakdown-M", 16384)
+    assert result.exit_code == 0, result.output
+    assert "(16384, 5120)" in result.output and "(32768, 5120)" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--preset", "nope"], "unknown preset 'nope'; valid presets: deepseek-v3"),
+        (["--K", 7000, "--N", 2048], "K must be a positive multiple of 32"),
+        (["--K", 7168, "--N", 2050], "N must be a positive multiple of 32"),
+        (["--K", 7168], "give --K and --N"),
+        (["--preset", "deepseek-v3", "--K", 7168], "either --preset or --K/--N"),
+        (["--K", 7168, "--N", 2048, "--M", 0], "every M must be positive"),
+        (["--K", 7168, "--N", 2048, "--M", "1024,-5"], "every M must be positive"),
+        (["--K", 7168, "--N", 2048, "--M", "many"], "comma-separated list"),
+        (["--K", 7168, "--N", 2048, "--G", 0], "--G"),
+        (["--K", 7168, "--N", 2048, "--G", 513], "--G"),
+        (["--K", 7168, "--N", 2048, "--recipe", "mxfp4"], "recipe must be one or more of mxfp8, fp8_rowwise, bf16"),
+        (["--K", 7168, "--N", 2048, "--mode", "ceil"], "--mode"),
+        (["--K", 7168, "--N", 2048, "--groups", "zipf"], "--groups"),
+        (["--K", 7168, "--N", 2048, "--power-limit", "80,-10"], "must be positive"),
+        (["--K", 7168, "--N", 2048, "--breakdown-M", 4096], "not one of the swept M"),
+        (["--K", 7168, "--N", 2048, "--hardware", "tpu"], "unknown hardware 'tpu'"),
+        (["--K", 7168, "--N", 2048, "--denominator", "measured"], "measured ceilings need a GPU"),
+    ],
+)
+def test_roofline_bad_input_exits_2_with_a_message(no_gpu, args, message):
+    result = invoke("roofline", *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+
+
+class FakeController:
+    """Stands in for PowerController: a card whose limit may be set between 200 and 700 W, by ``allowed``."""
+
+    allowed = True
+
+    def __init__(self, device=0):
+        pass
+
+    def resolve(self, percents=None, watts=None):
+        limits = [700 * p / 100 for p in percents] if percents else list(watts)
+        for w in limits:
+            if not 200 <= w <= 700:
+                raise ValueError(f"{w:g} W is outside this card's power-limit range [200, 700] W")
+        return limits
+
+    def check_permission(self, watts):
+        from mxbench.power import PowerPermissionError
+
+        if watts is not None and not self.allowed:
+            raise PowerPermissionError("setting a GPU power limit needs root (or CAP_SYS_ADMIN)")
+
+
+@pytest.mark.parametrize(
+    "args, allowed, message",
+    [
+        (["--power-limit", "100,10"], True, "70 W is outside this card's power-limit range"),
+        (["--power-limit-watts", "900"], True, "900 W is outside"),
+        (["--power-limit", "80"], False, "needs root"),
+    ],
+)
+def test_power_limits_are_checked_before_anything_runs(monkeypatch, args, allowed, message):
+    import mxbench.power
+    import mxbench.sweep
+
+    monkeypatch.setattr(cli_module, "_has_gpu", lambda: True)
+    monkeypatch.setattr(cli_module, "_detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(FakeController, "allowed", allowed)
+    monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
+    monkeypatch.setattr(mxbench.sweep, "run_sweep", lambda *a, **k: pytest.fail("the sweep must not start"))
+    result = invoke("roofline", "--K", 7168, "--N", 2048, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [["regress", "--baseline", "{run}"], ["peers", "--K", 7168, "--N", 2048],
+                                     ["ceilings"]])  # fmt: skip
+def test_gpu_commands_say_plainly_there_is_no_gpu(no_gpu, tmp_path, command):
+    path = tmp_path / "base.json"
+    save_run(synthetic_run(), path)
+    result = invoke(*[str(a).format(run=path) for a in command])
+    assert result.exit_code == 2 and "no CUDA GPU found" in result.output
+    assert "Traceback" not in result.output
+
+
+# ----------------------------------------------------------------------------------- synthetic result files
+
+
+def samples(center: float, spread: float = 0.005, n: int = 15, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [center * (1 + rng.uniform(-spread, spread)) for _ in range(n)]
+
+
+def synthetic_run(card: str = CARD, slow: float = 1.0, seed: int = 0) -> Run:
+    """mxfp8 at M=1024: a quantize (10 us), a GEMM (50 us) and fwd+bwd (200 us); bf16: GEMM 75 us, fwd+bwd
+    300 us. ``slow`` scales every mxfp8 time."""
+    mx, bf = Point(1024, 2048, 7168, 8, "mxfp8"), Point(1024, 2048, 7168, 8, "bf16")
+    flops = 2 * 1024 * 2048 * 7168
+    rows = [
+        Record(mx, "forward", "quantize_a", "quantize_dim0", "quantize", "Quantize A", "(1024, 7168)",
+               bytes_read=2 * 1024 * 7168, bytes_written=1024 * 7168 * 33 // 32,
+               samples_us=samples(10 * slow, seed=seed)),
+        Record(mx, "forward", "gemm", "mxfp8_grouped_mm", "gemm", "GEMM", "(1024, 7168) @ (8, 7168, 2048)",
+               flops=flops, precision="mxfp8", samples_us=samples(50 * slow, seed=seed + 1)),
+        Record(mx, "end_to_end", "fwd+bwd", "autograd", "end_to_end", samples_us=samples(200 * slow, seed=seed + 2)),
+        Record(bf, "forward", "gemm", "torch._grouped_mm", "gemm", "GEMM", "(1024, 7168) @ (8, 7168, 2048)",
+               flops=flops, precision="bf16", samples_us=samples(75, seed=seed + 3)),
+        Record(bf, "end_to_end", "fwd+bwd", "autograd", "end_to_end", samples_us=samples(300, seed=seed + 4)),
+    ]  # fmt: skip
+    meta = {"card": card, "hardware": "h100-sxm", "measured": True, "command": "synthetic",
+            "timing": {"cold_l2": True, "use_graph": True, "samples": 15}}  # fmt: skip
+    return Run(meta=meta, records=rows)
+
+
+@pytest.fixture
+def stored(tmp_path):
+    def store(name: str, run: Run):
+        path = tmp_path / f"{name}.json"
+        save_run(run, path)
+        return path
+
+    return store
+
+
+def test_table_markdown_names_card_and_denominator(stored):
+    result = invoke("table", stored("a", synthetic_run()), "--format", "markdown")
+    assert result.exit_code == 0, result.output
+    assert CARD in result.output and "H100" in result.output and "datasheet" in result.output
+    assert [line for line in result.output.splitlines() if "quantize_dim0" in line][0].startswith("|")
+    assert "synthetic" in result.output  # the command that produced the run
+
+
+def test_table_csv_parses_with_the_chosen_columns(stored):
+    result = invoke("table", stored("a", synthetic_run()), "--format", "csv", "--columns", "Kernel,Time (us)")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(io.StringIO(result.output)))
+    assert rows[0] == ["Kernel", "Time (us)"]
+    assert [r[0] for r in rows[1:]] == ["quantize_dim0", "mxfp8_grouped_mm"]
+    assert abs(float(rows[1][1]) - 10.0) < 0.1
+
+
+def test_table_speedup_is_bf16_over_the_recipe(stored):
+    result = invoke("table", stored("a", synthetic_run()), "--kind", "speedup", "--format", "plain")
+    assert result.exit_code == 0, result.output
+    # fwd+bwd 300 us / 200 us, forward GEMM 75 us / 50 us (medians of samples within 0.5% of those)
+    line = [line for line in result.output.splitlines() if line.lstrip().startswith("1024")][0]
+    speedups = [float(w[:-1]) for w in line.split() if w.endswith("x")]
+    assert speedups == pytest.approx([1.5, 1.5], abs=0.02)
+
+
+def test_table_filters_by_pass_and_card(stored):
+    path = stored("a", synthetic_run())
+    result = invoke("table", path, "--kind", "sweep", "--pass", "end_to_end", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    assert [r[-1] for r in csv.reader(io.StringIO(result.output))][1:] and "quantize_dim0" not in result.output
+    other = invoke("table", path, "--card", "NVIDIA B200")
+    assert other.exit_code == 2 and "no results of card" in other.output
+
+
+def test_table_unknown_column_exits_2(stored):
+    result = invoke("table", stored("a", synthetic_run()), "--columns", "Kernel,Nope")
+    assert result.exit_code == 2 and "Nope" in result.output and "Traceback" not in result.output
+
+
+def test_compare_identical_runs_is_same_and_exits_0(stored):
+    result = invoke("compare", stored("a", synthetic_run()), stored("b", synthetic_run(seed=10)))
+    assert result.exit_code == 0, result.output
+    assert "SLOWER" not in result.output.replace("0 SLOWER", "") and "SAME" in result.output
+
+
+def test_compare_20_percent_slower_exits_1(stored):
+    result = invoke("compare", stored("a", synthetic_run()), stored("b", synthetic_run(slow=1.2, seed=10)))
+    assert result.exit_code == 1, result.output
+    assert "SLOWER" in result.output
+
+
+def test_compare_refuses_runs_of_different_cards_unless_forced(stored):
+    base, other = stored("a", synthetic_run()), stored("b", synthetic_run(card="NVIDIA H200", seed=10))
+    refused = invoke("compare", base, other)
+    assert refused.exit_code == 2 and "different cards" in refused.output and "Traceback" not in refused.output
+    forced = invoke("compare", base, other, "--force")
+    assert forced.exit_code == 0, forced.output
+
+
+def test_a_file_that_is_not_a_run_exits_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    result = invoke("table", bad)
+    assert result.exit_code == 2 and f"{bad}: results schema None" in " ".join(result.output.split())
+
+
+# ------------------------------------------------------------------------------------- roofline, with a GPU
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """A GPU run without a GPU: the card is an H100 and run_sweep returns the synthetic run (saved where asked)."""
+    import mxbench.power
+    import mxbench.sweep
+
+    calls = {}
+
+    def fake_sweep(points, *, options, progress=True, instruments=None):
+        calls.update(points=points, options=options, instruments=instruments)
+        run = synthetic_run()
+        save_run(run, options.out)
+        return run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli_module, "_has_gpu", lambda: True)
+    monkeypatch.setattr(cli_module, "_detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(cli_module, "_card_name", lambda device=0: CARD)
+    monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
+    monkeypatch.setattr(mxbench.sweep, "run_sweep", fake_sweep)
+    return calls
+
+
+def test_roofline_with_a_gpu_sweeps_saves_and_prints_both_tables(fake_gpu, tmp_path):
+    result = invoke("roofline", "--K", 7168, "--N", 2048, "--M", "1024,2048", "--samples", 9, "--warm-l2")
+    assert result.exit_code == 0, result.output
+    options = fake_gpu["options"]
+    assert (options.cold_l2, options.samples, options.hardware) == (False, 9, "h100-sxm")
+    assert options.command == "mxbench roofline --K 7168 --N 2048 --M 1024,2048 --warm-l2 --samples 9"
+    assert options.out.parent == Path("results/nvidia-h100-80gb-hbm3")  # relative to the working directory
+    assert options.out.name.startswith("roofline-7168x2048-") and (tmp_path / options.out).exists()
+    assert f"results: {options.out}" in result.output
+    assert [(p.M, p.recipe, p.power_limit_w) for p in fake_gpu["points"]] == [
+        (1024, "mxfp8", None),
+        (2048, "mxfp8", None),
+    ]
+    assert "mxfp8_grouped_mm" in result.output and "Net speedup" in result.output
+    assert "of H100 SXM datasheet" in result.output  # efficiency against the detected card's spec
+
+
+def test_roofline_power_limits_become_points_in_watts(fake_gpu):
+    result = invoke("roofline", "--K", 7168, "--N", 2048, "--M", 1024, "--power-limit", "80,60")
+    assert result.exit_code == 0, result.output
+    assert [p.power_limit_w for p in fake_gpu["points"]] == pytest.approx([560.0, 420.0])
+    assert fake_gpu["options"].command == "mxbench roofline --K 7168 --N 2048 --M 1024 --power-limit 80,60"
+    assert fake_gpu["instruments"].power is not None  # the controller that checked permission sets the limits
+
+
+def test_plot_draws_png_files(stored, tmp_path):
+    result = invoke("plot", stored("a", synthetic_run()), "--out", tmp_path / "figures")
+    assert result.exit_code == 0, result.output
+    paths = [tmp_path / "figures" / line.split("/")[-1] for line in result.output.split()]
+    assert paths and all(p.suffix == ".png" and p.read_bytes().startswith(b"\x89PNG") for p in paths)

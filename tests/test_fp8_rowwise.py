@@ -1,0 +1,198 @@
+"""Specification of the FP8 rowwise quantizers (kernels/fp8_rowwise.py).
+
+The oracle: scale = amax / 448 per row along the next GEMM's contraction dim (amax floored at 2**-112),
+q = e4m3(x * 448 / amax) rounded to nearest even (torch's own fp32 -> e4m3 cast), dequant = q * scale; a zero row
+has zero data. The Triton kernels must be
+bit-exact against the plain-torch references, which are checked here against hand-worked values first. CPU runs the
+kernels under the interpreter on small shapes; the ``gpu`` tests repeat the checks at DeepSeek-V3 sizes.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from mxkernels import fp8_rowwise as F
+from mxkernels.cost import Cost
+
+E4M3 = torch.float8_e4m3fn
+
+
+def offsets(sizes, device="cpu"):
+    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32, device=device)
+
+
+def assert_same_bytes(q, ref):
+    assert q.dtype == E4M3 and q.shape == ref.shape
+    mismatch = (q.view(torch.uint8) != ref.view(torch.uint8)).sum().item()
+    assert mismatch == 0, f"{mismatch} of {q.numel()} e4m3 bytes differ"
+
+
+# ---- the reference against hand-worked values -------------------------------------------------------------------
+
+
+def test_reference_hand_worked_rows():
+    x = torch.tensor([[1.0, -2.0, 0.5, 4.0], [0.0, 0.0, 0.0, 0.0], [3.0, 1.0, -1.0, 0.0]])
+    q, scale = F.quantize_fp8_rowwise_reference(x)
+    # Row 0: amax 4, 448/4 = 112 exactly. Row 1: all zero (amax floored at 2**-112). Row 2: 448/3 = 149.33 rounds
+    # to 144 (e4m3 step 16 in [128, 256)), -149.33 to -144.
+    assert q.float().tolist() == [[112.0, -224.0, 56.0, 448.0], [0.0] * 4, [448.0, 144.0, -144.0, 0.0]]
+    assert scale.tolist() == pytest.approx([4 / 448, 2**-112 / 448, 3 / 448], rel=1e-7)
+    deq = F.dequantize_fp8_rowwise_reference(q, scale)
+    assert deq[0].tolist() == pytest.approx([1.0, -2.0, 0.5, 4.0], rel=1e-6)
+    assert deq[2, 0].item() == pytest.approx(3.0, rel=1e-6)
+
+
+def test_reference_scale_is_correctly_rounded():
+    # torch computes `448.0 / t` as t.reciprocal() * 448 (two roundings); the reference must not.
+    amax = torch.tensor([0.375, 3.0, 7.0, 1e-3])
+    _, scale = F.quantize_fp8_rowwise_reference(torch.stack([amax, torch.zeros(4)], dim=1))
+    exact = [float(torch.tensor(a.item() / 448.0, dtype=torch.float64).float()) for a in amax]
+    assert scale.tolist() == exact
+    q, _ = F.quantize_fp8_rowwise_reference(torch.tensor([[0.375, 0.28125]]))
+    # 0.28125 * fl(448 / 0.375) is exactly 336, a tie that goes to the even 320; 0.28125 * fl(448 * fl(1 / 0.375))
+    # is 336.00003, which would round up to 352.
+    assert q.float().tolist() == [[448.0, 320.0]]
+
+
+def test_reference_tiny_rows_stay_finite():
+    # Below amax ~ 2**-119, 448 / amax overflows fp32: the floor keeps such rows (and zeros in them) finite.
+    x = torch.tensor([[2.0**-125, 0.0, -(2.0**-126)], [0.0, 0.0, 0.0]])
+    q, scale = F.quantize_fp8_rowwise_reference(x)
+    amax = 2.0**-112
+    assert scale.tolist() == pytest.approx([amax / 448] * 2, rel=1e-7)
+    # 2**-125 * 448 * 2**112 = 448 * 2**-13 = 0.0547 -> the e4m3 subnormal 28 * 2**-9; 224 * 2**-13 -> 14 * 2**-9.
+    assert q.float().tolist() == [[28 * 2.0**-9, 0.0, -14 * 2.0**-9], [0.0, 0.0, 0.0]]
+
+
+# ---- kernels against the reference (interpreter on CPU, compiled on GPU) ----------------------------------------
+
+
+def e4m3_rounding_cases():
+    """Every positive e4m3 value, the midpoints between neighbours (ties go to even) and a nudge either side, with
+    both signs: rows whose amax is 448, so the kernel's scaled value is the input itself."""
+    values = torch.arange(0, 127, dtype=torch.uint8).view(E4M3).float()
+    mids = (values[:-1] + values[1:]) / 2
+    nudges = torch.cat([mids * (1 + 2**-20), mids * (1 - 2**-20)])
+    cases = torch.cat([values, mids, nudges])
+    cases = torch.cat([cases, -cases])
+    cases = torch.cat([cases, torch.zeros(-cases.numel() % 63)]).view(-1, 63)
+    return torch.cat([torch.full((cases.shape[0], 1), 448.0), cases], dim=1)
+
+
+def test_kernel_rounds_like_torch_cast(device):
+    x = e4m3_rounding_cases().to(device)
+    q, scale = F.quantize_fp8_rowwise(x)
+    assert_same_bytes(q, x.to(E4M3))
+    assert torch.equal(scale, torch.ones_like(scale))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rowwise_kernel_is_bit_exact(device, dtype):
+    gen = torch.Generator().manual_seed(0)
+    # Rows from 2**-130 (bf16 subnormals) to 2**30 in magnitude, a zero row, and a length that is no tile multiple.
+    x = torch.randn(37, 200, generator=gen) * torch.logspace(-130, 30, 37, base=2.0)[:, None]
+    x[5] = 0
+    x = x.to(device=device, dtype=dtype)
+    q, scale = F.quantize_fp8_rowwise(x)
+    q_ref, scale_ref = F.quantize_fp8_rowwise_reference(x)
+    assert_same_bytes(q, q_ref)
+    assert torch.equal(scale, scale_ref)
+    assert not q[5].float().any()
+
+
+@pytest.mark.parametrize("along", ["K", "N"])
+def test_3d_kernel_is_bit_exact(device, along):
+    w = torch.randn(3, 40, 96, device=device).bfloat16()
+    w[1, :, 7] = 0  # a zero column: along N it is a zero row of the transposed output
+    q, scale = F.quantize_fp8_rowwise_3d(w, along=along)
+    oracle = w if along == "K" else w.transpose(-2, -1)
+    q_ref, scale_ref = F.quantize_fp8_rowwise_reference(oracle)
+    assert q.shape == ((3, 40, 96) if along == "K" else (3, 96, 40))
+    assert_same_bytes(q, q_ref)
+    assert torch.equal(scale, scale_ref)
+
+
+def test_k_groups_scales_per_group_and_column(device):
+    sizes = [32, 0, 80, 48]
+    x = torch.randn(176, 48, device=device).bfloat16()
+    x[32:112, 5] *= 1000  # group 2's column 5 gets its own, larger scale
+    offs = offsets(sizes, device)
+    q, scale = F.quantize_fp8_rowwise_k_groups(x, offs)
+    assert q.shape == (48, 176) and scale.shape == (4, 48)
+    # Independent restatement of the contract: scale[g, r] = max over group g's rows of |x[:, r]| / 448.
+    bounds = [(0, 32), (32, 32), (32, 112), (112, 160)]
+    for g, (s, e) in enumerate(bounds):
+        amax = x[s:e].float().abs().amax(0) if e > s else torch.full((48,), 2.0**-112, device=device)
+        torch.testing.assert_close(scale[g], amax / 448, rtol=1e-7, atol=0)
+        if e > s:
+            # Round to nearest: half a step, 2**-4 relative down to 2**-6, then half of 2**-9 (times the scale).
+            xt = x[s:e].float().t()
+            err = (q[:, s:e].float() * scale[g][:, None] - xt).abs()
+            assert (err <= torch.maximum(xt.abs() * 2**-4, scale[g][:, None] * 2**-10)).all()
+    q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+    assert_same_bytes(q[:, :160], q_ref[:, :160])  # columns past offs[-1] are not written
+    assert torch.equal(scale, scale_ref)
+
+
+def test_k_groups_reads_a_transposed_view(device):
+    a = torch.randn(40, 192, device=device).bfloat16()  # (N, M): the wgrad operand as grad_out.t()
+    offs = offsets([64, 96, 32], device)
+    q, scale = F.quantize_fp8_rowwise_k_groups(a.t(), offs)
+    q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(a.t().contiguous(), offs)
+    assert_same_bytes(q, q_ref)
+    assert torch.equal(scale, scale_ref)
+
+
+# ---- costs and errors ----------------------------------------------------------------------------------------
+
+
+def test_costs_are_hand_counts():
+    assert F.quantize_fp8_rowwise_cost(16, 64, torch.bfloat16) == Cost(16 * 64 * 2, 16 * 64 + 16 * 4)
+    assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.float32, "K") == Cost(2 * 8 * 32 * 4, 512 + 2 * 8 * 4)
+    assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.bfloat16, "N") == Cost(2 * 8 * 32 * 2, 512 + 2 * 32 * 4)
+    assert F.quantize_fp8_rowwise_k_groups_cost(128, 24, 3, torch.bfloat16) == Cost(128 * 24 * 2, 128 * 24 + 3 * 24 * 4)
+
+
+def test_bad_input_names_the_argument(device):
+    with pytest.raises(ValueError, match="x must have dtype"):
+        F.quantize_fp8_rowwise(torch.ones(4, 4, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        F.quantize_fp8_rowwise(torch.ones(8, 8, device=device)[:, :4])
+    with pytest.raises(ValueError, match="x must be 2D"):
+        F.quantize_fp8_rowwise(torch.ones(4, device=device))
+    with pytest.raises(ValueError, match="along"):
+        F.quantize_fp8_rowwise_3d(torch.ones(1, 4, 4, device=device), along="M")
+    with pytest.raises(ValueError, match="w must be 3D"):
+        F.quantize_fp8_rowwise_3d(torch.ones(4, 4, device=device))
+    with pytest.raises(ValueError, match="offs must have dtype"):
+        F.quantize_fp8_rowwise_k_groups(torch.ones(4, 4, device=device), torch.tensor([4], device=device))
+    if device == "cpu":  # CUDA offsets are never read on the host
+        with pytest.raises(ValueError, match="non-decreasing group ends within"):
+            F.quantize_fp8_rowwise_k_groups(torch.ones(4, 4), torch.tensor([3, 2], dtype=torch.int32))
+
+
+# ---- GPU: DeepSeek-V3 sizes ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_quantizers_bit_exact_at_deepseek_shapes():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(16384, 7168, device="cuda", generator=gen).bfloat16()
+    q, scale = F.quantize_fp8_rowwise(x)
+    q_ref, scale_ref = F.quantize_fp8_rowwise_reference(x)
+    assert_same_bytes(q, q_ref)
+    assert torch.equal(scale, scale_ref)
+
+    w = (torch.randn(8, 2048, 7168, device="cuda", generator=gen) * 7168**-0.5).bfloat16()
+    for along, oracle in (("K", w), ("N", w.transpose(-2, -1))):
+        q, scale = F.quantize_fp8_rowwise_3d(w, along=along)
+        q_ref, scale_ref = F.quantize_fp8_rowwise_reference(oracle)
+        assert_same_bytes(q, q_ref)
+        assert torch.equal(scale, scale_ref)
+
+    offs = offsets([2048, 0, 1024, 4096, 16, 3072, 2048, 4080], "cuda")
+    q, scale = F.quantize_fp8_rowwise_k_groups(x, offs)
+    q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+    assert_same_bytes(q, q_ref)
+    assert torch.equal(scale, scale_ref)

@@ -1,0 +1,561 @@
+"""Specification of the grouped GEMMs (kernels/grouped_gemm.py).
+
+The oracle is built here, independently of the code under test: operands quantized with
+``format.quantize_reference``, per-group blocked scales composed from ``layouts.to_blocked`` following the layouts
+of docs/architecture.md, and an fp32 reference computed group by group from ``dequantize_reference``. On CPU the
+Triton backends run under the interpreter on small shapes (the interpreter's ``tl.dot_scaled`` and fp8 ``tl.dot``
+compute in fp32); the sm_100 / sm_90 builds are checked by cross-compilation. The ``gpu`` tests check every backend
+at DeepSeek-V3 sizes, and CUDA-graph capture.
+"""
+
+import itertools
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import triton
+
+from crosscompile import compile_ptx
+from mxkernels import grouped_gemm as GG
+from mxkernels.cost import Cost, ceil_to
+from mxkernels.format import dequantize_reference, quantize_reference
+from mxkernels.layouts import to_blocked
+
+TRITON_BACKENDS = ["triton", "triton_fp8"]
+
+
+# ---- the oracle -------------------------------------------------------------------------------------------------
+
+
+def offsets(sizes, device="cpu"):
+    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32, device=device)
+
+
+def bounds(sizes):
+    ends = list(itertools.accumulate(sizes))
+    return list(zip([0, *ends[:-1]], ends))
+
+
+def m_groups_blocked(scales, sizes):
+    """Group g's blocked image starts at row sum_{j<g} ceil128(size_j) of a (128 * (ceil(M/128) + G), ceil4(C))
+    zero buffer."""
+    M, C = scales.shape
+    out = torch.zeros(128 * (-(-M // 128) + len(sizes)), ceil_to(C, 4), dtype=torch.uint8, device=scales.device)
+    row = 0
+    for start, end in bounds(sizes):
+        image = to_blocked(scales[start:end]).view(torch.uint8)
+        out[row : row + image.shape[0]] = image
+        row += image.shape[0]
+    return out
+
+
+def k_groups_blocked(scales, sizes):
+    """Complete blocked images (ceil128(R) x ceil4(size_g / 32)) back to back from byte 0 of a
+    (ceil128(R), M/32 + 4G) zero buffer."""
+    R, cols = scales.shape
+    out = torch.zeros(ceil_to(R, 128), cols + 4 * len(sizes), dtype=torch.uint8, device=scales.device)
+    flat, pos = out.view(-1), 0
+    for start, end in bounds(sizes):
+        image = to_blocked(scales[:, start // 32 : end // 32]).view(torch.uint8).reshape(-1)
+        flat[pos : pos + image.numel()] = image
+        pos += image.numel()
+    return out
+
+
+def mx_2d3d(a, w, sizes):
+    """Operands of out = a @ w_g^T: a (M, K), w (G, N, K) -> (kwargs of mxfp8_grouped_mm, fp32 reference)."""
+    a_q, a_s = quantize_reference(a)
+    w_q, w_s = quantize_reference(w)
+    ref = torch.zeros(a.shape[0], w.shape[1], device=a.device)
+    for g, (s, e) in enumerate(bounds(sizes)):
+        ref[s:e] = dequantize_reference(a_q[s:e], a_s[s:e]) @ dequantize_reference(w_q[g], w_s[g]).T
+    ops = dict(a_q=a_q, a_sb=m_groups_blocked(a_s, sizes), b_q=w_q, b_sb=torch.stack([to_blocked(s) for s in w_s]))
+    return ops, ref
+
+
+def mx_2d2d(x, y, sizes):
+    """Operands of out[g] = x[:, g] @ y[:, g]^T: x (N, M), y (K, M) -> (kwargs, fp32 reference (G, N, K))."""
+    x_q, x_s = quantize_reference(x)
+    y_q, y_s = quantize_reference(y)
+    ref = torch.zeros(len(sizes), x.shape[0], y.shape[0], device=x.device)
+    for g, (s, e) in enumerate(bounds(sizes)):
+        cols = slice(s // 32, e // 32)
+        ref[g] = dequantize_reference(x_q[:, s:e], x_s[:, cols]) @ dequantize_reference(y_q[:, s:e], y_s[:, cols]).T
+    ops = dict(a_q=x_q, a_sb=k_groups_blocked(x_s, sizes), b_q=y_q, b_sb=k_groups_blocked(y_s, sizes))
+    return ops, ref
+
+
+def sqnr(x, ref):
+    x, ref = x.double(), ref.double()
+    return (10 * torch.log10(ref.pow(2).sum() / (x - ref).pow(2).sum())).item()
+
+
+def hp_reference(a, b, sizes):
+    """fp32 torch._grouped_mm of the unquantized operands."""
+    if b.dim() == 3:
+        out = torch.zeros(a.shape[0], b.shape[2], device=a.device)
+        for g, (s, e) in enumerate(bounds(sizes)):
+            out[s:e] = a[s:e].float() @ b[g].float()
+        return out
+    return torch.stack([a[:, s:e].float() @ b[s:e].float() for s, e in bounds(sizes)])
+
+
+CPU_SIZES = {"2d3d": [40, 0, 100, 37], "2d2d": [64, 0, 96, 32]}
+
+
+def small_case(case, device, gen):
+    sizes = CPU_SIZES[case]
+    if case == "2d3d":
+        a = torch.randn(sum(sizes) + 23, 160, generator=gen).to(device)  # 23 rows past offs[-1]
+        return mx_2d3d(a, torch.randn(4, 48, 160, generator=gen).to(device), sizes), sizes
+    M = sum(sizes)
+    return mx_2d2d(torch.randn(40, M, generator=gen).to(device), torch.randn(72, M, generator=gen).to(device), sizes), sizes
+
+
+def valid(out, sizes, case):
+    return out[: sum(sizes)] if case == "2d3d" else out
+
+
+# ---- backends against the fp32 oracle on CPU ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+def test_emulated_matches_fp32_reference(device, case):
+    (ops, ref), sizes = small_case(case, device, torch.Generator().manual_seed(0))
+    out = GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, device), backend="emulated", out_dtype=torch.float32)
+    torch.testing.assert_close(valid(out, sizes, case), valid(ref, sizes, case), rtol=1e-6, atol=1e-5)
+    if case == "2d2d":
+        assert not out[1].any()  # the empty group
+
+
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_triton_backends_match_fp32_reference(device, backend, case):
+    (ops, ref), sizes = small_case(case, device, torch.Generator().manual_seed(1))
+    out = GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, device), backend=backend, out_dtype=torch.float32)
+    torch.testing.assert_close(valid(out, sizes, case), valid(ref, sizes, case), rtol=1e-5, atol=1e-4)
+    if case == "2d2d":
+        assert not out[1].any()
+
+
+def old_sm90_scale_decoder(device, backend):
+    """triton <= 3.8 decodes scale byte 0 (2**-127) as 0 where ``tl.dot_scaled`` is emulated (SM90)."""
+    if backend != "triton" or device != "cuda" or torch.cuda.get_device_capability()[0] != 9:
+        return False
+    return tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9)
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_triton_backends_decode_extreme_scales(device, backend):
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randn(64, 128, generator=gen)
+    a[3] *= 2.0**-121  # amax / 448 < 2**-127: scale byte 0, the subnormal 2**-127
+    a[4] = 0  # all-zero blocks: byte 0 and zero data
+    a[6] *= 2.0**100  # large scales
+    a_s = quantize_reference(a)[1].view(torch.uint8)
+    assert (a_s[3] == 0).all() and (a_s[4] == 0).all() and (a_s[6] > 200).all()
+    ops, ref = mx_2d3d(a.to(device), torch.randn(2, 32, 128, generator=gen).to(device), [30, 34])
+    out = GG.mxfp8_grouped_mm(**ops, offs=offsets([30, 34], device), backend=backend, out_dtype=torch.float32)
+    assert not out[4].any()
+    if old_sm90_scale_decoder(device, backend):
+        assert not out[3].any()  # the documented limitation: byte-0 blocks contribute nothing
+        out, ref = out[4:], ref[4:]
+    assert out[3].abs().min() > 0
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on NaN products
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_triton_backends_propagate_nan_blocks(device, backend):
+    if device == "cpu" and backend == "triton_fp8":
+        pytest.skip("the interpreter's fp8 tl.dot reads e4m3 NaN (0x7F) as 480; compiled wgmma propagates it")
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(64, 128, generator=gen)
+    a[5, 40] = float("nan")  # block (5, 1): scale byte 255 and NaN data
+    w = torch.randn(2, 32, 128, generator=gen)
+    w[1, 7, 100] = float("nan")  # block (7, 3) of expert 1
+    ops, ref = mx_2d3d(a.to(device), w.to(device), [30, 34])
+    out = GG.mxfp8_grouped_mm(**ops, offs=offsets([30, 34], device), backend=backend, out_dtype=torch.float32)
+    expected_nan = torch.zeros(64, 32, dtype=torch.bool)
+    expected_nan[5] = True
+    expected_nan[30:, 7] = True
+    assert torch.equal(out.isnan().cpu(), expected_nan)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4, equal_nan=True)
+
+
+# ---- the front door ----------------------------------------------------------------------------------------------
+
+FRONT_DOOR = [
+    ("bf16", "native", 40),
+    ("bf16", "emulated", 40),
+    ("fp8_rowwise", "emulated", 25),
+    ("mxfp8", "emulated", 25),
+    ("mxfp8", "triton", 25),
+    ("mxfp8", "triton_fp8", 25),
+]
+
+
+def front_door_inputs(case, device):
+    gen = torch.Generator().manual_seed(3)
+    sizes = [64, 0, 96]
+    M = sum(sizes)
+    a = torch.randn(M + 32, 128, generator=gen).to(device, torch.bfloat16)
+    if case == "2d3d":
+        w = torch.randn(3, 64, 128, generator=gen).to(device, torch.bfloat16)
+        return a, w.transpose(-2, -1), sizes  # b (G, K, N): a transposed view of the weights, as a model holds it
+    grad_out = torch.randn(M, 64, generator=gen).to(device, torch.bfloat16)
+    return grad_out.t(), a[:M], sizes  # (N, M) as a transposed view, (M, K)
+
+
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+@pytest.mark.parametrize("recipe,backend,min_db", FRONT_DOOR)
+def test_front_door_against_unquantized_fp32(device, recipe, backend, min_db, case):
+    a, b, sizes = front_door_inputs(case, device)
+    result = GG.grouped_mm(a, b, offsets(sizes, device), recipe=recipe, backend=backend)
+    assert result.backend == backend and result.out.dtype == torch.bfloat16
+    ref = hp_reference(a, b, sizes)
+    assert result.out.shape == ref.shape
+    assert sqnr(valid(result.out, sizes, case), valid(ref, sizes, case)) >= min_db
+
+
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+def test_front_door_triton_agrees_with_emulated(device, case):
+    a, b, sizes = front_door_inputs(case, device)
+    offs = offsets(sizes, device)
+    emulated = GG.grouped_mm(a, b, offs, recipe="mxfp8", backend="emulated").out
+    triton_out = GG.grouped_mm(a, b, offs, recipe="mxfp8", backend="triton_fp8").out
+    assert sqnr(valid(triton_out, sizes, case), valid(emulated, sizes, case)) >= 40
+
+
+def test_default_backends_on_cpu():
+    assert GG.default_backend("bf16", "cpu") == "native"
+    assert GG.default_backend("fp8_rowwise", "cpu") == "emulated"
+    assert GG.default_backend("mxfp8", "cpu") == "emulated"
+
+
+# ---- which backend runs where, and refusals before any launch ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cap,expected",
+    [
+        ((10, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "emulated"],
+                   "mxfp8": ["native", "triton", "triton_fp8", "emulated"]}),
+        ((9, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "emulated"],
+                  "mxfp8": ["triton_fp8", "triton", "emulated"]}),
+        ((8, 9), {"fp8_rowwise": ["emulated"], "mxfp8": ["triton_fp8", "triton", "emulated"]}),
+        ((8, 0), {"fp8_rowwise": ["emulated"], "mxfp8": ["emulated"]}),
+    ],
+)  # fmt: skip
+def test_available_backends_by_compute_capability(monkeypatch, cap, expected):
+    monkeypatch.setattr(GG, "_capability", lambda device: cap)
+    for recipe, backends in expected.items():
+        assert GG.available_backends(recipe, "cuda") == backends
+
+
+@pytest.fixture
+def no_torch_scaled_grouped_mm(monkeypatch):
+    """Fail if anything reaches torch._scaled_grouped_mm: refusals must come before any launch."""
+
+    def launched(*args, **kwargs):
+        raise AssertionError("torch._scaled_grouped_mm was called")
+
+    monkeypatch.setattr(torch, "_scaled_grouped_mm", launched)
+
+
+def test_native_mxfp8_is_refused_on_sm90(monkeypatch, device, no_torch_scaled_grouped_mm):
+    monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
+    (ops, _), sizes = small_case("2d3d", device, torch.Generator().manual_seed(4))
+    with pytest.raises(RuntimeError, match=r"compute capability 10\.x .*SM90"):
+        GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, device), backend="native")
+    a, b, sizes = front_door_inputs("2d3d", device)
+    with pytest.raises(RuntimeError, match=r"compute capability 10\.x"):
+        GG.grouped_mm(a, b, offsets(sizes, device), recipe="mxfp8", backend="native")
+
+
+def test_fp8_is_refused_without_fp8_tensor_cores(monkeypatch, device, no_torch_scaled_grouped_mm):
+    monkeypatch.setattr(GG, "_capability", lambda device: (8, 0))
+    a, b, sizes = front_door_inputs("2d3d", device)
+    with pytest.raises(RuntimeError, match="9.0 and 10.x"):
+        GG.grouped_mm(a, b, offsets(sizes, device), recipe="fp8_rowwise", backend="native")
+    with pytest.raises(RuntimeError, match="8.9"):
+        GG.grouped_mm(a, b, offsets(sizes, device), recipe="mxfp8", backend="triton")
+
+
+def test_native_fp8_rowwise_shape_rules(monkeypatch, device, no_torch_scaled_grouped_mm):
+    monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
+    e4m3 = torch.float8_e4m3fn
+    a_q, b_q = torch.zeros(64, 40, device=device, dtype=e4m3), torch.zeros(2, 32, 40, device=device, dtype=e4m3)
+    scales = torch.ones(64, device=device), torch.ones(2, 32, device=device)
+    with pytest.raises(ValueError, match=r"contraction dim \(40\) must be a multiple of 16"):
+        GG.fp8_rowwise_grouped_mm(a_q, scales[0], b_q, scales[1], offsets([32, 32], device), backend="native")
+
+
+def mx_operands(device, K=64, N=32, G=2, M=64):
+    e4m3 = torch.float8_e4m3fn
+    return dict(
+        a_q=torch.zeros(M, K, dtype=e4m3, device=device),
+        a_sb=torch.zeros(128 * (-(-M // 128) + G), ceil_to(K // 32, 4), dtype=torch.uint8, device=device),
+        b_q=torch.zeros(G, N, K, dtype=e4m3, device=device),
+        b_sb=torch.zeros(G, ceil_to(N, 128), ceil_to(K // 32, 4), dtype=torch.uint8, device=device),
+        offs=offsets([M // 2, M // 2], device),
+    )
+
+
+@pytest.mark.parametrize(
+    "change,error",
+    [
+        (lambda o: {"a_q": o["a_q"].to(torch.bfloat16)}, "a_q must have dtype"),
+        (lambda o: {"b_q": o["b_q"][:, :, :32].contiguous()}, "must share K"),
+        (lambda o: {"offs": o["offs"][:1]}, "one group end per expert"),
+        (lambda o: {"a_sb": o["a_sb"][:128]}, r"a_sb must have shape \(384, 4\)"),
+        (lambda o: {"b_sb": o["b_sb"].reshape(2, -1)}, "b_sb must be 3D"),
+        (lambda o: {"a_q": o["a_q"][:, :48].contiguous(), "b_q": o["b_q"][:, :, :48].contiguous()}, "multiple of 32"),
+        (lambda o: {"offs": o["offs"].long()}, "offs must have dtype"),
+        (lambda o: {"offs": offsets([40, 40], o["offs"].device)}, "non-decreasing group ends within"),
+        (lambda o: {"out_dtype": torch.float16}, "out_dtype"),
+        (lambda o: {"backend": "cutlass"}, "backend for recipe 'mxfp8' must be one of"),
+    ],
+)  # fmt: skip
+def test_bad_mxfp8_operands_raise_value_error(device, change, error):
+    ops = mx_operands(device)
+    with pytest.raises(ValueError, match=error):
+        GG.mxfp8_grouped_mm(**{**ops, **change(ops)})
+
+
+def test_wgrad_groups_must_hold_whole_mx_blocks(device):
+    (ops, _), _ = small_case("2d2d", device, torch.Generator().manual_seed(6))
+    with pytest.raises(ValueError, match="group 0 holds 48 rows, not a multiple of 32"):
+        GG.mxfp8_grouped_mm(**ops, offs=offsets([48, 48, 64, 32], device), backend="emulated")
+
+
+def test_native_mxfp8_output_is_bf16_only(monkeypatch, device, no_torch_scaled_grouped_mm):
+    monkeypatch.setattr(GG, "_capability", lambda device: (10, 0))
+    with pytest.raises(ValueError, match="out_dtype"):
+        GG.mxfp8_grouped_mm(**mx_operands(device), backend="native", out_dtype=torch.float32)
+
+
+def test_bad_front_door_input_raises_value_error(device):
+    a, b, sizes = front_door_inputs("2d3d", device)
+    offs = offsets(sizes, device)
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        GG.grouped_mm(a, b, offs, recipe="fp4")
+    with pytest.raises(ValueError, match="a must have dtype bfloat16"):
+        GG.grouped_mm(a.float(), b.float(), offs, recipe="bf16")
+    with pytest.raises(ValueError, match="agree on K"):
+        GG.grouped_mm(a[:, :64], b, offs)
+    with pytest.raises(ValueError, match="agree on M"):
+        GG.grouped_mm(a.t(), a[:10], offs)
+    with pytest.raises(ValueError, match="a_scale must have shape"):
+        q = torch.zeros(8, 32, dtype=torch.float8_e4m3fn, device=device)
+        GG.fp8_rowwise_grouped_mm(q, torch.ones(4, device=device), q[None], torch.ones(1, 8, device=device),
+                                  offsets([8], device))  # fmt: skip
+
+
+# ---- costs -------------------------------------------------------------------------------------------------------
+
+
+def test_costs_are_hand_counts():
+    M, N, K, G = 256, 64, 128, 2
+    flops = 2 * 256 * 64 * 128
+    assert GG.grouped_mm_cost(M, N, K, G, "bf16") == Cost((256 * 128 + 2 * 64 * 128) * 2, 256 * 64 * 2, flops, "bf16")
+    # fp8 rowwise: one fp32 scale per row of a (256) and per expert row of b (2 * 64)
+    assert GG.grouped_mm_cost(M, N, K, G, "fp8_rowwise") == Cost(49152 + 4 * 384, 32768, flops, "fp8")
+    # mxfp8: a's M-groups buffer (128 * (2 + 2), 4) and b's (2, 128, 4) blocked scales
+    assert GG.grouped_mm_cost(M, N, K, G, "mxfp8") == Cost(49152 + 2048 + 1024, 32768, flops, "mxfp8")
+    # 2d2d: a (64, 256), b (256, 128) -> (2, 64, 128)
+    assert GG.grouped_mm_cost(M, N, K, G, "bf16", "2d2d") == Cost((64 * 256 + 256 * 128) * 2, 2 * 64 * 128 * 2, flops,
+                                                                  "bf16")  # fmt: skip
+    assert GG.grouped_mm_cost(M, N, K, G, "fp8_rowwise", "2d2d").bytes_read == 49152 + 4 * 2 * (64 + 128)
+    # K-groups buffers (128, 256/32 + 4*2) for a's 64 rows and b's 128 rows
+    assert GG.grouped_mm_cost(M, N, K, G, "mxfp8", "2d2d").bytes_read == 49152 + 2 * 128 * 16
+    with pytest.raises(ValueError, match="multiple of 32"):
+        GG.grouped_mm_cost(M, N, 100, G, "mxfp8")
+    with pytest.raises(ValueError, match="case"):
+        GG.grouped_mm_cost(M, N, K, G, "bf16", "3d3d")
+
+
+# ---- cross-compilation: what the kernels become on SM100 and SM90 --------------------------------------------
+
+_SIGNATURE = {
+    **{p: "*fp8e4nv" for p in ("a_ptr", "b_ptr")},
+    **{p: "*i32" for p in ("sa_ptr", "sb_ptr", "offs_ptr")},
+    "out_ptr": "*bf16",
+    **{d: "i32" for d in "MNKG"},
+    **{c: "constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_G", "FP8_DOT")},
+}
+_BUILDS = {  # (kernel, FP8_DOT, cc); the 2D x 2D kernel shares the main loop, so it is built on the GPU only
+    "dot_scaled_sm100": ("_mx_2d3d_kernel", False, 100),
+    "dot_scaled_sm90": ("_mx_2d3d_kernel", False, 90),
+    "fp8_dot_sm90": ("_mx_2d3d_kernel", True, 90),
+}
+
+
+@pytest.fixture(scope="module")
+def mma_instructions():
+    """The MMA instructions of each build (compiled concurrently: each is a subprocess)."""
+
+    def build(spec):
+        kernel, fp8_dot, cc = spec
+        constexprs = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_G": 8, "FP8_DOT": fp8_dot}
+        ptx = compile_ptx("mxkernels.grouped_gemm", kernel, _SIGNATURE, constexprs, cc)
+        return set(re.findall(r"\b((?:tcgen05\.mma|wgmma\.mma_async|mma\.sync)[\w.:]*)", ptx))
+
+    with ThreadPoolExecutor(max_workers=len(_BUILDS)) as pool:
+        return dict(zip(_BUILDS, pool.map(build, _BUILDS.values())))
+
+
+def test_dot_scaled_uses_block_scaled_mma_on_sm100(mma_instructions):
+    # triton 3.9: tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32
+    (mma,) = mma_instructions["dot_scaled_sm100"]
+    assert mma.startswith("tcgen05.mma") and "kind::mxf8f6f4" in mma and ".block_scale" in mma
+
+
+def test_dot_scaled_upcasts_to_bf16_wgmma_on_sm90(mma_instructions):
+    (mma,) = mma_instructions["dot_scaled_sm90"]
+    assert mma.startswith("wgmma.mma_async") and mma.endswith(".f32.bf16.bf16")
+
+
+def test_fp8_dot_uses_fp8_wgmma_on_sm90(mma_instructions):
+    (mma,) = mma_instructions["fp8_dot_sm90"]
+    assert mma.startswith("wgmma.mma_async") and mma.endswith("k32.f32.e4m3.e4m3")
+
+
+# ---- GPU -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def exact_fp32_matmul(monkeypatch):
+    """The fp32 references must not run on TF32 tensor cores."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
+def gpu_sizes(M, G, multiple):
+    """G group sizes summing to M, multiples of ``multiple``, uneven, group 1 empty."""
+    weights = torch.tensor([3.0, 0.0, 1.0, 5.0, 0.5, 2.0, 1.5, 4.0][:G])
+    sizes = (weights / weights.sum() * M / multiple).floor().long() * multiple
+    sizes[-1] += M - sizes.sum()
+    return sizes.tolist()
+
+
+def gpu_case(case, M, K, N, G, sizes, seed=0):
+    """MX operands and fp32 reference of a 2D x 3D (a (M, K), w (G, N, K)) or 2D x 2D (x (N, M), y (K, M)) GEMM."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    if case == "2d3d":
+        a = torch.randn(M, K, device="cuda", generator=gen)
+        return mx_2d3d(a, torch.randn(G, N, K, device="cuda", generator=gen) * K**-0.5, sizes)
+    x = torch.randn(N, M, device="cuda", generator=gen) * 1e-2
+    return mx_2d2d(x, torch.randn(K, M, device="cuda", generator=gen), sizes)
+
+
+GPU_SHAPES = [  # (M, K, N, G): moderate, then DeepSeek-V3 (K = 7168, N = 2048, G = 8)
+    (4096, 1024, 512, 4),
+    (16384, 7168, 2048, 8),
+    (131072, 7168, 2048, 8),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+@pytest.mark.parametrize("M,K,N,G", GPU_SHAPES)
+def test_gpu_every_mxfp8_backend_matches_emulated(exact_fp32_matmul, case, M, K, N, G):
+    sizes = gpu_sizes(M, G, 32)
+    ops, ref = gpu_case(case, M, K, N, G, sizes)
+    offs = offsets(sizes, "cuda")
+    emulated = GG.mxfp8_grouped_mm(**ops, offs=offs, backend="emulated")
+    assert sqnr(valid(emulated, sizes, case), valid(ref, sizes, case)) >= 40  # bf16 rounding of the fp32 result
+    for backend in GG.available_backends("mxfp8", "cuda"):
+        out = GG.mxfp8_grouped_mm(**ops, offs=offs, backend=backend)
+        db = sqnr(valid(out, sizes, case), valid(emulated, sizes, case))
+        print(f"mxfp8 {case} M={M} K={K} N={N} G={G} {backend}: {db:.1f} dB vs emulated")
+        assert db >= 40, backend
+        if case == "2d2d":
+            assert not out[1].any(), backend  # the empty group
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_gpu_triton_rows_need_no_alignment(exact_fp32_matmul, backend):
+    sizes = gpu_sizes(3001, 4, 1)
+    ops, ref = gpu_case("2d3d", 3001, 1024, 512, 4, sizes)
+    out = GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, "cuda"), backend=backend, out_dtype=torch.float32)
+    assert sqnr(out[: sum(sizes)], ref[: sum(sizes)]) >= 100
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+def test_gpu_recipes_against_bf16(case):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    M, K, N, G = 16384, 7168, 2048, 8
+    sizes = gpu_sizes(M, G, 32)
+    offs = offsets(sizes, "cuda")
+    if case == "2d3d":
+        a = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
+        b = (torch.randn(G, N, K, device="cuda", generator=gen) * K**-0.5).bfloat16().transpose(-2, -1)
+    else:
+        a = (torch.randn(M, N, device="cuda", generator=gen) * 1e-2).bfloat16().t()
+        b = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
+    bf16 = GG.grouped_mm(a, b, offs, recipe="bf16")
+    assert bf16.backend == "native"
+    for recipe in ("mxfp8", "fp8_rowwise"):
+        for backend in GG.available_backends(recipe, "cuda"):
+            out = GG.grouped_mm(a, b, offs, recipe=recipe, backend=backend).out
+            db = sqnr(valid(out, sizes, case), valid(bf16.out, sizes, case))
+            print(f"{recipe} {case} {backend}: {db:.1f} dB vs bf16")
+            assert db >= 25, (recipe, backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+def test_gpu_native_fp8_rowwise_matches_emulated(case):
+    if "native" not in GG.available_backends("fp8_rowwise", "cuda"):
+        pytest.skip("torch._scaled_grouped_mm FP8 rowwise runs on SM90 / SM100 only")
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    M, K, N, G = 16384, 7168, 2048, 8
+    sizes = gpu_sizes(M, G, 32)
+    offs = offsets(sizes, "cuda")
+    if case == "2d3d":
+        a = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
+        b = (torch.randn(G, N, K, device="cuda", generator=gen) * K**-0.5).bfloat16().transpose(-2, -1)
+    else:
+        a = (torch.randn(N, M, device="cuda", generator=gen) * 1e-2).bfloat16()
+        b = torch.randn(M, K, device="cuda", generator=gen).bfloat16()
+    native = GG.grouped_mm(a, b, offs, recipe="fp8_rowwise", backend="native").out
+    emulated = GG.grouped_mm(a, b, offs, recipe="fp8_rowwise", backend="emulated").out
+    assert sqnr(valid(native, sizes, case), valid(emulated, sizes, case)) >= 40
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+def test_gpu_triton_backends_replay_in_a_cuda_graph(case, backend):
+    M, K, N, G = 8192, 2048, 1024, 8
+    sizes = gpu_sizes(M, G, 32)
+    ops, _ = gpu_case(case, M, K, N, G, sizes, seed=3)
+    offs = offsets(sizes, "cuda")
+    GG.mxfp8_grouped_mm(**ops, offs=offs, backend=backend)  # autotunes: never inside a capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = GG.mxfp8_grouped_mm(**ops, offs=offs, backend=backend)
+    # A new routing and new data, written into the captured tensors: the replay must find the new groups.
+    new_sizes = sizes[::-1]
+    new_ops, _ = gpu_case(case, M, K, N, G, new_sizes, seed=4)
+    for name, value in new_ops.items():
+        ops[name].copy_(value)
+    offs.copy_(offsets(new_sizes, "cuda"))
+    graph.replay()
+    eager = GG.mxfp8_grouped_mm(**new_ops, offs=offsets(new_sizes, "cuda"), backend=backend)
+    assert torch.equal(valid(out, new_sizes, case), valid(eager, new_sizes, case))
+
+
+@pytest.mark.gpu
+def test_gpu_native_mxfp8_is_refused_below_sm100():
+    if torch.cuda.get_device_capability()[0] == 10:
+        pytest.skip("SM100 runs native MXFP8")
+    assert "native" not in GG.available_backends("mxfp8", "cuda")
+    ops = mx_operands("cuda")
+    with pytest.raises(RuntimeError, match=r"compute capability 10\.x"):
+        GG.mxfp8_grouped_mm(**ops, backend="native")
+    torch.cuda.synchronize()  # the context is still alive

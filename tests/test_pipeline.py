@@ -1,0 +1,116 @@
+"""The pipeline: what each pass runs, what each stage costs, and the autograd function built from the same stages."""
+
+import pytest
+import torch
+
+from mxkernels import pipeline
+from mxkernels.format import dequantize_reference, quantize_reference
+
+DSV3 = dict(M=131072, N=2048, K=7168, G=8)
+
+
+def names(stages, pass_name):
+    return [s.name for s in stages if s.pass_name == pass_name]
+
+
+def by_name(stages, pass_name, name):
+    (stage,) = [s for s in stages if s.pass_name == pass_name and s.name == name]
+    return stage
+
+
+class TestPlan:
+    def test_mxfp8_passes_run_the_seed_table_kernels_in_order(self):
+        sizes = [DSV3["M"] // 8] * 8
+        stages = pipeline.plan_step("mxfp8", **DSV3, group_sizes=sizes, backend="emulated")
+        assert names(stages, "forward") == ["quantize_a", "quantize_w", "rearrange_a", "rearrange_w", "gemm"]
+        assert names(stages, "backward_input") == [
+            "quantize_grad_out", "quantize_w_t", "rearrange_grad_out", "rearrange_w_t", "gemm",
+        ]  # fmt: skip
+        assert names(stages, "backward_weight") == [
+            "quantize_grad_out_t", "quantize_a_t", "rearrange_grad_out_t", "rearrange_a_t", "gemm",
+        ]  # fmt: skip
+        assert all(s.run is None and s.fn is not None for s in stages)
+
+    def test_dsv3_costs_match_hand_counts(self):
+        M, N, K, G = DSV3["M"], DSV3["N"], DSV3["K"], DSV3["G"]
+        stages = pipeline.plan_step("mxfp8", M, N, K, G, [M // G] * G, backend="emulated")
+        qa = by_name(stages, "forward", "quantize_a").cost
+        # bf16 in (2 B), e4m3 out (1 B) plus one e8m0 byte per 32 elements
+        assert (qa.bytes_read, qa.bytes_written) == (2 * M * K, M * K + M * K // 32)
+        assert round(qa.bytes / 1e9, 3) == 2.848  # the seed's figure for this kernel
+        ra = by_name(stages, "forward", "rearrange_a").cost
+        # scales (M, K/32) = (131072, 224) read; the whole (128 * (M/128 + G), 224) buffer written
+        assert (ra.bytes_read, ra.bytes_written) == (M * 224, (M + 128 * G) * 224)
+        gemm = by_name(stages, "backward_weight", "gemm").cost
+        assert gemm.flops == 2 * M * N * K and gemm.precision == "mxfp8"
+        rk = by_name(stages, "backward_weight", "rearrange_a_t").cost
+        assert (rk.bytes_read, rk.bytes_written) == (K * M // 32, K * (M // 32 + 4 * G))
+
+    def test_unaligned_groups_add_pad_and_unpad_stages(self):
+        stages = pipeline.plan_step("mxfp8", 100, 64, 64, 3, [50, 0, 50], backend="emulated")
+        assert names(stages, "forward")[0] == "pad_a"
+        assert names(stages, "forward")[-1] == "unpad_out"
+        assert names(stages, "backward_input")[0] == "pad_grad_out"
+        quantize_a = by_name(stages, "forward", "quantize_a")
+        padded_rows = 32 * -(-(100 + 32 * 3) // 32)  # ceil_32(M + 32 G) = 224
+        assert quantize_a.shape == f"({padded_rows}, 64)"
+
+    def test_bf16_is_three_gemms(self):
+        stages = pipeline.plan_step("bf16", 256, 64, 64, 2, [128, 128])
+        assert [(s.pass_name, s.category) for s in stages] == [(p, "gemm") for p in pipeline.PASSES]
+
+    @pytest.mark.parametrize(
+        "kwargs, message",
+        [
+            (dict(recipe="int4"), "recipe"),
+            (dict(N=48), "N must be a multiple of 32"),
+            (dict(G=0, group_sizes=[]), "G must be between 1 and 512"),
+            (dict(group_sizes=[100, 100]), "group_sizes"),
+        ],
+    )
+    def test_bad_input_is_named(self, kwargs, message):
+        args = dict(recipe="mxfp8", M=256, N=64, K=64, G=2, group_sizes=[128, 128], backend="emulated")
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=message):
+            pipeline.plan_step(**args)
+
+
+def mx_round_trip(x):
+    """What MXFP8 quantization keeps of x (blocks along the last dim), in fp32."""
+    return dequantize_reference(*quantize_reference(x))
+
+
+def zero_pad_cols(x, multiple):
+    cols = -(-x.shape[1] // multiple) * multiple
+    return torch.nn.functional.pad(x, (0, cols - x.shape[1])).contiguous()
+
+
+def reference_step(a, w, grad_out, sizes):
+    """fp32 forward and both gradients of the grouped GEMM with every operand MX-rounded along its contraction dim."""
+    out, grad_a, grad_w, start = [], [], [], 0
+    for g, size in enumerate(sizes):
+        rows = slice(start, start + size)
+        start += size
+        out.append(mx_round_trip(a[rows]) @ mx_round_trip(w[g]).t())
+        grad_a.append(mx_round_trip(grad_out[rows]) @ mx_round_trip(w[g].t().contiguous()).t())
+        # Along M, each group is padded with zero rows to a multiple of 32 so no block straddles two experts.
+        dy_t = mx_round_trip(zero_pad_cols(grad_out[rows].t(), 32))
+        a_t = mx_round_trip(zero_pad_cols(a[rows].t(), 32))
+        grad_w.append(dy_t @ a_t.t())
+    return torch.cat(out), torch.cat(grad_a), torch.stack(grad_w)
+
+
+@pytest.mark.parametrize("sizes", [[64, 0, 96], [40, 7, 81]], ids=["aligned", "unaligned"])
+def test_autograd_matches_the_mx_rounded_reference(device, sizes):
+    M, N, K, G = sum(sizes), 64, 96, len(sizes)
+    t = pipeline.make_inputs(M, N, K, G, sizes, device=device, seed=1)
+    a = t["a"].clone().requires_grad_()
+    b_t = t["w"].transpose(-2, -1).clone().requires_grad_()
+    out = pipeline.mxfp8_grouped_mm(a, b_t, t["offs"], backend="emulated")
+    grad_a, grad_b_t = torch.autograd.grad(out, (a, b_t), t["grad_out"])
+
+    ref_out, ref_grad_a, ref_grad_w = reference_step(t["a"].cpu(), t["w"].cpu(), t["grad_out"].cpu(), sizes)
+    assert out.shape == (M, N) and grad_a.shape == (M, K) and grad_b_t.shape == (G, K, N)
+    torch.testing.assert_close(out.float().cpu(), ref_out, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(grad_a.float().cpu(), ref_grad_a, rtol=2e-2, atol=2e-4)
+    torch.testing.assert_close(grad_b_t.float().cpu(), ref_grad_w.transpose(-2, -1), rtol=2e-2, atol=2e-3)

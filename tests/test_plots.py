@@ -1,0 +1,136 @@
+"""Every figure renders off-screen from a synthetic run; the SVG text shows titles, units and denominators.
+
+The synthetic run (test_report.py) names the "b200" spec: its roofs are that spec's datasheet peaks.
+"""
+
+import re
+from dataclasses import asdict
+
+import matplotlib
+import pytest
+from matplotlib.image import imread
+from test_report import synthetic_run
+
+from mxbench import plots
+from mxbench.ceilings import Ceilings, measured_peaks
+from mxbench.hardware import datasheet_peaks, get_spec
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path, min_width=600):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 20_000
+    height, width, _ = imread(path).shape
+    assert width >= min_width and height >= 400
+
+
+def svg_text(path) -> str:
+    """The text of an SVG saved with fonts kept as text (not paths)."""
+    return " ".join(re.findall(r">([^<>]+)</text>", path.read_text()))
+
+
+@pytest.fixture
+def svg_text_kept():
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        yield
+
+
+@pytest.fixture(scope="module")
+def run():
+    return synthetic_run()
+
+
+@pytest.fixture(scope="module")
+def power_run():
+    return synthetic_run(Ms=(65536, 131072), power_limits=(1000.0, 800.0, 600.0))
+
+
+def test_plot_all_writes_one_png_per_figure(run, tmp_path):
+    paths = plots.plot_all(run, tmp_path / "figs")
+    assert [p.name for p in paths] == [
+        "net_speedup.png", "bandwidth_2d.png", "bandwidth_3d.png", "gemm_speedup.png", "breakdown.png", "roofline.png",
+    ]  # fmt: skip
+    for p in paths:
+        assert_png(p)
+
+
+def test_plot_all_to_one_file_is_a_sheet_of_every_panel(power_run, tmp_path):
+    (path,) = plots.plot_all(power_run, tmp_path / "all.png")
+    assert_png(path, min_width=2000)  # three panels a row
+
+
+def test_power_figures_need_several_limits(run, power_run, tmp_path):
+    assert_png(plots.plot_power(power_run, tmp_path / "power.png"), min_width=1500)
+    names = [p.name for p in plots.plot_all(power_run, tmp_path / "figs")]
+    assert names[-3:] == ["power_time.png", "power_efficiency.png", "power_energy.png"]
+    with pytest.raises(ValueError, match="power limits"):
+        plots.plot_power(run, tmp_path / "none.png")
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda run, path: plots.plot_net_speedup(run, path),
+        lambda run, path: plots.plot_bandwidth(run, path, dims=2),
+        lambda run, path: plots.plot_bandwidth(run, path, dims=3),
+        lambda run, path: plots.plot_gemm_speedup(run, path),
+        lambda run, path: plots.plot_breakdown(run, path, M=16384),
+        lambda run, path: plots.plot_roofline(run, path),
+    ],
+    ids=["net_speedup", "bandwidth_2d", "bandwidth_3d", "gemm_speedup", "breakdown", "roofline"],
+)
+def test_each_figure_alone(draw, run, tmp_path):
+    assert_png(draw(run, tmp_path / "fig.png"))
+
+
+def test_labels_name_the_card_units_and_denominators(run, tmp_path, svg_text_kept):
+    (path,) = plots.plot_all(run, tmp_path / "all.svg")
+    text = svg_text(path)
+    assert "NVIDIA B200: N=2048, K=7168, G=8, mxfp8/rceil" in text
+    for label in ("M (tokens)", "time per call (us)", "achieved (TFLOP/s)", "FLOP / byte of HBM traffic",
+                  "fwd+bwd speedup over bf16 (x)"):  # fmt: skip
+        assert label in text
+    # the efficiency axes name their denominator; the roofline names each roof and its ridge point
+    b200 = get_spec("b200")
+    bw = datasheet_peaks(b200)["bandwidth"]
+    assert f"bandwidth (% of {bw.label}" in text and bw.label in text
+    for tflops in (b200.bf16_tflops, b200.mxfp8_tflops):
+        assert f"ridge {tflops / b200.hbm_tbps:.0f} FLOP/B" in text
+    assert "bf16 GEMM" in text and f"mxfp8 roofline model ({b200.name}, model, not measured)" in text
+
+
+def test_measured_ceilings_add_roofs_and_become_the_denominator_when_chosen(tmp_path, svg_text_kept):
+    run = synthetic_run()
+    ceilings = Ceilings(card="NVIDIA B200", power_limit_w=1000.0, copy_tbps=6.1, read2write1_tbps=6.3,
+                        read_tbps=6.9, bandwidth_tbps=6.9, bf16_tflops=1745.0, fp8_tflops=3432.0)  # fmt: skip
+    run.meta.update(ceilings=asdict(ceilings), denominator="measured")
+    measured = measured_peaks(ceilings)
+    text = svg_text(plots.plot_all(run, tmp_path / "all.svg")[0])
+    assert f"bandwidth (% of {measured['bandwidth'].label})" in text
+    assert measured["bf16"].label in text and datasheet_peaks(get_spec("b200"))["bandwidth"].label in text
+
+
+def test_a_model_run_is_labelled_as_such(tmp_path, svg_text_kept):
+    path = plots.plot_net_speedup(synthetic_run(model=True), tmp_path / "net.svg")
+    text = svg_text(path)
+    assert "b200 (model, not measured)" in text and "mxfp8 measured" not in text
+
+
+def test_a_run_without_a_spec_skips_the_panels_that_need_peaks(tmp_path):
+    run = synthetic_run()
+    del run.meta["hardware"]
+    names = [p.name for p in plots.plot_all(run, tmp_path / "figs")]
+    assert names == ["net_speedup.png", "gemm_speedup.png", "breakdown.png"]
+
+
+def test_bad_dims_are_rejected(run, tmp_path):
+    with pytest.raises(ValueError, match="dims"):
+        plots.plot_bandwidth(run, tmp_path / "x.png", dims=4)
+
+
+def test_no_display_is_needed(run, tmp_path, monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    backend = matplotlib.get_backend()
+    plots.plot_breakdown(run, tmp_path / "b.png")
+    assert matplotlib.get_backend() == backend  # figures never go through pyplot's global backend
