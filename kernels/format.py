@@ -99,8 +99,10 @@ def quantize_reference(x: torch.Tensor, mode: ScaleMode | str = ScaleMode.RCEIL)
     if K % BLOCK_SIZE:
         raise ValueError(f"the last dim of x must be a multiple of {BLOCK_SIZE}, got {K}")
     blocks = x.float().reshape(*x.shape[:-1], K // BLOCK_SIZE, BLOCK_SIZE)
-    # NaN counts as +inf in the max, so a NaN block never hides behind a finite amax.
-    amax = torch.nan_to_num(blocks, nan=float("inf")).abs().amax(dim=-1)
+    # NaN counts as +inf in the max, so a NaN block never hides behind a finite amax. (nan_to_num would map
+    # +-inf to the largest finite float unless told otherwise.)
+    inf = float("inf")
+    amax = torch.nan_to_num(blocks, nan=inf, posinf=inf, neginf=-inf).abs().amax(dim=-1)
     byte = scale_bytes_reference(amax, mode)
     finite = byte != E8M0_NAN
     r = reciprocal_scale_reference(torch.where(finite, byte, torch.zeros_like(byte)))

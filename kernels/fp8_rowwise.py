@@ -165,8 +165,8 @@ def _colwise_kernel(
 
 
 # The interpreter pays per program and per op, not per element: there, fewer and larger tiles.
-_ROW_BLOCKS = dict(BLOCK_R=16, BLOCK_C=128) if INTERPRET else dict(BLOCK_R=4, BLOCK_C=1024, num_warps=4)
-_COL_BLOCKS = dict(BLOCK_M=64, BLOCK_C=64) if INTERPRET else dict(BLOCK_M=64, BLOCK_C=64, num_warps=4)
+_ROW_BLOCKS = {"BLOCK_R": 16, "BLOCK_C": 128} if INTERPRET else {"BLOCK_R": 4, "BLOCK_C": 1024, "num_warps": 4}
+_COL_BLOCKS = {"BLOCK_M": 64, "BLOCK_C": 64} if INTERPRET else {"BLOCK_M": 64, "BLOCK_C": 64, "num_warps": 4}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ triton_fp8 > triton; CPU emulated (the Triton backends run there only under the 
 
 The Triton kernels read the blocked scales in place, four 32-blocks (one int32 word) per row per 128 contraction
 elements, and map tiles to groups on the device from offs: no host sync, so they can be captured in a CUDA graph
-(after their first, autotuning call). ``fp8_rowwise_grouped_mm`` is the FP8 rowwise sibling over
+(launch configurations are fixed per case, ``default_config``, or passed as a
+``TileConfig``: no autotuning). ``fp8_rowwise_grouped_mm`` is the FP8 rowwise sibling over
 ``torch._scaled_grouped_mm`` (SM90 and SM100); bf16 runs ``torch._grouped_mm``.
 """
 
@@ -199,11 +200,28 @@ def _e8m0_to_fp32(words, shift):
     """fp32 2**(e - 127) of the scale byte e in bits [shift, shift + 8) of int32 ``words``.
 
     Exact for e = 0..254 (e = 0 is the subnormal 2**-127); e = 255 (NaN) gives +Inf, and since the quantizers
-    write NaN data into such blocks the products stay NaN. Four integer ops, because every thread decodes the
-    scales of all its accumulator columns in every 32-wide step.
+    write NaN data into such blocks the products stay NaN. Three integer ops with a constant ``shift`` (the shifts
+    fold into one), because every thread decodes the scales of all its accumulator columns in every 32-wide step.
     """
     bits = ((words >> shift) << 23) & 0x7F800000
     return tl.maximum(bits, 0x400000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp8_chunk(acc, a_rows, a_ok, b_rows, b_ok, k0, sa_word, sb_word, shift):
+    """acc + the MX product of the 32-wide contraction chunk [k0, k0 + 32): an fp8 ``tl.dot`` (wgmma e4m3 on
+    SM90; the products are exact, the chunk sum uses the tensor core's accumulator), then its scales.
+
+    sa_word (BLOCK_M,) / sb_word (BLOCK_N,): the rows' scale words of the chunk's 128-wide span; ``shift`` = 8 *
+    the chunk's index in it. Per accumulator element this costs one FMUL and one FFMA on the CUDA cores for 64
+    tensor-core FLOPs: on SM90 those two issue slots, not the tensor core, bound the kernel.
+    """
+    k = k0 + tl.arange(0, 32)
+    a = tl.load(a_rows[:, None] + k[None, :], mask=a_ok[:, None], other=0.0)
+    b = tl.load(b_rows[None, :] + k[:, None], mask=b_ok[None, :], other=0.0)
+    sa = _e8m0_to_fp32(sa_word, shift)
+    sb = _e8m0_to_fp32(sb_word, shift)
+    return tl.fma(tl.dot(a, b) * sa[:, None], sb[None, :], acc)
 
 
 @triton.jit
@@ -216,20 +234,24 @@ def _mx_mainloop(
     a_rows (BLOCK_M,) / b_rows (BLOCK_N,): pointers to element k = 0 of each row of A / B (e4m3, k contiguous);
     rows with a_ok / b_ok false read as zero. sa_words / sb_words: each row's scale word of k in [0, 128) inside its
     blocked image; the word of k in [128w, 128w + 128) is 128 words (one 512-byte tile) further, i.e. at offset
-    k - k % 128.
+    k - k % 128. k_len is a multiple of 32 (the callers guarantee it): every 32-wide chunk is whole, so the loads
+    need no contraction mask and stay 16-byte vectors (a mask of unknown alignment along k makes them byte loads).
     """
+    k_len = tl.multiple_of(k_len, 32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if FP8_DOT:
-        # One 32-wide chunk per iteration, so one partial product is live at a time (an unrolled 128-wide step
-        # keeps four, and spills).
-        for k0 in range(0, k_len, 32):
-            k = k0 + tl.arange(0, 32)
-            a = tl.load(a_rows[:, None] + k[None, :], mask=a_ok[:, None] & (k < k_len)[None, :], other=0.0)
-            b = tl.load(b_rows[None, :] + k[:, None], mask=b_ok[None, :] & (k < k_len)[:, None], other=0.0)
-            shift = k0 % 128 // 4  # 8 bits per 32-block
-            sa = _e8m0_to_fp32(tl.load(sa_words + (k0 - k0 % 128), mask=a_ok, other=0), shift)
-            sb = _e8m0_to_fp32(tl.load(sb_words + (k0 - k0 % 128), mask=b_ok, other=0), shift)
-            acc = tl.fma(tl.dot(a, b) * sa[:, None], sb[None, :], acc)
+        # One scale word per row covers 128 k: load it once for four chunks, each decoding its byte with constant
+        # shifts. One partial product is live at a time (each chunk's dot is consumed before the next starts).
+        whole = k_len // 128 * 128  # (a product, so Triton knows the tail's chunks start 128-aligned)
+        for k0 in range(0, whole, 128):
+            sa_word = tl.load(sa_words + k0, mask=a_ok, other=0)
+            sb_word = tl.load(sb_words + k0, mask=b_ok, other=0)
+            for j in tl.static_range(4):
+                acc = _fp8_chunk(acc, a_rows, a_ok, b_rows, b_ok, k0 + 32 * j, sa_word, sb_word, 8 * j)
+        for k0 in range(whole, k_len, 32):  # the last word's 1 to 3 chunks
+            sa_word = tl.load(sa_words + whole, mask=a_ok, other=0)
+            sb_word = tl.load(sb_words + whole, mask=b_ok, other=0)
+            acc = _fp8_chunk(acc, a_rows, a_ok, b_rows, b_ok, k0, sa_word, sb_word, k0 % 128 // 4)
     else:
         for k0 in range(0, k_len, 128):
             k = k0 + tl.arange(0, 128)
@@ -250,7 +272,8 @@ def _mx_2d3d_kernel(
 
     Row tiles are numbered group after group, cdiv(size_g, BLOCK_M) per group, so a tile never straddles two groups;
     the grid covers the upper bound cdiv(M, BLOCK_M) + G row tiles (times the column tiles) and programs past the
-    last group's tiles exit.
+    last group's tiles exit. Consecutive programs share a row tile (its K-long A panel is read once from DRAM) and
+    sweep B_g, which (N x K bytes, 14.7 MB at DeepSeek-V3 sizes) stays in L2.
     """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -281,11 +304,21 @@ def _mx_2d3d_kernel(
 def _mx_2d2d_kernel(
     a_ptr, b_ptr, sa_ptr, sb_ptr, offs_ptr, out_ptr, M, N, K, G,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, FP8_DOT: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """out[g] (N, K) = A[:, group g] @ B[:, group g]^T with A (N, M), B (K, M); program (tile, g)."""
+    """out[g] (N, K) = A[:, group g] @ B[:, group g]^T with A (N, M), B (K, M); program (tile, g).
+
+    Tiles go in bands of GROUP_M row tiles, column by column inside a band (the matmul tutorial's grouped order):
+    the programs running at once then read GROUP_M panels of A and a few of B, where row-major order reads every
+    panel of B (K x size_g bytes, 117 MB at DeepSeek-V3 sizes, more than L2) in every wave.
+    """
     g = tl.program_id(1)
     pid = tl.program_id(0)
+    m_tiles = tl.cdiv(N, BLOCK_M)
     k_tiles = tl.cdiv(K, BLOCK_N)
+    band_m = (pid // (GROUP_M * k_tiles)) * GROUP_M
+    band_rows = tl.minimum(m_tiles - band_m, GROUP_M)
+    in_band = pid % (GROUP_M * k_tiles)
     starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
     # Group sizes are multiples of 32, so every group's columns start 16-byte aligned.
     start = tl.multiple_of(pick(starts, g, BLOCK_G), 16)
@@ -294,8 +327,8 @@ def _mx_2d2d_kernel(
     # ceil_4(size/32) / 4 = cdiv(size, 128) words.
     words = tl.cdiv(size, 128)
     words_before = tl.sum(tl.where(tl.arange(0, BLOCK_G) < g, tl.cdiv(sizes, 128), 0), 0)
-    i = (pid // k_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-    j = (pid % k_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    i = (band_m + in_band % band_rows) * BLOCK_M + tl.arange(0, BLOCK_M)
+    j = (in_band // band_rows) * BLOCK_N + tl.arange(0, BLOCK_N)
     a_ok = i < N
     b_ok = j < K
     acc = _mx_mainloop(
@@ -309,28 +342,60 @@ def _mx_2d2d_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=a_ok[:, None] & b_ok[None, :])
 
 
-def _configs(fp8_dot: bool) -> list[triton.Config]:
-    """Tile configs to autotune over. The interpreter gets one small tile (one config: no benchmarking).
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch of the Triton MXFP8 kernels: output tiles of block_m x block_n (rows x columns of the output, or
+    of each group's output in 2D x 2D), ``num_warps`` warps, ``num_stages`` software-pipeline stages (each one 128-wide
+    contraction step: four 32-wide chunks for "triton_fp8"), and ``group_m`` row tiles per band of the
+    2D x 2D tile order (ignored in 2D x 3D).
 
-    Chosen with ptxas on sm_90a / sm_100a so that each builds without spills on at least one of them (fp8 dot keeps
-    two fp32 tiles live, the step's partial product and the accumulator).
+    The fp8 kernel keeps two fp32 tiles live per thread (accumulator and partial product, often two partials as
+    ptxas overlaps a chunk's FMAs with the next chunk's wgmma), 2 * block_m * block_n / (32 * num_warps) registers
+    each: keep block_m * block_n / num_warps at 2048 (256 x 64 or 128 x 128 with 8 warps, 128 x 64 with 4). On
+    sm_90a (triton 3.9) 256 x 64 runs its main loop without spills in both cases, 128 x 128 spills in 2D x 2D.
     """
-    if INTERPRET:
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32})]
-    if fp8_dot:
-        shapes = [(128, 128, 8, 4), (128, 64, 4, 4), (256, 64, 8, 4), (64, 128, 4, 4)]
-    else:
-        shapes = [(128, 128, 8, 3), (128, 64, 4, 4), (128, 256, 8, 3), (128, 128, 4, 3)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+    block_m: int
+    block_n: int
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 1
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 16 and value & (value - 1) == 0):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
+        if self.num_warps not in (4, 8):
+            raise ValueError(f"num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps!r}")
+        for name in ("num_stages", "group_m"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-# (case, backend) -> the kernel autotuned over its backend's tiles; tuning is keyed on the output and
-# contraction sizes (M changes with the routing every step).
-_TUNED = {
-    (case, backend): triton.autotune(_configs(backend == "triton_fp8"), key=["N", "K"])(kernel)
-    for case, kernel in (("2d3d", _mx_2d3d_kernel), ("2d2d", _mx_2d2d_kernel))
-    for backend in ("triton", "triton_fp8")
+# Fixed per (case, backend), not autotuned: reproducible, and the first call may be inside a graph capture;
+# scripts/tune_gemm.py times the candidates. The fp8 kernel is bound by CUDA-core issue slots (each accumulator element
+# costs an FMUL and an FFMA per 32-wide chunk, plus the decode of its row's and column's scales): a warpgroup tile of
+# 128 x 64 (each thread 4 rows x 16 columns) decodes 20 scales per chunk where 64 x 128 (2 x 32) decodes 34. sm_90a
+# SASS of the 128-wide step: 934 instructions per warp for 256 x 64 against 1135 for 128 x 128 (which also spills in
+# 2D x 2D) and 1636 (409 per chunk) before the scale words were loaded once per four chunks.
+_DEFAULT_CONFIGS = {
+    ("2d3d", "triton_fp8"): TileConfig(256, 64, num_warps=8, num_stages=3),
+    ("2d2d", "triton_fp8"): TileConfig(256, 64, num_warps=8, num_stages=3, group_m=8),
+    ("2d3d", "triton"): TileConfig(128, 128, num_warps=8, num_stages=3),
+    ("2d2d", "triton"): TileConfig(128, 128, num_warps=8, num_stages=3, group_m=8),
 }
+# The interpreter runs one small tile (any tile computes the same function; small ones run fastest there).
+_INTERPRETER_CONFIG = TileConfig(32, 32, num_warps=4, num_stages=1)
+
+
+def default_config(case: str, backend: str) -> TileConfig:
+    """The ``TileConfig`` a Triton MXFP8 call uses when none is given (case "2d3d" / "2d2d", backend "triton" /
+    "triton_fp8")."""
+    if (case, backend) not in _DEFAULT_CONFIGS:
+        raise ValueError(f"no Triton MXFP8 kernel for case {case!r} and backend {backend!r}")
+    return _INTERPRETER_CONFIG if INTERPRET else _DEFAULT_CONFIGS[case, backend]
 
 
 def _scale_words(blocked: torch.Tensor) -> torch.Tensor:
@@ -338,18 +403,26 @@ def _scale_words(blocked: torch.Tensor) -> torch.Tensor:
     return blocked.view(torch.uint8).reshape(-1).view(torch.int32)
 
 
-def _mx_triton(a_q, a_sb, b_q, b_sb, offs, out, backend: str) -> None:
+def _mx_triton(a_q, a_sb, b_q, b_sb, offs, out, backend: str, config: TileConfig) -> None:
     G = offs.numel()
     args = (a_q, b_q, _scale_words(a_sb), _scale_words(b_sb), offs, out)
-    common = dict(G=G, BLOCK_G=triton.next_power_of_2(G), FP8_DOT=backend == "triton_fp8")
+    launch = {
+        "G": G,
+        "BLOCK_G": triton.next_power_of_2(G),
+        "FP8_DOT": backend == "triton_fp8",
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
     if b_q.dim() == 3:
         (M, K), N = a_q.shape, b_q.shape[1]
-        grid = lambda meta: ((triton.cdiv(M, meta["BLOCK_M"]) + G) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-        _TUNED["2d3d", backend][grid](*args, M=M, N=N, K=K, **common)
+        grid = ((triton.cdiv(M, config.block_m) + G) * triton.cdiv(N, config.block_n),)
+        _mx_2d3d_kernel[grid](*args, M=M, N=N, K=K, **launch)
     else:
         (N, M), K = a_q.shape, b_q.shape[0]
-        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"]), G)  # noqa: E731
-        _TUNED["2d2d", backend][grid](*args, M=M, N=N, K=K, **common)
+        grid = (triton.cdiv(N, config.block_m) * triton.cdiv(K, config.block_n), G)
+        _mx_2d2d_kernel[grid](*args, M=M, N=N, K=K, GROUP_M=config.group_m, **launch)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -481,6 +554,7 @@ def mxfp8_grouped_mm(
     *,
     backend: str | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
+    config: TileConfig | None = None,
 ) -> torch.Tensor:
     """MXFP8 grouped GEMM on quantized TN operands with blocked scales (shapes in the module doc).
 
@@ -488,6 +562,7 @@ def mxfp8_grouped_mm(
     -> (M, N). 2D x 2D: a_q (N, M), b_q (K, M), a_sb / b_sb ``rearrange_k_groups`` buffers -> (G, N, K).
     e4m3 data and e8m0 (or uint8) scales, all contiguous; K (2D x 3D) or M (2D x 2D) a multiple of 32.
     ``backend``: None picks ``default_backend("mxfp8", device)``. ``out_dtype``: bf16, or fp32 (not "native").
+    ``config``: the Triton backends' launch configuration (None: ``default_config``); other backends ignore it.
     """
     case, M, N, K, G = _check_quantized(a_q, b_q, offs, BLOCK_SIZE)
     contraction = K if case == "2d3d" else M
@@ -504,6 +579,8 @@ def mxfp8_grouped_mm(
         _check_shape("b_sb", b_sb, k_groups_shape(K, M // BLOCK_SIZE, G))
     backend = _resolve_backend("mxfp8", backend, a_q.device)
     out_dtype = _check_out_dtype(out_dtype, backend)
+    if config is not None and not isinstance(config, TileConfig):
+        raise ValueError(f"config must be a TileConfig or None, got {config!r}")
 
     if backend == "native":
         sa, sb = a_sb.view(SCALE_DTYPE), b_sb.view(SCALE_DTYPE)
@@ -518,7 +595,7 @@ def mxfp8_grouped_mm(
     shape = (M, N) if case == "2d3d" else (G, N, K)
     out = torch.empty(shape, dtype=out_dtype, device=a_q.device)
     if out.numel():
-        _mx_triton(a_q, a_sb, b_q, b_sb, offs, out, backend)
+        _mx_triton(a_q, a_sb, b_q, b_sb, offs, out, backend, config or default_config(case, backend))
     return out
 
 
@@ -580,7 +657,10 @@ def _mx_along_last(x: torch.Tensor, mode) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_dim1(x.t().contiguous(), mode)
 
 
-def _quantize_mxfp8(a, b, offs, mode):
+def quantize_mxfp8_operands(a, b, offs, mode: ScaleMode | str = "rceil"):
+    """The operands of ``mxfp8_grouped_mm`` (a_q, a_sb, b_q, b_sb) of ``torch._grouped_mm`` operands a, b (2D x 3D:
+    a (M, K), b (G, K, N); 2D x 2D: a (N, M), b (M, K); bf16 or fp32, any strides), quantized with ``mode``."""
+    mode = ScaleMode.parse(mode)
     if b.dim() == 3:
         a_q, a_s = quantize_dim0(a.contiguous(), mode)
         b_q, b_s = quantize_3d(b.transpose(-2, -1).contiguous(), along="K", mode=mode)
@@ -629,7 +709,7 @@ def grouped_mm(
     backend = _resolve_backend(recipe, backend, a.device)
 
     if recipe == "mxfp8":
-        out = mxfp8_grouped_mm(*_quantize_mxfp8(a, b, offs, ScaleMode.parse(mode)), offs, backend=backend)
+        out = mxfp8_grouped_mm(*quantize_mxfp8_operands(a, b, offs, mode), offs, backend=backend)
     elif recipe == "fp8_rowwise":
         out = fp8_rowwise_grouped_mm(*_quantize_fp8_rowwise(a, b, offs), offs, backend=backend)
     elif backend == "native":

@@ -6,8 +6,8 @@ Two kernels cover the four quantizers of an MoE training step:
   input's layout. ``quantize_dim0`` (x (M, K)) and ``quantize_3d(along="K")`` (w (G, N, K) seen as (G*N, K)).
 * ``_quantize_cols_kernel``: 32-blocks down the columns of a batch of row-major (R, C) matrices; each matrix is
   written transposed (C, R), so the blocked dim becomes contiguous. ``quantize_dim1`` (batch 1) and
-  ``quantize_3d(along="N")`` (batch G). The transpose is done in registers, so both the loads (along C) and the
-  stores (along R) are coalesced.
+  ``quantize_3d(along="N")`` (batch G). The transpose happens on chip (Triton stages it through shared memory),
+  so both the loads (along C) and the stores (along R) are coalesced.
 
 Every program streams one (rows, cols) tile of the input with no loop; the GPU keeps several tiles in flight per SM
 through occupancy. Tile shape and ``num_warps`` are keyword arguments with fixed defaults (no autotuning: callers
@@ -28,7 +28,15 @@ import triton
 import triton.language as tl
 
 from .cost import Cost
-from .format import BLOCK_SIZE, DATA_DTYPE, E4M3_NAN_BYTE, E8M0_MAX_FINITE, E8M0_NAN, SCALE_DTYPE, ScaleMode
+from .format import (
+    BLOCK_SIZE,
+    DATA_DTYPE,
+    E4M3_NAN_BYTE,
+    E8M0_MAX_FINITE,
+    E8M0_NAN,
+    SCALE_DTYPE,
+    ScaleMode,
+)
 from .runtime import INTERPRET, check_multiple, check_tensor
 
 IN_DTYPES = (torch.bfloat16, torch.float32)
@@ -40,6 +48,8 @@ IN_DTYPES = (torch.bfloat16, torch.float32)
 # shared-memory reduction (128 x 128 in 8 warps: ~45 per element).
 ROWS_TILE, ROWS_WARPS = (32, 256), 4
 COLS_TILE, COLS_WARPS = (32, 128), 1
+# The cols kernel packs a column's scale bytes of one tile into an int64: at most 8 blocks (256 rows) per tile.
+COLS_MAX_ROWS = 8 * BLOCK_SIZE
 
 _BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)
 _NAN_BYTE: tl.constexpr = tl.constexpr(E4M3_NAN_BYTE)
@@ -76,6 +86,7 @@ def _scale_byte(amax_bits, RCEIL: tl.constexpr):
     d = 2**-126 the format's rule takes the subnormal d's rounding: byte 1 iff mantissa(d) > 0x400000, i.e.
     d > 2**-127 after rounding to a multiple of 2**-149. The formula agrees everywhere except amax = (1.75 + 2**-23)
     * 2**-119 (bits 0x04600001), whose d = 2**-127 * (1 + 2**-23 / 1.75) rounds down to 2**-127: byte 0, not 1.
+    (Both modes were checked against ``format.scale_bytes_reference`` on all 2**31 non-negative fp32 patterns.)
     """
     exp = amax_bits >> 23
     if RCEIL:
@@ -91,7 +102,8 @@ def _scale_byte(amax_bits, RCEIL: tl.constexpr):
 @triton.jit
 def _reciprocal_scale(byte):
     """fp32 2**(127 - byte), built from bits: byte 254 gives the subnormal 2**-127, the NaN byte 255 gives NaN."""
-    bits = tl.where(byte < _SCALE_MAX, (_SCALE_MAX - byte) << 23, tl.where(byte == _SCALE_NAN, _F32_NAN_BITS, 0x400000))
+    bits = tl.where(byte == _SCALE_NAN, _F32_NAN_BITS, 0x400000)
+    bits = tl.where(byte < _SCALE_MAX, (_SCALE_MAX - byte) << 23, bits)
     return bits.to(tl.float32, bitcast=True)
 
 
@@ -128,21 +140,22 @@ def _quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.const
     Returns (data bytes uint8, same shape as x; scale bytes uint8, x's shape without AXIS). A block holding a NaN or
     an Inf gets scale 255 and data 0x7F.
     """
-    amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
+    if x.dtype == tl.bfloat16:
+        amax_bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
+    else:
+        amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
     byte = _scale_byte(amax_bits, RCEIL)
     # A NaN/Inf block's reciprocal scale is NaN, so all its products are NaN and the cast writes 0x7F: no
     # per-element select.
-    q = _to_e4m3_bits(x * tl.expand_dims(_reciprocal_scale(byte), AXIS), EXACT)
+    q = _to_e4m3_bits(_to_fp32(x) * tl.expand_dims(_reciprocal_scale(byte), AXIS), EXACT)
     return q, byte.to(tl.uint8)
 
 
 @triton.jit
-def _load_fp32(ptrs, mask, EVEN: tl.constexpr):
+def _load(ptrs, mask, EVEN: tl.constexpr):
     if EVEN:
-        x = tl.load(ptrs)
-    else:
-        x = tl.load(ptrs, mask=mask, other=0.0)
-    return _to_fp32(x)
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -181,7 +194,7 @@ def _quantize_rows_kernel(
     offs = rows[:, None] * n_cols + cols[None, :]
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
 
-    x = _load_fp32(x_ptr + offs, mask, EVEN)
+    x = _load(x_ptr + offs, mask, EVEN)
     q, scale = _quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)
     _store(q_ptr + offs, tl.reshape(q, (BLOCK_R, BLOCK_C)), mask, EVEN)
 
@@ -209,26 +222,42 @@ def _quantize_cols_kernel(
 ):
     """x (B, n_rows, n_cols) bf16/fp32 row-major, 32-blocks down each column -> q (B, n_cols, n_rows) e4m3 bytes
     row-major (every matrix transposed) and scale byte (b, col, row // 32) at
-    b * s_stride_batch + col * s_stride_col + (row // 32) * s_stride_block. Grid: (tiles of one matrix, B)."""
+    b * s_stride_batch + col * s_stride_col + (row // 32) * s_stride_block. Grid: (tiles of one matrix, B).
+
+    A program walks its BLOCK_R x BLOCK_C tile 32 rows (one block per column) at a time, so registers and the
+    transpose stay those of a 32-row tile, and stores the tile's BLOCK_R / 32 scale bytes of each column at the end:
+    where they are contiguous (s_stride_block == 1, 3D along N) each column's bytes go out as one vector store rather
+    than one scattered byte per block."""
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
-    rows = (pid // n_col_tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
+    first_row = (pid // n_col_tiles).to(tl.int64) * BLOCK_R
     cols = (pid % n_col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
+    STEPS: tl.constexpr = BLOCK_R // _BLOCK
+    steps = tl.arange(0, STEPS)
+    # Offsets within one 32-row step, the same for every step (which only moves the tile's base pointers).
+    r = tl.arange(0, _BLOCK)
+    x_offs = r[:, None].to(tl.int64) * n_cols + cols[None, :]
+    q_offs = cols[:, None].to(tl.int64) * n_rows + r[None, :]
+    x_tile = x_ptr + (batch * n_rows + first_row) * n_cols
+    q_tile = q_ptr + batch * n_cols * n_rows + first_row
 
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    x = _load_fp32(x_ptr + (batch * n_rows + rows[:, None]) * n_cols + cols[None, :], mask, EVEN)
-    q, scale = _quantize_blocks(tl.reshape(x, (BLOCK_R // _BLOCK, _BLOCK, BLOCK_C)), 1, RCEIL, EXACT)
+    # Byte i of a column's word is its scale of step i (STEPS <= 8): one register per column, not STEPS.
+    packed = tl.zeros((1, BLOCK_C), dtype=tl.int64)
+    for i in tl.range(STEPS, num_stages=1):
+        rows = first_row + i * _BLOCK + r
+        x = _load(x_tile + i * _BLOCK * n_cols + x_offs, (rows[:, None] < n_rows) & (cols[None, :] < n_cols), EVEN)
+        q, scale = _quantize_blocks(tl.reshape(x, (1, _BLOCK, BLOCK_C)), 1, RCEIL, EXACT)
+        # Transposed in registers (Triton stages it through shared memory), so the store runs along the output rows.
+        q_t = tl.trans(tl.reshape(q, (_BLOCK, BLOCK_C)))
+        _store(q_tile + i * _BLOCK + q_offs, q_t, (cols[:, None] < n_cols) & (rows[None, :] < n_rows), EVEN)
+        packed |= scale.to(tl.int64) << (8 * i)
 
-    # Transposed in registers (Triton stages it through shared memory), so the store runs along the output rows.
-    q_t = tl.trans(tl.reshape(q, (BLOCK_R, BLOCK_C)))
-    mask_t = (cols[:, None] < n_cols) & (rows[None, :] < n_rows)
-    _store(q_ptr + (batch * n_cols + cols[:, None]) * n_rows + rows[None, :], q_t, mask_t, EVEN)
-
-    blocks = (pid // n_col_tiles) * (BLOCK_R // _BLOCK) + tl.arange(0, BLOCK_R // _BLOCK)
+    blocks = first_row // _BLOCK + steps
     s_offs = batch * s_stride_batch + blocks[:, None] * s_stride_block + cols[None, :] * s_stride_col
     s_mask = (blocks[:, None] < n_rows // _BLOCK) & (cols[None, :] < n_cols)
-    _store(s_ptr + s_offs, scale, s_mask, EVEN)
+    scales = ((packed >> (8 * steps[:, None])) & 0xFF).to(tl.uint8)
+    _store(s_ptr + s_offs, scales, s_mask, EVEN)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -236,16 +265,16 @@ def _quantize_cols_kernel(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _check_launch(tile: object, num_warps: object, blocked: int) -> tuple[int, int]:
-    """Validate a (rows, cols) tile (powers of two; entry ``blocked`` at least 32) and ``num_warps``."""
+def _check_launch(tile: object, num_warps: object, blocked: int, max_blocked: int) -> tuple[int, int]:
+    """Validate a (rows, cols) tile (powers of two; entry ``blocked`` from 32 to ``max_blocked``) and ``num_warps``."""
     if not (
-        isinstance(tile, tuple)
+        isinstance(tile, (tuple, list))
         and len(tile) == 2
         and all(isinstance(t, int) and t > 0 and t & (t - 1) == 0 for t in tile)
     ):
         raise ValueError(f"tile must be a (rows, cols) pair of powers of two, got {tile!r}")
-    if tile[blocked] < BLOCK_SIZE:
-        raise ValueError(f"tile[{blocked}] runs along the blocked dim and must be >= {BLOCK_SIZE}, got {tile!r}")
+    if not BLOCK_SIZE <= tile[blocked] <= max_blocked:
+        raise ValueError(f"tile[{blocked}] runs along the blocked dim: {BLOCK_SIZE} to {max_blocked}, got {tile!r}")
     if num_warps not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps!r}")
     return tile
@@ -255,7 +284,7 @@ def _quantize_rows(x: torch.Tensor, mode, tile, num_warps) -> tuple[torch.Tensor
     """Launch the rows kernel on a validated row-major (R, C) matrix: q (R, C) e4m3, s (R, C/32) e8m0, row-major."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     num_warps = ROWS_WARPS if num_warps is None else num_warps
-    tr, tc = _check_launch(ROWS_TILE if tile is None else tile, num_warps, blocked=1)
+    tr, tc = _check_launch(ROWS_TILE if tile is None else tile, num_warps, blocked=1, max_blocked=2**30)
     R, C = x.shape
     q = torch.empty((R, C), dtype=DATA_DTYPE, device=x.device)
     s = torch.empty((R, C // BLOCK_SIZE), dtype=torch.uint8, device=x.device)
@@ -269,14 +298,12 @@ def _quantize_rows(x: torch.Tensor, mode, tile, num_warps) -> tuple[torch.Tensor
     return q, s.view(SCALE_DTYPE)
 
 
-def _quantize_cols(
-    x: torch.Tensor, mode, tile, num_warps, scales_col_major: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_cols(x: torch.Tensor, mode, tile, num_warps, scales_col_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the cols kernel on a validated row-major batch x (B, R, C): q (B, C, R) e4m3 row-major and
     s (B, C, R/32) e8m0, each matrix of s row-major or, with ``scales_col_major``, column-major."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     num_warps = COLS_WARPS if num_warps is None else num_warps
-    tr, tc = _check_launch(COLS_TILE if tile is None else tile, num_warps, blocked=0)
+    tr, tc = _check_launch(COLS_TILE if tile is None else tile, num_warps, blocked=0, max_blocked=COLS_MAX_ROWS)
     B, R, C = x.shape
     Rb = R // BLOCK_SIZE
     q = torch.empty((B, C, R), dtype=DATA_DTYPE, device=x.device)

@@ -1,25 +1,42 @@
 """Measured ceilings: the bandwidth and GEMM throughput this card actually reaches, stored per power limit.
 
-Achievable HBM bandwidth is the best of three streaming kernels, each timed cold (``timing.time_fn``):
-``copy`` (torch ``copy_``: read + write), ``read2write1`` (bf16 -> fp8 cast: 2 B read, 1 B written) and ``read``
-(a sum: read only). GEMM ceilings are ``torch.mm`` in bf16 and ``torch._scaled_mm`` in fp8 (e4m3, tensorwise
-scales, fast accumulation) on N x N x N random data. HBM bandwidth need not fall in proportion to a power cap, so
-ceilings are measured at each cap rather than scaled; ``results/<card-slug>/ceilings.json`` keeps one entry per
-power limit.
+Achievable HBM bandwidth is measured for three kinds of streaming, each over a bf16 source and timed cold
+(``timing.time_fn``): ``copy`` (bf16 -> bf16: read + write), ``read2write1`` (bf16 -> fp8 cast: 2 B read, 1 B
+written, the traffic of a quantizer) and ``read`` (a sum per tile: read only, a tiny output). A ceiling must be as
+good as the card allows, so each kind is the best of several candidates: the Triton kernels below at a few tile
+sizes and torch's own op as a cross-check (``meta`` records every candidate and which won). torch's same-dtype
+``copy_`` is a memcpy, which a CUDA graph hands to the slower copy engines (see ``timing``), hence the kernels.
+``bandwidth_tbps`` is the best kind.
+
+GEMM ceilings are ``torch.mm`` in bf16 and ``torch._scaled_mm`` in fp8 (e4m3, tensorwise scales, fast accumulation)
+on N x N x N random data. HBM bandwidth need not fall in proportion to a power cap, so ceilings are measured at each
+cap rather than scaled; ``results/<card-slug>/ceilings.json`` keeps one entry per power limit.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from mxkernels.runtime import check_tensor
 
 from .hardware import Peak, card_slug, device_properties
 
 SCHEMA_VERSION = 1
 _BANDWIDTH_KERNELS = {"copy": "copy_tbps", "read2write1": "read2write1_tbps", "read": "read_tbps"}
+# Elements per program. At 8 warps (256 threads) a 16384-element bf16 tile is 8 16-byte loads per thread in flight:
+# enough bytes per SM to cover HBM latency without a persistent loop.
+TILES = (8192, 16384, 32768)
+NUM_WARPS = 8
 # A stored entry matches a requested power limit within this many watts (NVML works in milliwatts).
 _LIMIT_TOLERANCE_W = 0.5
 
@@ -41,31 +58,129 @@ class Ceilings:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def measure_ceilings(device: int = 0, *, size_bytes: int = 2**31, gemm_n: int = 8192) -> Ceilings:
+# ----------------------------------------------------------------------------------------- streaming kernels
+
+
+@triton.jit
+def _convert_kernel(src_ptr, dst_ptr, n, TILE: tl.constexpr):
+    """dst[i] = src[i] in dst's dtype over one TILE per program: a copy when the dtypes match, else a cast."""
+    offs = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    mask = offs < n
+    x = tl.load(src_ptr + offs, mask=mask)
+    tl.store(dst_ptr + offs, x.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tile_sum_kernel(src_ptr, sums_ptr, n, TILE: tl.constexpr):
+    """sums[p] = sum of tile p of src in fp32: every byte read, one 4-byte result per TILE elements written."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * TILE + tl.arange(0, TILE)
+    x = tl.load(src_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(sums_ptr + pid, tl.sum(x.to(tl.float32), axis=0))
+
+
+def _check_tile(tile: int) -> None:
+    if tile < 16 or tile & (tile - 1):
+        raise ValueError(f"tile must be a power of two of at least 16, got {tile}")
+
+
+def stream_convert(src: torch.Tensor, dst: torch.Tensor, tile: int = 16384) -> torch.Tensor:
+    """``dst`` (contiguous, as many elements as ``src``, bf16 or float8_e4m3fn) = ``src`` (contiguous bf16) in dst's
+    dtype (round to nearest even), ``tile`` elements per program. Returns ``dst``."""
+    check_tensor("src", src, dtypes=(torch.bfloat16,))
+    check_tensor("dst", dst, dtypes=(torch.bfloat16, torch.float8_e4m3fn))
+    if dst.numel() != src.numel():
+        raise ValueError(f"dst must hold {src.numel()} elements like src, got {dst.numel()}")
+    _check_tile(tile)
+    _convert_kernel[(triton.cdiv(src.numel(), tile),)](src, dst, src.numel(), TILE=tile, num_warps=NUM_WARPS)
+    return dst
+
+
+def stream_tile_sums(src: torch.Tensor, sums: torch.Tensor, tile: int = 16384) -> torch.Tensor:
+    """``sums`` (fp32, ceil(src.numel() / tile) elements) = the fp32 sum of each ``tile`` consecutive elements of
+    ``src`` (contiguous bf16; the last tile may be short). Returns ``sums``."""
+    check_tensor("src", src, dtypes=(torch.bfloat16,))
+    check_tensor("sums", sums, dtypes=(torch.float32,))
+    _check_tile(tile)
+    tiles = triton.cdiv(src.numel(), tile)
+    if sums.numel() != tiles:
+        raise ValueError(f"sums must hold ceil({src.numel()} / {tile}) = {tiles} elements, got {sums.numel()}")
+    _tile_sum_kernel[(tiles,)](src, sums, src.numel(), TILE=tile, num_warps=NUM_WARPS)
+    return sums
+
+
+Candidates = dict[str, dict[str, tuple[Callable[[], object], int]]]
+
+
+def bandwidth_candidates(src: torch.Tensor, tiles: tuple[int, ...] = TILES) -> Candidates:
+    """Every streaming candidate over ``src`` (contiguous bf16): kind ("copy", "read2write1", "read") -> candidate
+    name -> (zero-argument call, bytes it moves). The Triton kernels at each of ``tiles``, then torch's op."""
+    n, nbytes = src.numel(), src.nbytes
+    same = torch.empty_like(src)
+    fp8 = torch.empty(src.shape, dtype=torch.float8_e4m3fn, device=src.device)
+    kinds: Candidates = {"copy": {}, "read2write1": {}, "read": {}}
+    for tile in tiles:
+        sums = torch.empty(triton.cdiv(n, tile), dtype=torch.float32, device=src.device)
+        kinds["copy"][f"triton tile={tile}"] = (partial(stream_convert, src, same, tile), 2 * nbytes)
+        kinds["read2write1"][f"triton tile={tile}"] = (partial(stream_convert, src, fp8, tile), nbytes + n)
+        kinds["read"][f"triton tile={tile}"] = (partial(stream_tile_sums, src, sums, tile), nbytes + sums.nbytes)
+    kinds["copy"]["torch copy_"] = (partial(same.copy_, src), 2 * nbytes)
+    kinds["read2write1"]["torch copy_ (cast)"] = (partial(fp8.copy_, src), nbytes + n)
+    kinds["read"]["torch sum"] = (src.sum, nbytes)
+    return kinds
+
+
+def best_bandwidths(measured: dict[str, dict[str, float]]) -> tuple[dict[str, float], dict[str, str]]:
+    """From TB/s per kind and candidate: (each kind's best as ``Ceilings`` fields, with ``bandwidth_tbps`` the best
+    of all; the winning candidate of each kind)."""
+    if set(measured) != set(_BANDWIDTH_KERNELS) or not all(measured.values()):
+        raise ValueError(f"measured must hold candidates of each of {', '.join(_BANDWIDTH_KERNELS)}")
+    winners = {kind: max(candidates, key=candidates.get) for kind, candidates in measured.items()}
+    best = {_BANDWIDTH_KERNELS[kind]: measured[kind][name] for kind, name in winners.items()}
+    return {**best, "bandwidth_tbps": max(best.values())}, winners
+
+
+# ------------------------------------------------------------------------------------------------ measurement
+
+
+def measure_ceilings(
+    device: int = 0, *, size_bytes: int = 2**31, gemm_n: int = 8192, tiles: tuple[int, ...] = TILES
+) -> Ceilings:
     """Measure the ceilings of CUDA device ``device`` at its current power limit.
 
-    ``size_bytes``: bytes of the bf16 source each streaming kernel reads (needs about 2.5x that in free memory).
-    ``gemm_n``: the GEMM is ``gemm_n``^3. Raises ``timing.TimingError`` without a CUDA device.
+    ``size_bytes``: bytes of the bf16 source each streaming kernel reads, a whole number of MiB (needs about 2.5x
+    that in free memory).
+    ``gemm_n``: the GEMM is ``gemm_n``^3. ``tiles``: tile sizes tried for each Triton streaming kernel. Raises
+    ``timing.TimingError`` without a CUDA device.
     """
-    import torch
-
     from .timing import TimingError
 
-    if size_bytes < 2**20 or size_bytes % 2:
-        raise ValueError(f"size_bytes must be an even number of at least 1 MiB, got {size_bytes}")
+    if size_bytes < 2**20 or size_bytes % 2**20:
+        # whole MiB: every tile is full, and an element count divisible by 16 lets Triton issue 16-byte accesses
+        raise ValueError(f"size_bytes must be a whole number of MiB (at least 1), got {size_bytes}")
     if gemm_n < 16 or gemm_n % 16:
         raise ValueError(f"gemm_n must be a positive multiple of 16, got {gemm_n}")
+    if not tiles:
+        raise ValueError("tiles must name at least one tile size")
+    for tile in tiles:
+        _check_tile(tile)
     if not torch.cuda.is_available():
         raise TimingError("no CUDA device: ceilings are measured on a GPU")
     with torch.cuda.device(device):
-        bandwidth = _bandwidth_tbps(size_bytes)
+        measured, copy_engine = _bandwidth_tbps(size_bytes, tiles)
         bf16, fp8, fp8_error = _gemm_tflops(gemm_n)
+    bandwidth, winners = best_bandwidths(measured)
     props = device_properties(device)
     meta = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,
+        "triton": triton.__version__,
         "method": "graph-cold",
         "size_bytes": size_bytes,
+        "bandwidth_best": winners,
+        "bandwidth_candidates_tbps": measured,
+        "copy_engine_candidates": copy_engine,
+        "triton_num_warps": NUM_WARPS,
         "gemm_n": gemm_n,
         "fp8_gemm": "torch._scaled_mm e4m3 tensorwise, use_fast_accum=True",
         "device_properties": props,
@@ -76,34 +191,34 @@ def measure_ceilings(device: int = 0, *, size_bytes: int = 2**31, gemm_n: int = 
         card=str(props["name"]),
         power_limit_w=_enforced_limit_w(device),
         **bandwidth,
-        bandwidth_tbps=max(bandwidth.values()),
         bf16_tflops=bf16,
         fp8_tflops=fp8,
         meta=meta,
     )
 
 
-def _bandwidth_tbps(size_bytes: int) -> dict[str, float]:
-    """TB/s of copy, bf16->fp8 cast and sum over a bf16 source of ``size_bytes``; 1 TB/s = 1e6 bytes per us."""
-    import torch
-
-    from .timing import time_fn
+def _bandwidth_tbps(size_bytes: int, tiles: tuple[int, ...]) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """(TB/s of every candidate by kind, the candidates timed as copy-engine memcpy nodes) over a bf16 source of
+    ``size_bytes``; 1 TB/s = 1e6 bytes per us."""
+    from .timing import TimingWarning, time_fn
 
     src = torch.randn(size_bytes // 2, dtype=torch.bfloat16, device="cuda")
-    same = torch.empty_like(src)
-    fp8 = torch.empty(src.shape, dtype=torch.float8_e4m3fn, device="cuda")
-    kernels = {
-        "copy_tbps": (lambda: same.copy_(src), 2 * size_bytes),
-        "read2write1_tbps": (lambda: fp8.copy_(src), size_bytes + size_bytes // 2),
-        "read_tbps": (lambda: src.sum(), size_bytes),
-    }
-    return {key: nbytes / time_fn(fn).median_us / 1e6 for key, (fn, nbytes) in kernels.items()}
+    measured: dict[str, dict[str, float]] = {}
+    copy_engine = []
+    for kind, candidates in bandwidth_candidates(src, tiles).items():
+        measured[kind] = {}
+        for name, (fn, nbytes) in candidates.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TimingWarning)  # expected of torch copy_; recorded instead
+                t = time_fn(fn)
+            measured[kind][name] = nbytes / t.median_us / 1e6
+            if t.memcpy_nodes:
+                copy_engine.append(f"{kind}: {name}")
+    return measured, copy_engine
 
 
 def _gemm_tflops(n: int) -> tuple[float, float | None, str | None]:
     """(bf16 TFLOP/s, fp8 TFLOP/s or None, why fp8 failed or None) of an n^3 GEMM; 1 TFLOP/s = 1e6 FLOP per us."""
-    import torch
-
     from .timing import time_fn
 
     flops = 2 * n**3

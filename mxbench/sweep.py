@@ -293,8 +293,13 @@ def stage_record(point: Point, stage, **fields) -> Record:
 
 
 def _timed_fields(t, telemetry: dict) -> dict[str, Any]:
-    """Record fields of a ``Timing``: its samples and method; how it was taken goes beside the telemetry."""
-    details = {"calls_per_replay": t.calls_per_replay, "flush_us": t.flush_us, "kernels_per_call": t.kernels_per_call}
+    """Record fields of a ``Timing``: its samples and method; how it was taken goes beside the telemetry
+    (``window_includes_flush``: whether the energy per call counts the cold-L2 flush before each call)."""
+    details = {
+        "calls_per_replay": t.calls_per_replay, "flush_us": t.flush_us, "kernels_per_call": t.kernels_per_call,
+        "memcpy_nodes": t.memcpy_nodes, "memset_nodes": t.memset_nodes,
+        "window_includes_flush": t.window_includes_flush,
+    }  # fmt: skip
     return {"method": t.method, "samples_us": list(t.samples_us), "telemetry": {**telemetry, **details}}
 
 
@@ -336,7 +341,9 @@ class StageTimer:
     def time(
         self, point: Point, stage, fn: Callable[[], object], *, use_graph: bool | None = None, eager_fallback=False
     ) -> Record:
-        """``fn`` timed inside a telemetry window; an exception becomes the record's error.
+        """``fn`` timed with a telemetry sampler as the timer's ``window``, so the sampler sees only ``fn``'s timed
+        replays (not warm-up, estimate, capture or flush-only replays) and energy per call = energy over the window
+        / (replays x calls per replay). An exception becomes the record's error.
 
         ``use_graph`` overrides the options' for callables a CUDA graph cannot capture (host syncs). With
         ``eager_fallback`` a callable that fails under graph timing is timed again with eager events (its
@@ -346,8 +353,8 @@ class StageTimer:
         graph = o.use_graph if use_graph is None else use_graph
         cold = o.cold_l2 or not graph  # eager event timing flushes before every call: it is always cold
         try:
-            with self.ins.telemetry() as sampler:
-                t = self.ins.time_fn(fn, cold_l2=cold, use_graph=graph, samples=o.samples)
+            sampler = self.ins.telemetry()
+            t = self.ins.time_fn(fn, cold_l2=cold, use_graph=graph, samples=o.samples, window=lambda: sampler)
             calls = len(t.samples_us) * t.calls_per_replay
             return stage_record(point, stage, **_timed_fields(t, dict(sampler.summary(calls))))
         except Exception as e:  # a kernel that fails becomes its error row; the rest of the point goes on

@@ -6,17 +6,30 @@ gone and the clocks stay up between calls.
 
 Methods (``Timing.method``):
 - ``graph-cold`` (default): the graph holds ``[flush, fn] x n``, where the flush writes a buffer of at least twice
-  the L2 size so every call starts with a cold cache. A second graph of ``n`` flushes alone is replayed interleaved
-  with the first, and its median is subtracted (the tritonbench/helion design): per call = (replay - flush) / n.
+  the L2 size so every call starts with a cold cache. A second graph of ``n`` flushes alone is replayed around the
+  first, and its median is subtracted (the tritonbench/helion design): per call = (replay - flush) / n.
 - ``graph-warm``: the graph holds ``fn x n``; inputs that fit in L2 stay there (hot-cache throughput).
 - ``events-cold``: eager calls, each after a flush, timed by a CUDA event pair (the ``triton.testing.do_bench``
   design); includes launch gaps. For callables that cannot be captured.
+
+Replay order: the baseline graph's replays (the flush graph when cold) are split into halves before and after
+``fn``'s replays (A-B-A), so drift over the run moves the subtracted median as it moves ``fn``'s, and ``fn``'s timed
+replays run back to back. ``window`` (e.g. a telemetry sampler) is entered around exactly those replays (the eager
+calls for "events-cold"), with the device synchronised at both ends, so energy over the window / (replays x calls per
+replay) is the energy of one call (with its flush when cold: ``Timing.window_includes_flush``).
 
 Sanity: a graph that captured no GPU work (``fn`` launched on another stream, through an API graphs do not
 capture, or returned a cached result) would time as nearly free, so the captured nodes are counted (through the
 driver, when torch exposes the graph) and ``TimingError`` is raised when ``fn`` added none. Without a count the
 replay time is compared with an empty graph's and the eager time. All synchronisation happens outside the timed
 region; every event is recorded on the replay stream.
+
+Memcpy and memset nodes: a same-dtype contiguous ``copy_`` is a ``cudaMemcpyAsync`` (torch
+``copy_device_to_device``). Captured, it becomes a memcpy node served by the copy engines, which stream more slowly
+than the eager call (on an H200, a 1 GiB fp32 ``copy_`` took 509 us eager but 792 us in a graph), so the graph times
+a different engine. Such nodes are counted (``Timing.memcpy_nodes``) and raise a ``TimingWarning``. Memset nodes are
+counted too (``Timing.memset_nodes``) but do not warn: torch's multi-block reductions memset a few bytes of
+semaphores before their kernel, which costs nothing next to it.
 """
 
 from __future__ import annotations
@@ -26,8 +39,10 @@ import functools
 import math
 import statistics
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -46,6 +61,10 @@ class TimingError(RuntimeError):
     """Timing cannot produce a trustworthy number: no CUDA device, or a graph that captured no work."""
 
 
+class TimingWarning(UserWarning):
+    """The number is measured, but maybe not what was meant (a graph whose copies the copy engines serve)."""
+
+
 @dataclass
 class Timing:
     """Per-call samples of one callable and how they were taken.
@@ -55,6 +74,10 @@ class Timing:
     ``flush_us``: the flush cost per call that was subtracted ("graph-cold" only).
     ``kernels_per_call``: GPU work nodes (kernels, memcpys, memsets) each call added to the graph; None when not
     counted.
+    ``memcpy_nodes`` / ``memset_nodes``: how many of those are memcpy / memset nodes (work the driver may hand to
+    copy engines rather than SM kernels); None when not counted.
+    ``window_includes_flush``: with a ``window``, whether the calls inside it each followed a flush (cold methods);
+    None without a window.
     """
 
     samples_us: list[float]
@@ -62,6 +85,9 @@ class Timing:
     calls_per_replay: int
     flush_us: float | None = None
     kernels_per_call: int | None = None
+    memcpy_nodes: int | None = None
+    memset_nodes: int | None = None
+    window_includes_flush: bool | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -140,6 +166,35 @@ def captured_nothing(replay_us: float, baseline_replay_us: float, calls: int, ea
     return per_call < EMPTY_CALL_US and (per_call < EMPTY_FRACTION * eager_us or eager_us < EMPTY_CALL_US)
 
 
+@dataclass(frozen=True)
+class NodeCount:
+    """Nodes of a captured graph: ``work`` (kernel, memcpy, memset and child-graph nodes), and among them
+    ``memcpy`` and ``memset``."""
+
+    work: int
+    memcpy: int
+    memset: int
+
+
+# CUgraphNodeType values (cuda.h) of the nodes that do GPU work
+_KERNEL, _MEMCPY, _MEMSET, _CHILD_GRAPH = 0, 1, 2, 4
+_WORK_NODE_TYPES = frozenset({_KERNEL, _MEMCPY, _MEMSET, _CHILD_GRAPH})
+
+
+def count_nodes(types: Iterable[int]) -> NodeCount:
+    """``NodeCount`` of a graph whose nodes have the CUgraphNodeType values ``types``."""
+    kinds = Counter(types)
+    return NodeCount(sum(kinds[t] for t in _WORK_NODE_TYPES), kinds[_MEMCPY], kinds[_MEMSET])
+
+
+def nodes_per_call(graph: NodeCount, baseline: NodeCount, calls: int) -> NodeCount:
+    """Nodes each of ``calls`` calls of ``fn`` added: (graph - baseline) / calls, rounded (the baseline is the same
+    graph without ``fn``: its flushes, or nothing)."""
+    if calls < 1:
+        raise ValueError(f"calls must be at least 1, got {calls}")
+    return NodeCount(*(round((g - b) / calls) for g, b in zip(astuple(graph), astuple(baseline), strict=True)))
+
+
 def time_fn(
     fn: Callable[[], object],
     *,
@@ -149,11 +204,15 @@ def time_fn(
     target_replay_ms: float = 10.0,
     warmup: int = 3,
     flush_bytes: int | None = None,
+    window: Callable[[], AbstractContextManager] | None = None,
 ) -> Timing:
     """Time ``fn`` (a zero-argument callable launching GPU work on the current device); see the module docstring.
 
-    ``fn`` is first called eagerly ``warmup`` times (so Triton JIT and autotuning happen before capture). Raises
-    ``TimingError`` without a CUDA device, when ``fn`` cannot be captured, or when the graph holds none of its work.
+    ``fn`` is first called eagerly ``warmup`` times (so Triton JIT and autotuning happen before capture).
+    ``window``: a factory of a context manager entered around ``fn``'s timed replays only (not warm-up, estimate,
+    capture or the flush-only replays); the calls inside it are ``len(samples_us) * calls_per_replay``. Raises
+    ``TimingError`` without a CUDA device, when ``fn`` cannot be captured, or when the graph holds none of its work;
+    warns (``TimingWarning``) when ``fn``'s graph holds memcpy or memset nodes.
     """
     _check_options(cold_l2, use_graph, samples, target_replay_ms, warmup)
     if not torch.cuda.is_available():
@@ -167,8 +226,8 @@ def time_fn(
             for _ in range(warmup):
                 fn()
             if not use_graph:
-                return _time_events(fn, flush, samples, stream)
-            return _time_graph(fn, flush, samples, target_replay_ms, stream)
+                return _time_events(fn, flush, samples, stream, window)
+            return _time_graph(fn, flush, samples, target_replay_ms, stream, window)
     finally:
         torch.cuda.current_stream().wait_stream(stream)
 
@@ -195,18 +254,30 @@ class _Flush:
         self.buffer.zero_()
 
 
-def _time_events(fn, flush: _Flush, samples: int, stream: torch.cuda.Stream) -> Timing:
+def _windowed(window: Callable[[], AbstractContextManager] | None) -> AbstractContextManager:
+    """``window()`` entered on an idle device (so it holds only the work queued inside it), or nothing."""
+    if window is None:
+        return nullcontext()
+    torch.cuda.synchronize()
+    return window()
+
+
+def _time_events(fn, flush: _Flush, samples: int, stream: torch.cuda.Stream, window) -> Timing:
     pairs = [_event_pair() for _ in range(samples)]
-    for start, end in pairs:
-        flush()
-        start.record(stream)
-        fn()
-        end.record(stream)
-    stream.synchronize()
-    return Timing([s.elapsed_time(e) * 1000.0 for s, e in pairs], "events-cold", 1)
+    with _windowed(window):
+        for start, end in pairs:
+            flush()
+            start.record(stream)
+            fn()
+            end.record(stream)
+        torch.cuda.synchronize()
+    return Timing(
+        [s.elapsed_time(e) * 1000.0 for s, e in pairs], "events-cold", 1,
+        window_includes_flush=True if window is not None else None,
+    )  # fmt: skip
 
 
-def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float, stream) -> Timing:
+def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float, stream, window) -> Timing:
     if flush is None:
         body = fn
     else:
@@ -220,18 +291,19 @@ def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float,
     main, main_nodes = _capture(body, n, stream)
     if flush is not None:  # the flush graph: what is subtracted, and the same graph without fn
         base, base_nodes = _capture(flush, n, stream)
-        main_us, base_us = _time_replays([main, base], samples, stream)
+        main_us, base_us = _time_replays(main, base, samples, stream, window)
     else:
-        (main_us,) = _time_replays([main], samples, stream)
-        base_nodes = 0
+        main_us, _ = _time_replays(main, None, samples, stream, window)
+        base_nodes = NodeCount(0, 0, 0)
 
     if main_nodes is not None and base_nodes is not None:
-        kernels = round((main_nodes - base_nodes) / n)
+        per_call = nodes_per_call(main_nodes, base_nodes, n)
+        kernels, memcpys, memsets = per_call.work, per_call.memcpy, per_call.memset
         empty = kernels == 0
     else:  # no node counts: compare with the graph without fn (an empty one when warm) and the eager time
-        kernels = None
+        kernels = memcpys = memsets = None
         if flush is None:
-            (base_us,) = _time_replays([_capture(None, n, stream)[0]], samples, stream)
+            base_us, _ = _time_replays(_capture(None, n, stream)[0], None, samples, stream, None)
         eager_fn_us = eager_body_us - (_eager_us(flush, stream) if flush is not None else 0.0)
         empty = captured_nothing(statistics.median(main_us), statistics.median(base_us), n, eager_fn_us)
     if empty:
@@ -239,15 +311,25 @@ def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float,
             "the CUDA graph captured none of fn's GPU work: fn may launch on another stream, use an API that graph "
             "capture skips, or return a cached result; time it with use_graph=False or fix the callable"
         )
+    if memcpys:
+        warnings.warn(
+            f"fn added {memcpys} memcpy node(s) per call to the CUDA graph: the copy engines serve them in a replay, "
+            "more slowly than the eager call (a same-dtype contiguous copy_ is a cudaMemcpyAsync), so this graph "
+            "time need not be the eager one; compare with use_graph=False or time a kernel",
+            TimingWarning,
+            stacklevel=3,
+        )
+    windowed = {"window_includes_flush": flush is not None} if window is not None else {}
     if flush is None:
-        return Timing([r / n for r in main_us], "graph-warm", n, None, kernels)
-    per_call = subtract_flush(main_us, base_us, n)
-    if statistics.median(per_call) <= 0:
+        return Timing([r / n for r in main_us], "graph-warm", n, None, kernels, memcpys, memsets, **windowed)
+    per_call_us = subtract_flush(main_us, base_us, n)
+    flush_us = statistics.median(base_us) / n
+    if statistics.median(per_call_us) <= 0:
         raise TimingError(
-            f"fn's time is below the noise of the {statistics.median(base_us) / n:.2f} us flush it follows; "
+            f"fn's time is below the noise of the {flush_us:.2f} us flush it follows; "
             "time it warm (cold_l2=False) or with more work per call"
         )
-    return Timing(per_call, "graph-cold", n, statistics.median(base_us) / n, kernels)
+    return Timing(per_call_us, "graph-cold", n, flush_us, kernels, memcpys, memsets, **windowed)
 
 
 def _event_pair() -> tuple[torch.cuda.Event, torch.cuda.Event]:
@@ -265,8 +347,8 @@ def _eager_us(body: Callable[[], object], stream: torch.cuda.Stream) -> float:
     return start.elapsed_time(end) * 1000.0 / ESTIMATE_CALLS
 
 
-def _capture(body: Callable[[], object] | None, n: int, stream) -> tuple[torch.cuda.CUDAGraph, int | None]:
-    """A graph of ``n`` calls of ``body`` (an empty graph for None) and its count of work nodes (None if unknown)."""
+def _capture(body: Callable[[], object] | None, n: int, stream) -> tuple[torch.cuda.CUDAGraph, NodeCount | None]:
+    """A graph of ``n`` calls of ``body`` (an empty graph for None) and its node count (None if unknown)."""
     graph, keeps_template = _new_graph()
     calls = n if body is not None else 0
     try:
@@ -278,7 +360,7 @@ def _capture(body: Callable[[], object] | None, n: int, stream) -> tuple[torch.c
                     body()
     except Exception as e:
         raise TimingError(f"fn could not be captured in a CUDA graph ({e}); time it with use_graph=False") from e
-    nodes = _count_work_nodes(graph) if keeps_template else None
+    nodes = _count_nodes(graph) if keeps_template else None
     if keeps_template:
         graph.instantiate()
     return graph, nodes
@@ -292,10 +374,6 @@ def _new_graph() -> tuple[torch.cuda.CUDAGraph, bool]:
         return torch.cuda.CUDAGraph(), False
 
 
-# CUgraphNodeType values of nodes that do GPU work: kernel, memcpy, memset, child graph.
-_WORK_NODE_TYPES = frozenset({0, 1, 2, 4})
-
-
 @functools.cache
 def _libcuda() -> ctypes.CDLL | None:
     try:
@@ -304,8 +382,8 @@ def _libcuda() -> ctypes.CDLL | None:
         return None
 
 
-def _count_work_nodes(graph: torch.cuda.CUDAGraph) -> int | None:
-    """Kernel, memcpy, memset and child-graph nodes of ``graph``'s template, through the driver API."""
+def _count_nodes(graph: torch.cuda.CUDAGraph) -> NodeCount | None:
+    """The ``NodeCount`` of ``graph``'s template, through the driver API (None where it cannot be read)."""
     cuda = _libcuda()
     if cuda is None:
         return None
@@ -325,18 +403,34 @@ def _count_work_nodes(graph: torch.cuda.CUDAGraph) -> int | None:
         if cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)) != 0:
             return None
         kinds.append(kind.value)
-    return sum(k in _WORK_NODE_TYPES for k in kinds)
+    return count_nodes(kinds)
 
 
-def _time_replays(graphs: list[torch.cuda.CUDAGraph], samples: int, stream) -> list[list[float]]:
-    """Replay times (us) of each graph, ``samples`` each, interleaved so drift hits all graphs alike."""
+def _time_replays(
+    graph: torch.cuda.CUDAGraph, baseline: torch.cuda.CUDAGraph | None, samples: int, stream, window
+) -> tuple[list[float], list[float] | None]:
+    """Replay times (us) of ``graph`` and ``baseline`` (None: no baseline), ``samples`` each: half the baseline's
+    replays, ``graph``'s back to back (inside ``window``), the baseline's other half (A-B-A, see the module)."""
+    graphs = [graph] if baseline is None else [graph, baseline]
     for g in graphs:  # the first replay uploads the graph; keep it out of the samples
         g.replay()
-    pairs = [[_event_pair() for _ in range(samples)] for _ in graphs]
-    for i in range(samples):
-        for g, p in zip(graphs, pairs):
-            p[i][0].record(stream)
+
+    def replays(g: torch.cuda.CUDAGraph, count: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+        pairs = [_event_pair() for _ in range(count)]
+        for start, end in pairs:
+            start.record(stream)
             g.replay()
-            p[i][1].record(stream)
+            end.record(stream)
+        return pairs
+
+    before = replays(baseline, samples // 2) if baseline is not None else []
+    with _windowed(window):
+        timed = replays(graph, samples)
+        torch.cuda.synchronize()
+    after = replays(baseline, samples - samples // 2) if baseline is not None else []
     stream.synchronize()
-    return [[s.elapsed_time(e) * 1000.0 for s, e in p] for p in pairs]
+
+    def us(pairs):
+        return [s.elapsed_time(e) * 1000.0 for s, e in pairs]
+
+    return us(timed), (us(before + after) if baseline is not None else None)

@@ -1,10 +1,12 @@
-"""Measured ceilings: storage per card and power limit, the peaks they give, and (GPU) the measurement itself."""
+"""Measured ceilings: the streaming kernels (interpreter on CPU), best-of, storage per card and power limit, the
+peaks they give, and (GPU) the measurement itself."""
 
 import json
 
 import pytest
 import torch
 
+from mxbench import ceilings as ceil
 from mxbench import hardware
 from mxbench.ceilings import Ceilings, load_ceilings, measure_ceilings, measured_peaks, save_ceilings
 
@@ -13,6 +15,83 @@ CARD = "NVIDIA H100 80GB HBM3"
 
 def ceilings(power_limit_w=700.0, copy=2.95, r2w1=3.0, read=3.05, bf16=780.0, fp8=1350.0, **meta):
     return Ceilings(CARD, power_limit_w, copy, r2w1, read, max(copy, r2w1, read), bf16, fp8, dict(meta))
+
+
+def bf16_source(n, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, generator=g) * 4).to(torch.bfloat16).to(device)
+
+
+class TestStreamingKernels:
+    # 1000 elements: a short last tile at every tile size below
+    @pytest.mark.parametrize("tile", [64, 256])
+    def test_copy_is_exact(self, device, tile):
+        src = bf16_source(1000, device)
+        dst = torch.full_like(src, float("nan"))
+        assert torch.equal(ceil.stream_convert(src, dst, tile), src)
+
+    def test_cast_of_e4m3_values_to_fp8_is_exact(self, device):
+        # every finite e4m3 value (bf16 holds them exactly) cast back to e4m3 unchanged; the rounding itself is the
+        # hardware cvt, checked bit for bit against torch on the GPU (the interpreter misrounds carries)
+        codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8).repeat(4)
+        e4m3 = codes.view(torch.float8_e4m3fn)
+        out = torch.empty(len(codes), dtype=torch.float8_e4m3fn, device=device)
+        ceil.stream_convert(e4m3.to(torch.bfloat16).to(device), out, 128)
+        assert torch.equal(out.view(torch.uint8).cpu(), codes)
+
+    @pytest.mark.parametrize("tile", [64, 256])
+    def test_tile_sums(self, device, tile):
+        src = bf16_source(1000, device)
+        sums = ceil.stream_tile_sums(src, torch.empty(-(-1000 // tile), device=device), tile)
+        x = torch.nn.functional.pad(src.float(), (0, len(sums) * tile - 1000))  # the short tile's zeros
+        torch.testing.assert_close(sums, x.view(-1, tile).sum(1), rtol=1e-5, atol=1e-4)
+
+    @pytest.mark.parametrize("call, name", [
+        (lambda d: ceil.stream_convert(torch.zeros(64, device=d), torch.zeros(64, device=d)), "src"),
+        (lambda d: ceil.stream_convert(bf16_source(64, d), torch.zeros(64, device=d)), "dst"),
+        (lambda d: ceil.stream_convert(bf16_source(64, d), bf16_source(32, d)), "dst"),
+        (lambda d: ceil.stream_convert(bf16_source(64, d), bf16_source(64, d), tile=48), "tile"),
+        (lambda d: ceil.stream_tile_sums(bf16_source(64, d), torch.zeros(3, device=d), tile=32), "sums"),
+    ])  # fmt: skip
+    def test_bad_arguments_are_named(self, device, call, name):
+        with pytest.raises(ValueError, match=name):
+            call(device)
+
+    def test_candidates_move_the_bytes_they_claim(self, device):
+        src = bf16_source(1024, device)
+        kinds = ceil.bandwidth_candidates(src, tiles=(64, 128))
+        assert {k: list(c) for k, c in kinds.items()} == {
+            "copy": ["triton tile=64", "triton tile=128", "torch copy_"],
+            "read2write1": ["triton tile=64", "triton tile=128", "torch copy_ (cast)"],
+            "read": ["triton tile=64", "triton tile=128", "torch sum"],
+        }
+        # 1024 bf16 = 2048 B: copy reads and writes them; the cast writes 1 B per element; a sum writes 4 B per tile
+        assert kinds["copy"]["triton tile=64"][1] == kinds["copy"]["torch copy_"][1] == 2 * 2048
+        assert kinds["read2write1"]["triton tile=128"][1] == 2048 + 1024
+        assert kinds["read"]["triton tile=64"][1] == 2048 + 4 * 16
+        assert kinds["read"]["torch sum"][1] == 2048
+        for candidates in kinds.values():
+            for fn, _ in candidates.values():
+                fn()
+
+
+MEASURED = {
+    "copy": {"triton tile=8192": 4.1, "triton tile=16384": 4.3, "torch copy_": 2.7},
+    "read2write1": {"triton tile=8192": 4.2, "torch copy_ (cast)": 3.3},
+    "read": {"triton tile=32768": 4.4, "torch sum": 4.5},
+}
+
+
+class TestBestOf:
+    def test_each_kind_keeps_its_fastest_candidate_and_bandwidth_is_the_best_kind(self):
+        best, winners = ceil.best_bandwidths(MEASURED)
+        assert best == {"copy_tbps": 4.3, "read2write1_tbps": 4.2, "read_tbps": 4.5, "bandwidth_tbps": 4.5}
+        assert winners == {"copy": "triton tile=16384", "read2write1": "triton tile=8192", "read": "torch sum"}
+
+    @pytest.mark.parametrize("measured", [{"copy": {"a": 1.0}}, {**MEASURED, "read": {}}])
+    def test_every_kind_needs_a_candidate(self, measured):
+        with pytest.raises(ValueError, match="measured"):
+            ceil.best_bandwidths(measured)
 
 
 class TestStorage:
@@ -73,7 +152,10 @@ class TestPeaks:
         assert set(peaks) == {"bandwidth", "bf16"}
         assert "limit unknown" in peaks["bandwidth"].label
 
-    @pytest.mark.parametrize("kwargs, name", [({"size_bytes": 1000}, "size_bytes"), ({"gemm_n": 100}, "gemm_n")])
+    @pytest.mark.parametrize("kwargs, name", [
+        ({"size_bytes": 1000}, "size_bytes"), ({"size_bytes": 2**20 + 2}, "size_bytes"), ({"gemm_n": 100}, "gemm_n"),
+        ({"tiles": ()}, "tiles"), ({"tiles": (16384, 3000)}, "tile"),
+    ])  # fmt: skip
     def test_bad_sizes_are_named(self, kwargs, name):
         with pytest.raises(ValueError, match=name):
             measure_ceilings(**kwargs)
@@ -87,6 +169,12 @@ def test_measured_ceilings_are_plausible(tmp_path):
     c = measure_ceilings(size_bytes=2**30)
     assert c.card == torch.cuda.get_device_name(0)
     assert c.bandwidth_tbps == max(c.copy_tbps, c.read2write1_tbps, c.read_tbps)
+    for kind, field in (("copy", "copy_tbps"), ("read2write1", "read2write1_tbps"), ("read", "read_tbps")):
+        candidates = c.meta["bandwidth_candidates_tbps"][kind]
+        assert getattr(c, field) == candidates[c.meta["bandwidth_best"][kind]] == max(candidates.values())
+    # the kernels stream at least as fast as torch's ops (torch's copy_ runs on the copy engines in a graph)
+    assert c.copy_tbps > 1.2 * c.meta["bandwidth_candidates_tbps"]["copy"]["torch copy_"]
+    assert c.meta["copy_engine_candidates"] == ["copy: torch copy_"]
     assert 0.5 * spec.hbm_tbps < c.bandwidth_tbps < spec.hbm_tbps
     assert 0.5 * spec.bf16_tflops < c.bf16_tflops < spec.bf16_tflops
     if spec.fp8_tflops is not None:
@@ -94,3 +182,19 @@ def test_measured_ceilings_are_plausible(tmp_path):
     assert c.power_limit_w is None or c.power_limit_w > 0
     save_ceilings(c, tmp_path)
     assert load_ceilings(tmp_path, c.card, c.power_limit_w) == c
+
+
+@pytest.mark.gpu
+def test_kernels_cast_like_torch_with_16_byte_accesses():
+    src = torch.randn(2**20, device="cuda", dtype=torch.bfloat16) * 64
+    fp8 = torch.empty(src.shape, dtype=torch.float8_e4m3fn, device="cuda")
+    ceil.stream_convert(src, fp8)
+    assert torch.equal(fp8.view(torch.uint8), src.to(torch.float8_e4m3fn).view(torch.uint8))
+    # the PTX Triton built for these (16-byte aligned, 16-divisible) arguments: 128-bit loads and stores
+    same = torch.empty_like(src)
+    sums = torch.empty(src.numel() // 16384, device="cuda")
+    for kernel, out in ((ceil._convert_kernel, same), (ceil._convert_kernel, fp8), (ceil._tile_sum_kernel, sums)):
+        compiled = kernel[(len(sums),)](src, out, src.numel(), TILE=16384, num_warps=ceil.NUM_WARPS)
+        assert "ld.global.v4" in compiled.asm["ptx"]
+        if out is not sums:
+            assert "st.global.v4" in compiled.asm["ptx"]

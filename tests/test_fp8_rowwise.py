@@ -11,7 +11,6 @@ import itertools
 
 import pytest
 import torch
-
 from mxkernels import fp8_rowwise as F
 from mxkernels.cost import Cost
 

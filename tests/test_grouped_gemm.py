@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 import triton
-
 from crosscompile import compile_ptx
 from mxkernels import grouped_gemm as GG
 from mxkernels.cost import Cost, ceil_to
@@ -70,7 +69,12 @@ def mx_2d3d(a, w, sizes):
     ref = torch.zeros(a.shape[0], w.shape[1], device=a.device)
     for g, (s, e) in enumerate(bounds(sizes)):
         ref[s:e] = dequantize_reference(a_q[s:e], a_s[s:e]) @ dequantize_reference(w_q[g], w_s[g]).T
-    ops = dict(a_q=a_q, a_sb=m_groups_blocked(a_s, sizes), b_q=w_q, b_sb=torch.stack([to_blocked(s) for s in w_s]))
+    ops = {
+        "a_q": a_q,
+        "a_sb": m_groups_blocked(a_s, sizes),
+        "b_q": w_q,
+        "b_sb": torch.stack([to_blocked(s) for s in w_s]),
+    }
     return ops, ref
 
 
@@ -82,7 +86,7 @@ def mx_2d2d(x, y, sizes):
     for g, (s, e) in enumerate(bounds(sizes)):
         cols = slice(s // 32, e // 32)
         ref[g] = dequantize_reference(x_q[:, s:e], x_s[:, cols]) @ dequantize_reference(y_q[:, s:e], y_s[:, cols]).T
-    ops = dict(a_q=x_q, a_sb=k_groups_blocked(x_s, sizes), b_q=y_q, b_sb=k_groups_blocked(y_s, sizes))
+    ops = {"a_q": x_q, "a_sb": k_groups_blocked(x_s, sizes), "b_q": y_q, "b_sb": k_groups_blocked(y_s, sizes)}
     return ops, ref
 
 
@@ -101,7 +105,9 @@ def hp_reference(a, b, sizes):
     return torch.stack([a[:, s:e].float() @ b[s:e].float() for s, e in bounds(sizes)])
 
 
-CPU_SIZES = {"2d3d": [40, 0, 100, 37], "2d2d": [64, 0, 96, 32]}
+# 2D x 3D: K = 160 is one whole 128-wide scale word and one 32-wide chunk more. 2D x 2D: group sizes of one word
+# and one to three chunks, a chunk alone, and an empty group.
+CPU_SIZES = {"2d3d": [40, 0, 100, 37], "2d2d": [160, 0, 96, 32]}
 
 
 def small_case(case, device, gen):
@@ -110,7 +116,9 @@ def small_case(case, device, gen):
         a = torch.randn(sum(sizes) + 23, 160, generator=gen).to(device)  # 23 rows past offs[-1]
         return mx_2d3d(a, torch.randn(4, 48, 160, generator=gen).to(device), sizes), sizes
     M = sum(sizes)
-    return mx_2d2d(torch.randn(40, M, generator=gen).to(device), torch.randn(72, M, generator=gen).to(device), sizes), sizes
+    return mx_2d2d(
+        torch.randn(40, M, generator=gen).to(device), torch.randn(72, M, generator=gen).to(device), sizes
+    ), sizes
 
 
 def valid(out, sizes, case):
@@ -137,6 +145,44 @@ def test_triton_backends_match_fp32_reference(device, backend, case):
     torch.testing.assert_close(valid(out, sizes, case), valid(ref, sizes, case), rtol=1e-5, atol=1e-4)
     if case == "2d2d":
         assert not out[1].any()
+
+
+@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
+def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
+    # Tiles smaller than the operands, partial edge tiles, and in 2D x 2D a band order whose last band is short.
+    (ops, ref), sizes = small_case(case, device, torch.Generator().manual_seed(7))
+    config = GG.TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
+    out = GG.mxfp8_grouped_mm(
+        **ops, offs=offsets(sizes, device), backend="triton_fp8", out_dtype=torch.float32, config=config
+    )
+    torch.testing.assert_close(valid(out, sizes, case), valid(ref, sizes, case), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "fields, error",
+    [
+        ({"block_m": 48}, "block_m must be a power of two"),
+        ({"block_n": 8}, "block_n must be a power of two"),
+        ({"num_warps": 2}, "num_warps must be 4 or 8"),
+        ({"num_stages": 0}, "num_stages must be a positive int"),
+        ({"group_m": 0}, "group_m must be a positive int"),
+    ],
+)
+def test_bad_tile_config_raises_value_error(fields, error):
+    with pytest.raises(ValueError, match=error):
+        GG.TileConfig(**{"block_m": 64, "block_n": 64, **fields})
+
+
+def test_config_must_be_a_tile_config(device):
+    with pytest.raises(ValueError, match="config must be a TileConfig"):
+        GG.mxfp8_grouped_mm(**mx_operands(device), backend="triton_fp8", config=(64, 64))
+
+
+def test_default_configs_exist_for_every_triton_kernel():
+    for case, backend in itertools.product(("2d3d", "2d2d"), TRITON_BACKENDS):
+        assert isinstance(GG.default_config(case, backend), GG.TileConfig)
+    with pytest.raises(ValueError, match="no Triton MXFP8 kernel"):
+        GG.default_config("2d3d", "emulated")
 
 
 def old_sm90_scale_decoder(device, backend):
@@ -294,13 +340,13 @@ def test_native_fp8_rowwise_shape_rules(monkeypatch, device, no_torch_scaled_gro
 
 def mx_operands(device, K=64, N=32, G=2, M=64):
     e4m3 = torch.float8_e4m3fn
-    return dict(
-        a_q=torch.zeros(M, K, dtype=e4m3, device=device),
-        a_sb=torch.zeros(128 * (-(-M // 128) + G), ceil_to(K // 32, 4), dtype=torch.uint8, device=device),
-        b_q=torch.zeros(G, N, K, dtype=e4m3, device=device),
-        b_sb=torch.zeros(G, ceil_to(N, 128), ceil_to(K // 32, 4), dtype=torch.uint8, device=device),
-        offs=offsets([M // 2, M // 2], device),
-    )
+    return {
+        "a_q": torch.zeros(M, K, dtype=e4m3, device=device),
+        "a_sb": torch.zeros(128 * (-(-M // 128) + G), ceil_to(K // 32, 4), dtype=torch.uint8, device=device),
+        "b_q": torch.zeros(G, N, K, dtype=e4m3, device=device),
+        "b_sb": torch.zeros(G, ceil_to(N, 128), ceil_to(K // 32, 4), dtype=torch.uint8, device=device),
+        "offs": offsets([M // 2, M // 2], device),
+    }
 
 
 @pytest.mark.parametrize(
@@ -385,40 +431,48 @@ _SIGNATURE = {
     **{d: "i32" for d in "MNKG"},
     **{c: "constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_G", "FP8_DOT")},
 }
-_BUILDS = {  # (kernel, FP8_DOT, cc); the 2D x 2D kernel shares the main loop, so it is built on the GPU only
+_BUILDS = {  # (kernel, FP8_DOT, cc)
     "dot_scaled_sm100": ("_mx_2d3d_kernel", False, 100),
     "dot_scaled_sm90": ("_mx_2d3d_kernel", False, 90),
     "fp8_dot_sm90": ("_mx_2d3d_kernel", True, 90),
+    "fp8_dot_2d2d_sm90": ("_mx_2d2d_kernel", True, 90),
 }
 
 
 @pytest.fixture(scope="module")
-def mma_instructions():
-    """The MMA instructions of each build (compiled concurrently: each is a subprocess)."""
+def ptx():
+    """The PTX of each build (compiled concurrently: each is a subprocess)."""
 
     def build(spec):
         kernel, fp8_dot, cc = spec
         constexprs = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_G": 8, "FP8_DOT": fp8_dot}
-        ptx = compile_ptx("mxkernels.grouped_gemm", kernel, _SIGNATURE, constexprs, cc)
-        return set(re.findall(r"\b((?:tcgen05\.mma|wgmma\.mma_async|mma\.sync)[\w.:]*)", ptx))
+        signature = dict(_SIGNATURE)
+        if kernel == "_mx_2d2d_kernel":
+            constexprs["GROUP_M"], signature["GROUP_M"] = 8, "constexpr"
+        return compile_ptx("mxkernels.grouped_gemm", kernel, signature, constexprs, cc)
 
     with ThreadPoolExecutor(max_workers=len(_BUILDS)) as pool:
         return dict(zip(_BUILDS, pool.map(build, _BUILDS.values())))
 
 
-def test_dot_scaled_uses_block_scaled_mma_on_sm100(mma_instructions):
+def mma_instructions(ptx_text):
+    return set(re.findall(r"\b((?:tcgen05\.mma|wgmma\.mma_async|mma\.sync)[\w.:]*)", ptx_text))
+
+
+def test_dot_scaled_uses_block_scaled_mma_on_sm100(ptx):
     # triton 3.9: tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32
-    (mma,) = mma_instructions["dot_scaled_sm100"]
+    (mma,) = mma_instructions(ptx["dot_scaled_sm100"])
     assert mma.startswith("tcgen05.mma") and "kind::mxf8f6f4" in mma and ".block_scale" in mma
 
 
-def test_dot_scaled_upcasts_to_bf16_wgmma_on_sm90(mma_instructions):
-    (mma,) = mma_instructions["dot_scaled_sm90"]
+def test_dot_scaled_upcasts_to_bf16_wgmma_on_sm90(ptx):
+    (mma,) = mma_instructions(ptx["dot_scaled_sm90"])
     assert mma.startswith("wgmma.mma_async") and mma.endswith(".f32.bf16.bf16")
 
 
-def test_fp8_dot_uses_fp8_wgmma_on_sm90(mma_instructions):
-    (mma,) = mma_instructions["fp8_dot_sm90"]
+@pytest.mark.parametrize("build", ["fp8_dot_sm90", "fp8_dot_2d2d_sm90"])
+def test_fp8_dot_uses_fp8_wgmma_on_sm90(ptx, build):
+    (mma,) = mma_instructions(ptx[build])
     assert mma.startswith("wgmma.mma_async") and mma.endswith("k32.f32.e4m3.e4m3")
 
 
@@ -480,7 +534,10 @@ def test_gpu_triton_rows_need_no_alignment(exact_fp32_matmul, backend):
     sizes = gpu_sizes(3001, 4, 1)
     ops, ref = gpu_case("2d3d", 3001, 1024, 512, 4, sizes)
     out = GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, "cuda"), backend=backend, out_dtype=torch.float32)
-    assert sqnr(out[: sum(sizes)], ref[: sum(sizes)]) >= 100
+    # "triton" accumulates in fp32 (seen on an H200: over 100 dB). "triton_fp8" sums each 32-wide chunk in the fp8
+    # wgmma accumulator, which keeps fewer mantissa bits than fp32 (DeepGEMM measures about 14 on Hopper, whence
+    # its promotion of partial sums; 20 * log10(2**14) = 84 dB): seen 86.8 dB on an H200, so 80 dB.
+    assert sqnr(out[: sum(sizes)], ref[: sum(sizes)]) >= (100 if backend == "triton" else 80)
 
 
 @pytest.mark.gpu
@@ -534,7 +591,7 @@ def test_gpu_triton_backends_replay_in_a_cuda_graph(case, backend):
     sizes = gpu_sizes(M, G, 32)
     ops, _ = gpu_case(case, M, K, N, G, sizes, seed=3)
     offs = offsets(sizes, "cuda")
-    GG.mxfp8_grouped_mm(**ops, offs=offs, backend=backend)  # autotunes: never inside a capture
+    GG.mxfp8_grouped_mm(**ops, offs=offs, backend=backend)  # compiles: never inside a capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -50,6 +50,13 @@ class TestTable:
         s = specs[key]
         assert getattr(s, f"{precision}_tflops") / s.hbm_tbps == pytest.approx(ridge, rel=0.005)
 
+    @pytest.mark.parametrize("key, l2_bytes", [
+        # L2_cache_size that torch reports on the card: H100 SXM 52428800, H200 62914560 (2026-11-26)
+        ("h100-sxm", 52_428_800), ("h200", 62_914_560),
+    ])  # fmt: skip
+    def test_l2_is_what_the_card_reports(self, specs, key, l2_bytes):
+        assert specs[key].l2_mb * 2**20 == l2_bytes
+
     def test_b200_records_both_bandwidth_figures(self, specs):
         b200 = specs["b200"]
         assert b200.hbm_tbps == 8.0

@@ -199,6 +199,7 @@ def m_groups_cases():
         (900, 4, 40, (0, 19, 39), None, 64),
         (0, 5, 2, (), None, 64),
         (130, 1, 1, (), None, 4),
+        (260, 200, 3, (1,), None, None),  # the default: whole rows (256 columns, 200 valid) per program
     ]
 
 
@@ -249,7 +250,7 @@ class TestKernelsMatchReferences:
         assert_only_group_data(out, [s[:, a // 32 : b // 32] for a, b in zip(starts, offs.tolist())])
 
     @pytest.mark.parametrize(
-        "shape, block_cols", [((1, 1, 1), 4), ((3, 130, 5), 4), ((2, 7, 70), 64), ((4, 200, 13), 8)]
+        "shape, block_cols", [((1, 1, 1), 4), ((3, 130, 5), 4), ((2, 7, 70), 64), ((4, 200, 13), 8), ((2, 130, 90), None)]
     )
     def test_3d(self, shape, block_cols, device):
         s = scale_bytes(*shape, seed=sum(shape), device=device)
@@ -279,12 +280,14 @@ class TestArguments:
             with pytest.raises(ValueError, match="offs"):
                 rearrange_m_groups(s, bad.to(device))
 
-    def test_block_cols(self, device):
+    def test_block_cols_and_warps(self, device):
         s = scale_bytes(64, 4, device=device)
         offs = torch.tensor([64], dtype=torch.int32, device=device)
         for bad in (2, 6, 0):
             with pytest.raises(ValueError, match="block_cols"):
                 rearrange_m_groups(s, offs, block_cols=bad)
+        with pytest.raises(ValueError, match="num_warps"):
+            rearrange_3d(scale_bytes(1, 4, 4, device=device), num_warps=3)
 
     @pytest.mark.skipif(torch.cuda.is_available(), reason="offs values are read on the host only for CPU tensors")
     def test_host_readable_offs_are_checked(self):

@@ -82,7 +82,7 @@ class PeerFakes:
     def __init__(self):
         self.timed = []
 
-    def time_fn(self, fn, *, cold_l2, use_graph, samples):
+    def time_fn(self, fn, *, cold_l2, use_graph, samples, window=None):
         self.timed.append((use_graph, fn))
         return FakeTiming([3.0, 4.0, 5.0])
 
@@ -198,7 +198,7 @@ def test_real_pipeline_every_implementation_runs_on_its_stage_inputs(monkeypatch
     monkeypatch.setattr(peers, "_torchao_status", lambda: None)
     ran = []
 
-    def call_once(fn, *, cold_l2, use_graph, samples):
+    def call_once(fn, *, cold_l2, use_graph, samples, window=None):
         ran.append(fn())
         return FakeTiming([1.0])
 

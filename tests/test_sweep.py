@@ -7,7 +7,7 @@ thing runs in ``test_real_sweep_on_gpu``.
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -151,17 +151,28 @@ class FakeTiming:
     calls_per_replay: int = 10
     flush_us: float | None = 0.5
     kernels_per_call: int | None = 1
+    memcpy_nodes: int | None = 0
+    memset_nodes: int | None = 0
+    window_includes_flush: bool | None = None
 
 
 class FakeTelemetry:
+    """A sampler whose counter gains ``WINDOW_J`` joules each time its window is entered."""
+
+    WINDOW_J = 6.0
+
+    def __init__(self):
+        self.energy_j = 0.0
+
     def __enter__(self):
+        self.energy_j += self.WINDOW_J
         return self
 
     def __exit__(self, *exc):
         return False
 
     def summary(self, calls):
-        return {"calls": calls, "sm_clock_mhz": 1980.0}
+        return {"calls": calls, "sm_clock_mhz": 1980.0, "energy_j_per_call": self.energy_j / calls}
 
 
 class FakePower:
@@ -204,11 +215,13 @@ class Fakes:
     def end_to_end(self, recipe, M, N, K, G, sizes, *, mode, backend, device, seed):
         return lambda: "step"
 
-    def time_fn(self, fn, *, cold_l2, use_graph, samples):
-        self.timed.append((fn(), cold_l2, use_graph, samples))
+    def time_fn(self, fn, *, cold_l2, use_graph, samples, window=None):
+        fn()  # warm-up, outside the window as in the real timer
+        with window() if window else nullcontext():
+            self.timed.append((fn(), cold_l2, use_graph, samples))
         if self.on_time:
             self.on_time()
-        return FakeTiming([1.0, 2.0, 4.0][:samples])
+        return FakeTiming([1.0, 2.0, 4.0][:samples], window_includes_flush=cold_l2 if window else None)
 
     def release(self):
         self.released += 1
@@ -275,6 +288,17 @@ class TestRunSweep:
         telemetry = run.records[0].telemetry
         assert telemetry["calls"] == 2 * 10  # samples x calls per replay
         assert (telemetry["calls_per_replay"], telemetry["flush_us"], telemetry["sm_clock_mhz"]) == (10, 0.5, 1980.0)
+        assert (telemetry["memcpy_nodes"], telemetry["window_includes_flush"]) == (0, False)
+
+    def test_energy_per_call_is_the_timers_window_over_its_calls(self):
+        # the sampler is the timer's window: entered once, around the timed calls only, and summarized over
+        # replays x calls per replay (3 x 10), not over the warm-up the fake timer runs outside it
+        f = Fakes()
+        run = run_sweep(
+            sweep_points([64]), options=SweepOptions(samples=3), progress=False, instruments=f.instruments()
+        )
+        assert all(r.telemetry["energy_j_per_call"] == FakeTelemetry.WINDOW_J / (3 * 10) for r in run.records)
+        assert all(r.telemetry["window_includes_flush"] is True for r in run.records)  # cold: flush in the window
 
     def test_a_failing_point_becomes_error_rows_and_the_sweep_goes_on(self):
         f = Fakes(fail={("mxfp8", 64): RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")})

@@ -1,12 +1,15 @@
 """Timing: the pure helpers on hand-worked numbers (CPU), then the timer against known kernels (GPU)."""
 
 import statistics
+import time
+import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
 
 from mxbench import hardware, timing
-from mxbench.timing import Timing, TimingError, time_fn
+from mxbench.timing import NodeCount, Timing, TimingError, TimingWarning, time_fn
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -112,6 +115,23 @@ class TestEmptyGraphHeuristic:
         assert not timing.captured_nothing(replay_us=203.0, baseline_replay_us=3.0, calls=100, eager_us=50.0)
 
 
+class TestNodeCounts:
+    def test_work_and_copy_nodes_by_driver_type(self):
+        # CUgraphNodeType: 0 kernel, 1 memcpy, 2 memset, 3 host, 4 child graph, 5 empty, 6/7 event wait/record
+        assert timing.count_nodes([0, 0, 1, 2, 2, 3, 4, 5, 6, 7]) == NodeCount(work=6, memcpy=1, memset=2)
+        assert timing.count_nodes([]) == NodeCount(0, 0, 0)
+
+    def test_per_call_nodes_subtract_the_graph_without_fn(self):
+        # 40 calls of [flush kernel, memcpy] against 40 flush kernels: one work node per call, a memcpy
+        assert timing.nodes_per_call(NodeCount(80, 40, 0), NodeCount(40, 0, 0), calls=40) == NodeCount(1, 1, 0)
+        # a reduction: a semaphore memset and a kernel per call, no flush
+        assert timing.nodes_per_call(NodeCount(80, 0, 40), NodeCount(0, 0, 0), calls=40) == NodeCount(2, 0, 1)
+
+    def test_bad_call_count(self):
+        with pytest.raises(ValueError, match="calls"):
+            timing.nodes_per_call(NodeCount(1, 0, 0), NodeCount(0, 0, 0), calls=0)
+
+
 class TestOptions:
     @pytest.mark.parametrize("kwargs, name", [
         ({"samples": 0}, "samples"),
@@ -144,15 +164,15 @@ def _bandwidth_peak_tbps() -> float:
 
 @pytest.mark.gpu
 class TestOnGPU:
-    def test_large_copy_runs_near_the_memory_bandwidth(self):
+    def test_large_elementwise_copy_runs_near_the_memory_bandwidth(self):
         src = torch.randn(2**28, device="cuda")  # 1 GiB
         dst = torch.empty_like(src)
-        t = time_fn(lambda: dst.copy_(src))
+        t = time_fn(lambda: torch.neg(src, out=dst))  # an SM kernel: 1 GiB read, 1 GiB written
         tbps = 2 * src.nbytes / t.median_us / 1e6
         peak = _bandwidth_peak_tbps()
         assert 0.5 * peak < tbps < 1.02 * peak
-        assert t.method == "graph-cold" and t.kernels_per_call == 1 and t.flush_us > 0
-        assert len(t.samples_us) == 25 and t.calls_per_replay >= 1
+        assert t.method == "graph-cold" and t.kernels_per_call == 1 and t.memcpy_nodes == 0 and t.flush_us > 0
+        assert len(t.samples_us) == 25 and t.calls_per_replay >= 1 and t.window_includes_flush is None
 
     def test_cold_l2_is_slower_than_warm_for_an_l2_resident_input(self):
         x = torch.randn(4 * 2**20, device="cuda")  # 16 MiB: fits in the L2 of every supported card
@@ -183,12 +203,44 @@ class TestOnGPU:
         assert graph.median_us == pytest.approx(profiled_us, rel=0.15)
 
     def test_events_cold_agrees_with_graph_cold_on_a_long_kernel(self):
+        # an elementwise kernel, not a same-dtype copy_: a graph would run that memcpy on the copy engines
         src = torch.randn(2**28, device="cuda")
         dst = torch.empty_like(src)
-        graph = time_fn(lambda: dst.copy_(src))
-        events = time_fn(lambda: dst.copy_(src), use_graph=False)
+        graph = time_fn(lambda: torch.neg(src, out=dst))
+        events = time_fn(lambda: torch.neg(src, out=dst), use_graph=False)
+        assert graph.memcpy_nodes == 0
         assert events.method == "events-cold" and events.calls_per_replay == 1 and events.kernels_per_call is None
         assert events.median_us == pytest.approx(graph.median_us, rel=0.15)
+
+    def test_a_same_dtype_copy_is_a_memcpy_node_and_warns(self):
+        src = torch.randn(2**24, device="cuda")  # 64 MiB
+        same = torch.empty_like(src)
+        with pytest.warns(TimingWarning, match="memcpy"):
+            t = time_fn(lambda: same.copy_(src))  # contiguous, same dtype: cudaMemcpyAsync
+        assert (t.kernels_per_call, t.memcpy_nodes, t.memset_nodes) == (1, 1, 0)
+        half = torch.empty(src.shape, dtype=torch.bfloat16, device="cuda")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TimingWarning)
+            t = time_fn(lambda: half.copy_(src))  # a conversion: an elementwise kernel
+        assert (t.kernels_per_call, t.memcpy_nodes, t.memset_nodes) == (1, 0, 0)
+
+    @pytest.mark.parametrize("cold_l2, use_graph", [(True, True), (False, True), (True, False)])
+    def test_the_window_holds_only_fns_timed_calls(self, cold_l2, use_graph):
+        # fn is short next to its flush, so a window that also held the flush-only replays would last ~1.8x longer
+        x = torch.randn(4 * 2**20, device="cuda")
+        spans = []
+
+        @contextmanager
+        def window():
+            start = time.perf_counter()
+            yield
+            spans.append(time.perf_counter() - start)
+
+        t = time_fn(lambda: x.sum(), cold_l2=cold_l2, use_graph=use_graph, window=window)
+        assert len(spans) == 1 and t.window_includes_flush is cold_l2
+        if use_graph:  # the GPU time of fn's replays: per call plus the flush subtracted from it, n calls each
+            gpu_s = sum(s + (t.flush_us or 0.0) for s in t.samples_us) * t.calls_per_replay / 1e6
+            assert 0.95 * gpu_s < spans[0] < 1.3 * gpu_s + 0.005
 
     @pytest.mark.parametrize("cold_l2", [True, False])
     def test_a_callable_without_gpu_work_is_refused(self, cold_l2):
@@ -210,12 +262,12 @@ class TestOnGPU:
 
     @pytest.mark.parametrize("cold_l2", [True, False])
     def test_without_node_counts_the_time_heuristic_still_refuses_an_empty_graph(self, monkeypatch, cold_l2):
-        monkeypatch.setattr(timing, "_count_work_nodes", lambda graph: None)
+        monkeypatch.setattr(timing, "_count_nodes", lambda graph: None)
         with pytest.raises(TimingError, match="captured none"):
             time_fn(lambda: None, cold_l2=cold_l2)
         x = torch.randn(2**24, device="cuda")
         t = time_fn(lambda: x.sum(), cold_l2=cold_l2)
-        assert t.kernels_per_call is None and statistics.median(t.samples_us) > 0
+        assert t.kernels_per_call is None and t.memcpy_nodes is None and statistics.median(t.samples_us) > 0
 
 
 def _kernel_events(fn, reps):

@@ -1,0 +1,209 @@
+"""Tune the tiles and warps of the MXFP8 quantizers (``mxkernels.quantize``) on a CUDA GPU.
+
+    python scripts/tune_quantize.py [--budget-s 170] [--samples 10] [--only dim0,dim1,3d_K,3d_N]
+
+For each quantizer at DeepSeek-V3 and Llama 4 Scout shapes (bf16 input, RCEIL) and each candidate (tile, num_warps)
+passed explicitly, the output is first checked bit-exact against ``quantize_reference`` (computed once per case, in
+chunks), then timed with ``mxbench.timing.time_fn`` (cold-L2 CUDA-graph replays). One line per (quantizer, shape,
+config): median us, IQR, TB/s over ``quantize_2d_cost`` (2 B read + 1 + 1/32 B written per element) and the fraction
+of a plain copy kernel's TB/s measured first on the same card (the target is >= 90%). Then the best config per case,
+per quantizer the config with the least total time, and RCEIL vs FLOOR at the default config. A failing config is
+reported and skipped; configs left when the budget runs out are listed. All numbers go to
+``$OUT/tune_quantize.json`` when ``$OUT`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+import triton.language as tl
+from mxkernels import quantize as qz
+from mxkernels.format import BLOCK_SIZE, quantize_reference
+
+from mxbench.timing import time_fn
+
+M = 131072
+# (tile, num_warps) candidates. Rows kernel: every tile keeps 16 contiguous elements per thread.
+ROWS_CONFIGS = [((32, 256), 4), ((64, 256), 8), ((16, 512), 4), ((32, 512), 8), ((16, 256), 2), ((8, 512), 2)]
+# Cols kernel: rows > 32 walk the tile 32 rows at a time and store each column's scale bytes together (3D along N:
+# one vector store per column); cols 64 halves the registers of cols 128 (more programs per SM).
+COLS_CONFIGS = [((32, 128), 1), ((32, 64), 1), ((32, 128), 2), ((64, 64), 1), ((128, 64), 1), ((128, 128), 1),
+                ((128, 128), 2), ((256, 64), 1), ((32, 256), 2), ((64, 128), 2)]  # fmt: skip
+# (quantizer, shape): 2D shapes are x (M, K); 3D shapes are w (G, N, K). Most important first.
+CASES = [
+    ("dim1", (M, 7168)), ("3d_N", (8, 2048, 7168)), ("dim0", (M, 7168)), ("3d_K", (8, 2048, 7168)),
+    ("dim1", (M, 2048)), ("dim0", (M, 2048)),
+    ("3d_N", (16, 8192, 5120)), ("3d_K", (16, 8192, 5120)), ("dim1", (M, 5120)), ("dim0", (M, 5120)),
+    ("dim1", (M, 8192)), ("dim0", (M, 8192)),
+]  # fmt: skip
+
+
+def make_input(shape: tuple[int, ...]) -> torch.Tensor:
+    """bf16 normals with a random power-of-two magnitude per row and per column (so blocks along either dim mix)."""
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    x *= torch.exp2(torch.randint(-20, 20, (*shape[:-1], 1), device="cuda")).bfloat16()
+    x *= torch.exp2(torch.randint(-4, 4, (shape[-1],), device="cuda")).bfloat16()
+    return x
+
+
+def launcher(kind: str, x: torch.Tensor):
+    """(run(mode, tile, num_warps) -> (q, s), blocks-last view t of x that ``quantize_reference`` quantizes)."""
+    if kind == "dim0":
+        return lambda m, t, w: qz.quantize_dim0(x, m, tile=t, num_warps=w), x
+    if kind == "dim1":
+        return lambda m, t, w: qz.quantize_dim1(x, m, tile=t, num_warps=w), x.t()
+    if kind == "3d_K":
+        return lambda m, t, w: qz.quantize_3d(x, "K", m, tile=t, num_warps=w), x
+    return lambda m, t, w: qz.quantize_3d(x, "N", m, tile=t, num_warps=w), x.transpose(1, 2)
+
+
+def reference(t: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle bytes of t (..., L), blocks along L, computed 4096 rows at a time (the oracle's fp32 temporaries of a
+    whole (131072, 8192) input would take tens of GB)."""
+    rows = t.reshape(-1, t.shape[-1])
+    q = torch.empty(rows.shape, dtype=torch.uint8, device="cuda")
+    s = torch.empty((rows.shape[0], rows.shape[1] // BLOCK_SIZE), dtype=torch.uint8, device="cuda")
+    for i in range(0, rows.shape[0], 4096):
+        qi, si = quantize_reference(rows[i : i + 4096].contiguous(), mode)
+        q[i : i + 4096], s[i : i + 4096] = qi.view(torch.uint8), si.view(torch.uint8)
+    return q.view(t.shape), s.view(*t.shape[:-1], -1)
+
+
+def measure(kind: str, shape, run, ref, mode: str, tile, warps: int, samples: int) -> dict:
+    cost = (qz.quantize_3d_cost(*shape, torch.bfloat16) if len(shape) == 3 else
+            qz.quantize_2d_cost(*shape, torch.bfloat16))  # fmt: skip
+    row = {"quantizer": kind, "shape": list(shape), "mode": mode, "tile": list(tile), "num_warps": warps,
+           "bytes": cost.bytes}  # fmt: skip
+    try:
+        if ref is not None:
+            q, s = run(mode, tile, warps)
+            torch.cuda.synchronize()
+            for name, got, want in (("scales", s, ref[1]), ("data", q, ref[0])):
+                got = got.view(torch.uint8)
+                if not torch.equal(got, want):
+                    raise AssertionError(f"{name} differ from the reference in {(got != want).sum()} bytes")
+            del q, s
+        t = time_fn(lambda: run(mode, tile, warps), samples=samples, target_replay_ms=5.0)
+        row.update(us=t.median_us, iqr_us=t.iqr_us, tbps=cost.bytes / t.median_us / 1e6, ok=True)
+    except Exception as e:  # noqa: BLE001 (a failing config is reported and skipped)
+        row.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        traceback.print_exc(limit=1, file=sys.stderr)
+    return row
+
+
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs))
+
+
+def copy_tbps(samples: int) -> float:
+    """TB/s (read + write) of a plain bf16 copy kernel over (131072, 7168): the roof. A kernel, not ``copy_``,
+    which a graph turns into a copy-engine memcpy node."""
+    x = torch.randn(M, 7168, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    block = 8192
+    t = time_fn(lambda: _copy_kernel[(x.numel() // block,)](x, y, BLOCK=block, num_warps=8), samples=samples,
+                target_replay_ms=5.0)  # fmt: skip
+    if not torch.equal(x, y):
+        raise AssertionError("copy kernel is wrong")
+    return 2 * x.numel() * 2 / t.median_us / 1e6
+
+
+def fmt(r: dict) -> str:
+    return f"{r['quantizer']:5s} {tuple(r['shape'])!s:18s} {r['mode']:5s} {tuple(r['tile'])!s:10s} w{r['num_warps']}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting new configs after this")
+    parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--only", default="", help="comma-separated quantizers (dim0, dim1, 3d_K, 3d_N)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("tune_quantize needs a CUDA GPU")
+    t0 = time.monotonic()
+    device = torch.cuda.get_device_name()
+    print(f"{device}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
+    roof = copy_tbps(args.samples)
+    print(f"copy kernel bf16 (131072 x 7168): {roof:.2f} TB/s (read + write); 90% = {0.9 * roof:.2f}", flush=True)
+
+    only = set(filter(None, args.only.split(",")))
+    rows, skipped = [], []
+    for kind, shape in CASES:
+        if only and kind not in only:
+            continue
+        configs = ROWS_CONFIGS if kind in ("dim0", "3d_K") else COLS_CONFIGS
+        if time.monotonic() - t0 > args.budget_s:
+            skipped += [{"quantizer": kind, "shape": shape, "tile": t, "num_warps": w} for t, w in configs]
+            continue
+        x = make_input(shape)
+        run, t = launcher(kind, x)
+        ref = reference(t, "rceil")
+        default = (qz.ROWS_TILE, qz.ROWS_WARPS) if kind in ("dim0", "3d_K") else (qz.COLS_TILE, qz.COLS_WARPS)
+        # FLOOR once per quantizer, at its first (largest) shape and the default config.
+        floor_done = any(r["quantizer"] == kind and r["mode"] == "floor" for r in rows)
+        extra = [] if floor_done else [("floor", *default)]
+        for mode, tile, warps in [("rceil", *c) for c in configs] + extra:
+            if time.monotonic() - t0 > args.budget_s:
+                skipped.append({"quantizer": kind, "shape": shape, "mode": mode, "tile": tile, "num_warps": warps})
+                continue
+            r = measure(kind, shape, run, ref if mode == "rceil" else None, mode, tile, warps, args.samples)
+            r["default"] = (tuple(tile), warps) == default
+            rows.append(r)
+            status = (f"{r['us']:9.2f} us +-{r['iqr_us']:5.2f}  {r['tbps']:5.2f} TB/s  {r['tbps'] / roof:4.0%} of copy"
+                      if r["ok"] else f"FAILED {r['error']}")  # fmt: skip
+            print(f"[{time.monotonic() - t0:4.0f}s] {fmt(r)} {status}{'  (default)' if r['default'] else ''}", flush=True)
+        del x, t, ref, run
+        torch.cuda.empty_cache()
+
+    ok = [r for r in rows if r["ok"] and r["mode"] == "rceil"]
+    best_case = {}
+    for r in ok:
+        key = (r["quantizer"], tuple(r["shape"]))
+        if key not in best_case or r["us"] < best_case[key]["us"]:
+            best_case[key] = r
+    print("\nbest per case (rceil):")
+    for r in best_case.values():
+        flag = "" if r["tbps"] >= 0.9 * roof else "  < 90% of copy"
+        print(f"  {fmt(r)} {r['us']:9.2f} us {r['tbps']:5.2f} TB/s {r['tbps'] / roof:4.0%}{flag}")
+    print("best per quantizer (least total time over the cases every config finished):")
+    best_kind = {}
+    for kind in dict.fromkeys(r["quantizer"] for r in ok):
+        cases = {tuple(r["shape"]) for r in ok if r["quantizer"] == kind}
+        totals = {}
+        for r in ok:
+            if r["quantizer"] == kind:
+                totals.setdefault((tuple(r["tile"]), r["num_warps"]), {})[tuple(r["shape"])] = r["us"]
+        full = {c: sum(v.values()) for c, v in totals.items() if set(v) == cases}
+        if full:
+            c = min(full, key=full.get)
+            best_kind[kind] = {"tile": list(c[0]), "num_warps": c[1], "total_us": full[c]}
+            print(f"  {kind:5s} tile={c[0]} num_warps={c[1]}  total {full[c]:.1f} us over {len(cases)} shapes")
+    print("rceil vs floor at the default config:")
+    for f in (r for r in rows if r["ok"] and r["mode"] == "floor"):
+        same = [r for r in ok if r["default"] and r["quantizer"] == f["quantizer"] and r["shape"] == f["shape"]]
+        if same:
+            print(f"  {f['quantizer']:5s} {tuple(f['shape'])}: rceil {same[0]['us']:.2f} us, floor {f['us']:.2f} us")
+    if skipped:
+        print(f"{len(skipped)} configs skipped: time budget of {args.budget_s:.0f} s spent")
+    print(f"done in {time.monotonic() - t0:.0f} s")
+    if os.environ.get("OUT"):
+        path = os.path.join(os.environ["OUT"], "tune_quantize.json")
+        meta = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "copy_tbps": roof}
+        best = [{k: r[k] for k in ("quantizer", "shape", "tile", "num_warps", "us", "tbps")} for r in best_case.values()]
+        with open(path, "w") as f:
+            json.dump({**meta, "rows": rows, "skipped": skipped, "best_per_case": best, "best_per_quantizer": best_kind},
+                      f, indent=1, default=str)  # fmt: skip
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
