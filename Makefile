@@ -1,8 +1,9 @@
 # Everyday commands. `make test` is what CI runs (see .ci/run).
 PYTHON ?= python
-CARD ?= $(shell $(PYTHON) -c "from mxbench.hardware import detect; s = detect(); print(s.key if s else 'none')" 2>/dev/null)
+# The card's folder name under results/ (e.g. nvidia-h200), from the CUDA device name.
+CARD ?= $(shell $(PYTHON) -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'no-gpu')" 2>/dev/null)
 
-.PHONY: install test test-gpu roofline regress duplicates
+.PHONY: install test test-gpu roofline baseline regress
 
 install:
 	$(PYTHON) -m pip install -e ".[test]"
@@ -15,6 +16,10 @@ test-gpu:
 
 roofline:
 	mxbench roofline --K 7168 --N 2048
+
+# The points `make regress` re-measures: DeepSeek-V3 shapes at two token counts, every stage plus end to end.
+baseline:
+	mxbench roofline --K 7168 --N 2048 --M 16384,32768 --out results/baselines/$(CARD).json
 
 regress:
 	mxbench regress --baseline results/baselines/$(CARD).json

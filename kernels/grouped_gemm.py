@@ -208,20 +208,30 @@ def _e8m0_to_fp32(words, shift):
 
 
 @triton.jit
-def _fp8_chunk(acc, a_rows, a_ok, b_rows, b_ok, k0, sa_word, sb_word, shift):
-    """acc + the MX product of the 32-wide contraction chunk [k0, k0 + 32): an fp8 ``tl.dot`` (wgmma e4m3 on
-    SM90; the products are exact, the chunk sum uses the tensor core's accumulator), then its scales.
-
-    sa_word (BLOCK_M,) / sb_word (BLOCK_N,): the rows' scale words of the chunk's 128-wide span; ``shift`` = 8 *
-    the chunk's index in it. Per accumulator element this costs one FMUL and one FFMA on the CUDA cores for 64
-    tensor-core FLOPs: on SM90 those two issue slots, not the tensor core, bound the kernel.
-    """
+def _fp8_dot(a_rows, a_ok, b_rows, b_ok, k0):
+    """The unscaled partial product (BLOCK_M, BLOCK_N) fp32 of the 32-wide contraction chunk [k0, k0 + 32): an fp8
+    ``tl.dot`` (wgmma e4m3 on SM90; the products are exact, the chunk sum uses the tensor core's accumulator)."""
     k = k0 + tl.arange(0, 32)
     a = tl.load(a_rows[:, None] + k[None, :], mask=a_ok[:, None], other=0.0)
     b = tl.load(b_rows[None, :] + k[:, None], mask=b_ok[None, :], other=0.0)
-    sa = _e8m0_to_fp32(sa_word, shift)
-    sb = _e8m0_to_fp32(sb_word, shift)
-    return tl.fma(tl.dot(a, b) * sa[:, None], sb[None, :], acc)
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _fp8_step(acc, pending, a_rows, a_ok, b_rows, b_ok, k0, sa_word, sb_word, shift):
+    """One chunk of the software-pipelined fp8 main loop: issue chunk [k0, k0 + 32)'s dot, then fold the previous
+    chunk's partial into acc while it runs. Returns (acc, the new pending chunk).
+
+    ``pending`` = (partial, sa, sb): a chunk's dot and its decoded row / column scales. Triton waits for each wgmma
+    right after issuing it, but ptxas moves the independent FMUL/FFMA of the previous partial in between, so the
+    CUDA cores rescale chunk i while the tensor cores compute chunk i + 1 (scaling a chunk's own partial instead
+    serializes the two units: 240 TFLOP/s where 2 x 128 FMUL + FFMA per thread per 128-wide step allow twice that).
+    Costs a second live partial tile.
+    """
+    partial, sa, sb = pending
+    issued = _fp8_dot(a_rows, a_ok, b_rows, b_ok, k0)
+    acc = tl.fma(partial * sa[:, None], sb[None, :], acc)
+    return acc, (issued, _e8m0_to_fp32(sa_word, shift), _e8m0_to_fp32(sb_word, shift))
 
 
 @triton.jit
@@ -237,21 +247,25 @@ def _mx_mainloop(
     k - k % 128. k_len is a multiple of 32 (the callers guarantee it): every 32-wide chunk is whole, so the loads
     need no contraction mask and stay 16-byte vectors (a mask of unknown alignment along k makes them byte loads).
     """
-    k_len = tl.multiple_of(k_len, 32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if FP8_DOT:
         # One scale word per row covers 128 k: load it once for four chunks, each decoding its byte with constant
-        # shifts. One partial product is live at a time (each chunk's dot is consumed before the next starts).
+        # shifts. The pipeline starts with an empty pending chunk (a zero partial) and drains after the loops.
+        pending = (acc, tl.full((BLOCK_M,), 1.0, tl.float32), tl.full((BLOCK_N,), 1.0, tl.float32))
         whole = k_len // 128 * 128  # (a product, so Triton knows the tail's chunks start 128-aligned)
         for k0 in range(0, whole, 128):
             sa_word = tl.load(sa_words + k0, mask=a_ok, other=0)
             sb_word = tl.load(sb_words + k0, mask=b_ok, other=0)
             for j in tl.static_range(4):
-                acc = _fp8_chunk(acc, a_rows, a_ok, b_rows, b_ok, k0 + 32 * j, sa_word, sb_word, 8 * j)
+                k = k0 + 32 * j
+                acc, pending = _fp8_step(acc, pending, a_rows, a_ok, b_rows, b_ok, k, sa_word, sb_word, 8 * j)
         for k0 in range(whole, k_len, 32):  # the last word's 1 to 3 chunks
             sa_word = tl.load(sa_words + whole, mask=a_ok, other=0)
             sb_word = tl.load(sb_words + whole, mask=b_ok, other=0)
-            acc = _fp8_chunk(acc, a_rows, a_ok, b_rows, b_ok, k0, sa_word, sb_word, k0 % 128 // 4)
+            shift = k0 % 128 // 4
+            acc, pending = _fp8_step(acc, pending, a_rows, a_ok, b_rows, b_ok, k0, sa_word, sb_word, shift)
+        partial, sa, sb = pending
+        acc = tl.fma(partial * sa[:, None], sb[None, :], acc)
     else:
         for k0 in range(0, k_len, 128):
             k = k0 + tl.arange(0, 128)
@@ -320,8 +334,10 @@ def _mx_2d2d_kernel(
     band_rows = tl.minimum(m_tiles - band_m, GROUP_M)
     in_band = pid % (GROUP_M * k_tiles)
     starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
-    # Group sizes are multiples of 32, so every group's columns start 16-byte aligned.
-    start = tl.multiple_of(pick(starts, g, BLOCK_G), 16)
+    # Group sizes are multiples of 32, so every group's columns start 32-byte aligned. Said by arithmetic, not
+    # tl.multiple_of: triton 3.6 drops that hint on a reduction's result, and the contraction loads then go byte by
+    # byte with no cp.async pipelining (3.6 sm_90a: 200 ld.global.b8 and 850-byte spill frames, 68 TFLOP/s).
+    start = pick(starts, g, BLOCK_G) // 32 * 32
     size = pick(sizes, g, BLOCK_G)
     # Group g's images follow the complete images of the groups before it; an image row of 128-row tiles holds
     # ceil_4(size/32) / 4 = cdiv(size, 128) words.
@@ -346,13 +362,15 @@ def _mx_2d2d_kernel(
 class TileConfig:
     """One launch of the Triton MXFP8 kernels: output tiles of block_m x block_n (rows x columns of the output, or
     of each group's output in 2D x 2D), ``num_warps`` warps, ``num_stages`` software-pipeline stages (each one 128-wide
-    contraction step: four 32-wide chunks for "triton_fp8"), and ``group_m`` row tiles per band of the
-    2D x 2D tile order (ignored in 2D x 3D).
+    contraction step: four 32-wide chunks for "triton_fp8"), ``group_m`` row tiles per band of the 2D x 2D tile
+    order (ignored in 2D x 3D), and ``maxnreg``, a cap on registers per thread (None: ptxas decides).
 
-    The fp8 kernel keeps two fp32 tiles live per thread (accumulator and partial product, often two partials as
-    ptxas overlaps a chunk's FMAs with the next chunk's wgmma), 2 * block_m * block_n / (32 * num_warps) registers
-    each: keep block_m * block_n / num_warps at 2048 (256 x 64 or 128 x 128 with 8 warps, 128 x 64 with 4). On
-    sm_90a (triton 3.9) 256 x 64 runs its main loop without spills in both cases, 128 x 128 spills in 2D x 2D.
+    The fp8 kernel keeps three fp32 tiles live per thread (accumulator, the pending partial and the one in flight),
+    block_m * block_n / (32 * num_warps) registers each. Its CUDA cores rescale one chunk while the tensor cores run
+    the next, and other warpgroups on the SM fill the waits, so resident warpgroups matter more than tile size:
+    block_m and block_n under 32 * num_warps also keep the scale vectors in the accumulator's layout (at or over it,
+    triton 3.6 moves them through shared memory with two CTA barriers per chunk). maxnreg = 128 fits two 8-warp
+    CTAs per SM.
     """
 
     block_m: int
@@ -360,6 +378,7 @@ class TileConfig:
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 1
+    maxnreg: int | None = None
 
     def __post_init__(self):
         for name in ("block_m", "block_n"):
@@ -372,17 +391,19 @@ class TileConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.maxnreg is not None and not (isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255):
+            raise ValueError(f"maxnreg must be None or an int in [24, 255], got {self.maxnreg!r}")
 
 
 # Fixed per (case, backend), not autotuned: reproducible, and the first call may be inside a graph capture;
 # scripts/tune_gemm.py times the candidates. The fp8 kernel is bound by CUDA-core issue slots (each accumulator element
-# costs an FMUL and an FFMA per 32-wide chunk, plus the decode of its row's and column's scales): a warpgroup tile of
-# 128 x 64 (each thread 4 rows x 16 columns) decodes 20 scales per chunk where 64 x 128 (2 x 32) decodes 34. sm_90a
-# SASS of the 128-wide step: 934 instructions per warp for 256 x 64 against 1135 for 128 x 128 (which also spills in
-# 2D x 2D) and 1636 (409 per chunk) before the scale words were loaded once per four chunks.
+# costs an FMUL and an FFMA per 32-wide chunk, plus the decode of its row's and column's scales). triton 3.6 sm_90a,
+# 128-wide step: 128 x 64 with 8 warps runs 641 instructions per warp at 169 registers (one CTA per SM), 669 with 28
+# L1 reloads at maxnreg 128 (two CTAs); 256 x 64 and 128 x 64 with 4 warps (block_m = threads) add two CTA barriers
+# and a shared-memory round trip per chunk for the row scales, and spill at 255 registers.
 _DEFAULT_CONFIGS = {
-    ("2d3d", "triton_fp8"): TileConfig(256, 64, num_warps=8, num_stages=3),
-    ("2d2d", "triton_fp8"): TileConfig(256, 64, num_warps=8, num_stages=3, group_m=8),
+    ("2d3d", "triton_fp8"): TileConfig(128, 64, num_warps=8, num_stages=3, maxnreg=128),
+    ("2d2d", "triton_fp8"): TileConfig(128, 64, num_warps=8, num_stages=3, group_m=8, maxnreg=128),
     ("2d3d", "triton"): TileConfig(128, 128, num_warps=8, num_stages=3),
     ("2d2d", "triton"): TileConfig(128, 128, num_warps=8, num_stages=3, group_m=8),
 }
@@ -415,6 +436,8 @@ def _mx_triton(a_q, a_sb, b_q, b_sb, offs, out, backend: str, config: TileConfig
         "num_warps": config.num_warps,
         "num_stages": config.num_stages,
     }
+    if config.maxnreg is not None:
+        launch["maxnreg"] = config.maxnreg
     if b_q.dim() == 3:
         (M, K), N = a_q.shape, b_q.shape[1]
         grid = ((triton.cdiv(M, config.block_m) + G) * triton.cdiv(N, config.block_n),)

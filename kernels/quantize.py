@@ -9,8 +9,9 @@ Two kernels cover the four quantizers of an MoE training step:
   ``quantize_3d(along="N")`` (batch G). The transpose happens on chip (Triton stages it through shared memory),
   so both the loads (along C) and the stores (along R) are coalesced.
 
-Every program streams one (rows, cols) tile of the input with no loop; the GPU keeps several tiles in flight per SM
-through occupancy. Tile shape and ``num_warps`` are keyword arguments with fixed defaults (no autotuning: callers
+A rows program streams one (rows, cols) tile with no loop; a cols program walks its tile 32 rows at a time (one
+block per column per step) and stores the tile's scale bytes once at the end. The GPU keeps several tiles in flight
+per SM through occupancy. Tile shape and ``num_warps`` are keyword arguments with fixed defaults (no autotuning: callers
 capture CUDA graphs). Offsets are 64-bit, so tensors may pass 2**31 elements.
 
 Numerics, shared by both kernels (``_quantize_blocks``): amax is the integer max of the fp32 bit patterns with the
@@ -22,6 +23,8 @@ that the GPU build never contains.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -44,10 +47,31 @@ IN_DTYPES = (torch.bfloat16, torch.float32)
 # layout from the tile). Rows kernel: each thread loads 16 contiguous elements and stores their 16 e4m3 bytes as one
 # 16-byte vector; ~8.5 instructions per element. Cols kernel: one warp on a 32 x 128 tile holds 16 rows x 8 columns
 # per thread, so a block's amax is an in-thread max plus one shuffle and the transpose goes through shared memory by
-# ldmatrix (~11 instructions per element); taller tiles or more warps split a block across warps and pay a
-# shared-memory reduction (128 x 128 in 8 warps: ~45 per element).
-ROWS_TILE, ROWS_WARPS = (32, 256), 4
-COLS_TILE, COLS_WARPS = (32, 128), 1
+# ldmatrix (~11 instructions per element); more warps split a block across warps and pay a shared-memory reduction.
+# bf16 amax is taken on the 16-bit patterns, so the fp32 values exist only at the multiply (32 x 128 in one warp:
+# 160 -> 114 registers; rows kernel 61 -> 48). Cols tiles taller than 32 rows loop (see the kernel) and are candidates
+# in scripts/tune_quantize.py, chosen by timings there.
+# Measured on an H200 (scripts/tune_quantize.py, triton 3.6, 2026-11-26): rows (32, 512) w8 streams at 100-105% of
+# a copy kernel. The cols kernel's best differs by use:
+# - dim1, (32, 64) w1 with column tiles run in groups 512 columns wide: 95-96% of copy for K = 2048..8192
+#   ((64, 64) w1 without groups: 89-91%; (32, 128) w1: 80%);
+# - 3D along N, (128, 64) w1 with 3 pipeline stages and groups of 2048 columns: 87-89% ((64, 64) w1: 83-86%).
+ROWS_TILE, ROWS_WARPS = (32, 512), 8
+
+
+@dataclass(frozen=True)
+class ColsConfig:
+    """Launch defaults of the cols kernel: tile (rows, cols), warps, pipeline stages, and the width in input columns
+    of the column-tile groups programs run through (write locality of the transposed output; 0 = the whole width)."""
+
+    tile: tuple[int, int]
+    num_warps: int
+    num_stages: int
+    group_cols: int
+
+
+DIM1_COLS = ColsConfig((32, 64), num_warps=1, num_stages=1, group_cols=512)
+ALONG_N_COLS = ColsConfig((128, 64), num_warps=1, num_stages=3, group_cols=2048)
 # The cols kernel packs a column's scale bytes of one tile into an int64: at most 8 blocks (256 rows) per tile.
 COLS_MAX_ROWS = 8 * BLOCK_SIZE
 
@@ -219,6 +243,8 @@ def _quantize_cols_kernel(
     EVEN: tl.constexpr,
     RCEIL: tl.constexpr,
     EXACT: tl.constexpr,
+    GROUP: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """x (B, n_rows, n_cols) bf16/fp32 row-major, 32-blocks down each column -> q (B, n_cols, n_rows) e4m3 bytes
     row-major (every matrix transposed) and scale byte (b, col, row // 32) at
@@ -227,12 +253,20 @@ def _quantize_cols_kernel(
     A program walks its BLOCK_R x BLOCK_C tile 32 rows (one block per column) at a time, so registers and the
     transpose stay those of a 32-row tile, and stores the tile's BLOCK_R / 32 scale bytes of each column at the end:
     where they are contiguous (s_stride_block == 1, 3D along N) each column's bytes go out as one vector store rather
-    than one scattered byte per block."""
+    than one scattered byte per block.
+
+    Programs run through the column tiles in groups of GROUP, all row tiles of one group before the next, so the
+    programs resident at once write long runs of each output row (the transposed matrix's rows are n_rows apart)
+    instead of one 32-row piece of every output row. STAGES > 1 software-pipelines the 32-row steps (Triton copies
+    the next steps' input asynchronously into shared memory while this step computes)."""
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
     n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
-    first_row = (pid // n_col_tiles).to(tl.int64) * BLOCK_R
-    cols = (pid % n_col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tiles_per_group = GROUP * tl.cdiv(n_rows, BLOCK_R)
+    first_col_tile = (pid // tiles_per_group) * GROUP
+    group_cols = tl.minimum(n_col_tiles - first_col_tile, GROUP)
+    first_row = ((pid % tiles_per_group) // group_cols).to(tl.int64) * BLOCK_R
+    cols = (first_col_tile + (pid % tiles_per_group) % group_cols) * BLOCK_C + tl.arange(0, BLOCK_C)
     STEPS: tl.constexpr = BLOCK_R // _BLOCK
     steps = tl.arange(0, STEPS)
     # Offsets within one 32-row step, the same for every step (which only moves the tile's base pointers).
@@ -244,7 +278,7 @@ def _quantize_cols_kernel(
 
     # Byte i of a column's word is its scale of step i (STEPS <= 8): one register per column, not STEPS.
     packed = tl.zeros((1, BLOCK_C), dtype=tl.int64)
-    for i in tl.range(STEPS, num_stages=1):
+    for i in tl.range(STEPS, num_stages=STAGES):
         rows = first_row + i * _BLOCK + r
         x = _load(x_tile + i * _BLOCK * n_cols + x_offs, (rows[:, None] < n_rows) & (cols[None, :] < n_cols), EVEN)
         q, scale = _quantize_blocks(tl.reshape(x, (1, _BLOCK, BLOCK_C)), 1, RCEIL, EXACT)
@@ -298,25 +332,37 @@ def _quantize_rows(x: torch.Tensor, mode, tile, num_warps) -> tuple[torch.Tensor
     return q, s.view(SCALE_DTYPE)
 
 
-def _quantize_cols(x: torch.Tensor, mode, tile, num_warps, scales_col_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_cols(
+    x: torch.Tensor, mode, tile, num_warps, num_stages, group_cols, scales_col_major: bool, defaults: ColsConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the cols kernel on a validated row-major batch x (B, R, C): q (B, C, R) e4m3 row-major and
     s (B, C, R/32) e8m0, each matrix of s row-major or, with ``scales_col_major``, column-major."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
-    num_warps = COLS_WARPS if num_warps is None else num_warps
-    tr, tc = _check_launch(COLS_TILE if tile is None else tile, num_warps, blocked=0, max_blocked=COLS_MAX_ROWS)
     B, R, C = x.shape
+    tile = defaults.tile if tile is None else tile
+    num_warps = defaults.num_warps if num_warps is None else num_warps
+    num_stages = defaults.num_stages if num_stages is None else num_stages
+    group_cols = defaults.group_cols if group_cols is None else group_cols
+    if not isinstance(group_cols, int) or group_cols < 0:
+        raise ValueError(f"group_cols must be a non-negative int, got {group_cols!r}")
+    if num_stages not in (1, 2, 3, 4):
+        raise ValueError(f"num_stages must be 1 to 4, got {num_stages!r}")
+    tr, tc = _check_launch(tile, num_warps, blocked=0, max_blocked=COLS_MAX_ROWS)
     Rb = R // BLOCK_SIZE
     q = torch.empty((B, C, R), dtype=DATA_DTYPE, device=x.device)
     if scales_col_major:
         s = torch.empty_strided((B, C, Rb), (C * Rb, 1, C), dtype=torch.uint8, device=x.device)
     else:
         s = torch.empty((B, C, Rb), dtype=torch.uint8, device=x.device)
-    grid = (triton.cdiv(R, tr) * triton.cdiv(C, tc), B)
+    n_col_tiles = triton.cdiv(C, tc)
+    group = min(max(group_cols // tc, 1), n_col_tiles) if group_cols else n_col_tiles
+    grid = (triton.cdiv(R, tr) * n_col_tiles, B)
     if grid[0] and B:
         even = R % tr == 0 and C % tc == 0
         _quantize_cols_kernel[grid](
             x, q.view(torch.uint8), s, R, C, *s.stride(),
-            BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, num_warps=num_warps
+            BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, GROUP=group, STAGES=num_stages,
+            num_warps=num_warps
         )  # fmt: skip
     return q, s.view(SCALE_DTYPE)
 
@@ -345,17 +391,21 @@ def quantize_dim1(
     *,
     tile: tuple[int, int] | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
+    group_cols: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8-quantize x (M, K) bf16/fp32 row-major in 32x1 blocks along M (dim 0), writing the transpose.
 
     Returns q (K, M) ``float8_e4m3fn`` row-major (so M, the blocked dim, is contiguous) and scales (K, M/32)
     ``float8_e8m0fnu`` **column-major** (strides (1, K)), the layout the kernel writes coalesced; bit-exact to
     ``quantize_reference(x.t().contiguous(), mode)``. M must be a multiple of 32; K is any size. ``tile`` = (rows, cols)
-    of x per program (powers of two, rows >= 32; default ``COLS_TILE``), ``num_warps`` default ``COLS_WARPS``.
+    of x per program (powers of two, rows 32 to 256), ``num_warps``, ``num_stages`` (1 to 4, the software-pipelining
+    depth of the tile's 32-row steps), ``group_cols`` (programs run through column tiles in groups this many input
+    columns wide; 0 = the whole width); defaults ``DIM1_COLS``.
     """
     x = check_tensor("x", x, dtypes=IN_DTYPES, ndim=2)
     check_multiple("x", x.shape[0], BLOCK_SIZE, "M (dim 0, the blocked dim)")
-    q, s = _quantize_cols(x.unsqueeze(0), mode, tile, num_warps, scales_col_major=True)
+    q, s = _quantize_cols(x.unsqueeze(0), mode, tile, num_warps, num_stages, group_cols, True, DIM1_COLS)
     return q[0], s[0]
 
 
@@ -366,6 +416,8 @@ def quantize_3d(
     *,
     tile: tuple[int, int] | None = None,
     num_warps: int | None = None,
+    num_stages: int | None = None,
+    group_cols: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8-quantize expert weights w (G, N, K) bf16/fp32 row-major, 1 <= G <= 512, in blocks of 32 along K or N.
 
@@ -373,7 +425,8 @@ def quantize_3d(
     along="N": q (G, K, N) (each expert transposed, N contiguous) and scales (G, K, N/32), both row-major; the
     oracle ``quantize_reference(w.transpose(1, 2).contiguous(), mode)``; N a multiple of 32.
     q is ``float8_e4m3fn``, scales ``float8_e8m0fnu``. ``tile`` = (rows, cols) of each expert's (N, K) matrix per
-    program; defaults as ``quantize_dim0`` (along K) and ``quantize_dim1`` (along N).
+    program; defaults as ``quantize_dim0`` along K and ``ALONG_N_COLS`` along N. ``num_stages`` and
+    ``group_cols`` as in ``quantize_dim1``, along N only.
     """
     w = check_tensor("w", w, dtypes=IN_DTYPES, ndim=3)
     G, N, K = w.shape
@@ -382,11 +435,13 @@ def quantize_3d(
     if along not in ("K", "N"):
         raise ValueError(f"along must be 'K' or 'N', got {along!r}")
     if along == "K":
+        if num_stages is not None or group_cols is not None:
+            raise ValueError("num_stages and group_cols apply along N only (the rows kernel has no steps or groups)")
         check_multiple("w", K, BLOCK_SIZE, "K (dim 2, the blocked dim)")
         q, s = _quantize_rows(w.view(G * N, K), mode, tile, num_warps)
         return q.view(G, N, K), s.view(G, N, K // BLOCK_SIZE)
     check_multiple("w", N, BLOCK_SIZE, "N (dim 1, the blocked dim)")
-    return _quantize_cols(w, mode, tile, num_warps, scales_col_major=False)
+    return _quantize_cols(w, mode, tile, num_warps, num_stages, group_cols, False, ALONG_N_COLS)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -318,7 +318,7 @@ def _draw_roofline(ax: Axes, ctx: _Context, M: int | None = None) -> bool:
     ax.text(0.02, 0.98, "quantize / rearrange / pad do no FLOPs:\nsee the bandwidth panels", transform=ax.transAxes,
             va="top", fontsize=7, color="dimgray")  # fmt: skip
     _title(ax, f"Roofline, GEMMs at M={M}", ctx)
-    _legend(ax, loc="lower right", fontsize=7)
+    _legend(ax, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7)  # below: points fill the plot
     return True
 
 

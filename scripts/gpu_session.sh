@@ -1,39 +1,47 @@
 #!/usr/bin/env bash
-# One GPU session on the device machine: install, test, measure; every log and result lands under $OUT.
-#   bash scripts/gpu_session.sh STEP...   (steps: env tests gputests quick ceilings peers roofline scout tune_gemm tune_layouts tune_quantize torchao)
+# One GPU session on the device machine: install, test, measure. Results are written under results/<card>/ of
+# this checkout (the commands recorded in them are the ones to rerun); logs, results and plots are bundled into
+# $OUT/bundle.tgz after every step.
+#   bash scripts/gpu_session.sh STEP...
 # Reads the card's settings, never changes them (no power limit, clock or persistence changes).
 set -u
 OUT=${OUT:-/tmp/mxbench-out}
-WORK=/tmp/mxbench-session  # logs and results; bundled into $OUT/bundle.tgz after every step
-mkdir -p "$OUT" "$WORK/logs" "$WORK/results"
+LOGS=/tmp/mxbench-logs
+mkdir -p "$OUT" "$LOGS"
 export TRITON_DEFAULT_FP_FUSION=1 PYTHONUNBUFFERED=1
-python -m pip install --no-deps --no-build-isolation -q -e . >"$WORK/logs/install.log" 2>&1 || { cat "$WORK/logs/install.log"; exit 1; }
-RES="$WORK/results"
+python -m pip install --no-deps --no-build-isolation -q -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
+CARD=$(python -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+RES=results/$CARD
+TUNE=/tmp/mxbench-tune  # tuning-script JSON: evidence for the perf log, not results
+mkdir -p "$RES" "$TUNE" plots
 
-step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/logs/NAME.log, report the status
+step() {  # step NAME SECONDS CMD...: run with a time limit, log to $LOGS/NAME.log, report the status
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$WORK/logs/$name.log" 2>&1
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
-  printf '%-10s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" | tee -a "$OUT/summary.txt"
-  tail -n 25 "$WORK/logs/$name.log" >>"$OUT/summary.txt"
-  tar -czf "$OUT/bundle.tgz" -C "$WORK" logs results
+  printf '%-13s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" | tee -a "$OUT/summary.txt"
+  tail -n "${TAIL:-25}" "$LOGS/$name.log" >>"$OUT/summary.txt"
+  tar -czf "$OUT/bundle.tgz" -C / "${LOGS#/}" "${TUNE#/}" -C "$PWD" results plots
 }
 
 for s in "$@"; do
   case $s in
     env) step env 60 bash -c 'nvidia-smi; python -c "import torch, triton, sys; print(sys.version); print(torch.__version__, triton.__version__, torch.version.cuda, torch.cuda.get_device_name(), torch.cuda.get_device_capability())"' ;;
     tests) step tests 900 python -m pytest -q -p no:cacheprovider -rfE --timeout 600 tests ;;
-    gputests) step gputests ${GPUTESTS_LIMIT:-900} python -m pytest -q -p no:cacheprovider -rfE --timeout 600 -m gpu tests ;;
-    ceilings) step ceilings ${CEILINGS_LIMIT:-300} mxbench ceilings --out-dir "$RES" ;;
-    peers) step peers ${PEERS_LIMIT:-600} mxbench peers --preset deepseek-v3 --out "$RES/peers-deepseek-v3.json" ;;
-    roofline) step roofline 900 mxbench roofline --K 7168 --N 2048 --out "$RES/roofline-deepseek-v3.json" --plot-file "$RES/roofline-deepseek-v3.png" ;;
-    scout) step scout 900 mxbench roofline --preset llama4-scout --out "$RES/roofline-llama4-scout.json" ;;
-    quick) step quick 200 mxbench roofline --K 7168 --N 2048 --M 131072 --samples 10 --out "$RES/quick-deepseek-v3.json" ;;
-    tune_gemm) step tune_gemm 300 env OUT="$RES" python scripts/tune_gemm.py ;;
-    tune_layouts) step tune_layouts 240 env OUT="$RES" python scripts/tune_layouts.py ;;
-    tune_quantize) step tune_quantize 240 env OUT="$RES" python scripts/tune_quantize.py ;;
+    gputests) step gputests "${GPUTESTS_LIMIT:-420}" python -m pytest -q -p no:cacheprovider -rfE --timeout 600 -m gpu tests ;;
     torchao) step torchao 120 bash -c 'python -m pip install --no-deps -q .wheels/torchao-*.whl && python -c "import torchao; print(torchao.__version__)"' ;;
+    ceilings) step ceilings 180 mxbench ceilings --out-dir results ;;
+    roofline) step roofline 500 mxbench roofline --K 7168 --N 2048 --out "$RES/roofline-deepseek-v3.json" --plot-file plots/deepseek-v3 ;;
+    scout) step scout 500 mxbench roofline --preset llama4-scout --out "$RES/roofline-llama4-scout.json" --plot-file plots/llama4-scout ;;
+    peers) step peers 500 mxbench peers --preset deepseek-v3 --out "$RES/peers-deepseek-v3.json" ;;
+    peers_scout) step peers_scout 500 mxbench peers --preset llama4-scout --out "$RES/peers-llama4-scout.json" ;;
+    baseline) step baseline 300 make baseline ;;
+    regress) step regress 500 make regress ;;
+    quick) step quick 200 mxbench roofline --K 7168 --N 2048 --M 131072 --samples 10 --out /tmp/quick.json ;;
+    tune_gemm) step tune_gemm 300 env OUT="$TUNE" python scripts/tune_gemm.py ;;
+    tune_layouts) step tune_layouts 240 env OUT="$TUNE" python scripts/tune_layouts.py ;;
+    tune_quantize) step tune_quantize 240 env OUT="$TUNE" python scripts/tune_quantize.py ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -1,14 +1,16 @@
 """Tune the tiles and warps of the MXFP8 quantizers (``mxkernels.quantize``) on a CUDA GPU.
 
-    python scripts/tune_quantize.py [--budget-s 170] [--samples 10] [--only dim0,dim1,3d_K,3d_N]
+    python scripts/tune_quantize.py [--budget-s 170] [--samples 10] [--only dim1,3d_N]
 
-For each quantizer at DeepSeek-V3 and Llama 4 Scout shapes (bf16 input, RCEIL) and each candidate (tile, num_warps)
-passed explicitly, the output is first checked bit-exact against ``quantize_reference`` (computed once per case, in
+For each quantizer at DeepSeek-V3 and Llama 4 Scout shapes (bf16 input, RCEIL) and each candidate config passed
+explicitly (rows kernel: tile, num_warps; cols kernel: tile, num_warps, num_stages and the column-group width
+``group_cols``, 0 = whole width; the first cols config is the control), the output is first checked bit-exact against ``quantize_reference`` (computed once per case, in
 chunks), then timed with ``mxbench.timing.time_fn`` (cold-L2 CUDA-graph replays). One line per (quantizer, shape,
 config): median us, IQR, TB/s over ``quantize_2d_cost`` (2 B read + 1 + 1/32 B written per element) and the fraction
 of a plain copy kernel's TB/s measured first on the same card (the target is >= 90%). Then the best config per case,
-per quantizer the config with the least total time, and RCEIL vs FLOOR at the default config. A failing config is
-reported and skipped; configs left when the budget runs out are listed. All numbers go to
+per quantizer the config with the least total time, and RCEIL vs FLOOR at the control config, timed back to back
+as rceil, floor, rceil (so drift between runs shows). By default only the cols quantizers (dim1, 3d_N) run.
+A failing config is reported and skipped; configs left when the budget runs out are listed. All numbers go to
 ``$OUT/tune_quantize.json`` when ``$OUT`` is set.
 """
 
@@ -31,11 +33,14 @@ from mxbench.timing import time_fn
 
 M = 131072
 # (tile, num_warps) candidates. Rows kernel: every tile keeps 16 contiguous elements per thread.
-ROWS_CONFIGS = [((32, 256), 4), ((64, 256), 8), ((16, 512), 4), ((32, 512), 8), ((16, 256), 2), ((8, 512), 2)]
-# Cols kernel: rows > 32 walk the tile 32 rows at a time and store each column's scale bytes together (3D along N:
-# one vector store per column); cols 64 halves the registers of cols 128 (more programs per SM).
-COLS_CONFIGS = [((32, 128), 1), ((32, 64), 1), ((32, 128), 2), ((64, 64), 1), ((128, 64), 1), ((128, 128), 1),
-                ((128, 128), 2), ((256, 64), 1), ((32, 256), 2), ((64, 128), 2)]  # fmt: skip
+ROWS_CONFIGS = [((32, 512), 8), ((32, 256), 4), ((64, 256), 8), ((16, 512), 4), ((16, 256), 2), ((8, 512), 2)]
+# Cols kernel (tile, num_warps, num_stages, group columns): rows > 32 walk the tile 32 rows at a time; stages > 1
+# copy the next steps' input into shared memory while a step computes (sm_90 build, registers: (64, 64) w1 s1 119,
+# s2 96, s3 107; (128, 64) s3 109; (256, 64) s3 106; all ~11 SASS instructions per element); group 0 is the
+# previous program order (whole width). Control first: the best of the last round, (64, 64) w1, in the old order.
+COLS_CONFIGS = [((64, 64), 1, 1, 0), ((64, 64), 1, 1, 2048), ((32, 64), 1, 1, 0), ((32, 64), 1, 1, 2048),
+                ((32, 64), 1, 1, 512), ((64, 64), 1, 2, 2048), ((64, 64), 1, 3, 2048), ((128, 64), 1, 3, 2048),
+                ((256, 64), 1, 3, 2048), ((128, 64), 1, 2, 0), ((64, 64), 2, 2, 2048), ((64, 64), 1, 1, 512)]  # fmt: skip
 # (quantizer, shape): 2D shapes are x (M, K); 3D shapes are w (G, N, K). Most important first.
 CASES = [
     ("dim1", (M, 7168)), ("3d_N", (8, 2048, 7168)), ("dim0", (M, 7168)), ("3d_K", (8, 2048, 7168)),
@@ -54,14 +59,19 @@ def make_input(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def launcher(kind: str, x: torch.Tensor):
-    """(run(mode, tile, num_warps) -> (q, s), blocks-last view t of x that ``quantize_reference`` quantizes)."""
+    """(run(mode, config) -> (q, s), blocks-last view t of x that ``quantize_reference`` quantizes). A cols config
+    is (tile, num_warps, num_stages, group_cols)."""
     if kind == "dim0":
-        return lambda m, t, w: qz.quantize_dim0(x, m, tile=t, num_warps=w), x
-    if kind == "dim1":
-        return lambda m, t, w: qz.quantize_dim1(x, m, tile=t, num_warps=w), x.t()
+        return lambda m, c: qz.quantize_dim0(x, m, tile=c[0], num_warps=c[1]), x
     if kind == "3d_K":
-        return lambda m, t, w: qz.quantize_3d(x, "K", m, tile=t, num_warps=w), x
-    return lambda m, t, w: qz.quantize_3d(x, "N", m, tile=t, num_warps=w), x.transpose(1, 2)
+        return lambda m, c: qz.quantize_3d(x, "K", m, tile=c[0], num_warps=c[1]), x
+
+    def run(m, c):
+        if kind == "dim1":
+            return qz.quantize_dim1(x, m, tile=c[0], num_warps=c[1], num_stages=c[2], group_cols=c[3])
+        return qz.quantize_3d(x, "N", m, tile=c[0], num_warps=c[1], num_stages=c[2], group_cols=c[3])
+
+    return run, (x.t() if kind == "dim1" else x.transpose(1, 2))
 
 
 def reference(t: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,21 +86,21 @@ def reference(t: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(t.shape), s.view(*t.shape[:-1], -1)
 
 
-def measure(kind: str, shape, run, ref, mode: str, tile, warps: int, samples: int) -> dict:
+def measure(kind: str, shape, run, ref, mode: str, config: tuple, samples: int) -> dict:
     cost = (qz.quantize_3d_cost(*shape, torch.bfloat16) if len(shape) == 3 else
             qz.quantize_2d_cost(*shape, torch.bfloat16))  # fmt: skip
-    row = {"quantizer": kind, "shape": list(shape), "mode": mode, "tile": list(tile), "num_warps": warps,
-           "bytes": cost.bytes}  # fmt: skip
+    row = {"quantizer": kind, "shape": list(shape), "mode": mode, "tile": list(config[0]), "num_warps": config[1],
+           "config": list(config), "bytes": cost.bytes}  # fmt: skip
     try:
         if ref is not None:
-            q, s = run(mode, tile, warps)
+            q, s = run(mode, config)
             torch.cuda.synchronize()
             for name, got, want in (("scales", s, ref[1]), ("data", q, ref[0])):
                 got = got.view(torch.uint8)
                 if not torch.equal(got, want):
                     raise AssertionError(f"{name} differ from the reference in {(got != want).sum()} bytes")
             del q, s
-        t = time_fn(lambda: run(mode, tile, warps), samples=samples, target_replay_ms=5.0)
+        t = time_fn(lambda: run(mode, config), samples=samples, target_replay_ms=5.0)
         row.update(us=t.median_us, iqr_us=t.iqr_us, tbps=cost.bytes / t.median_us / 1e6, ok=True)
     except Exception as e:  # noqa: BLE001 (a failing config is reported and skipped)
         row.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
@@ -117,15 +127,21 @@ def copy_tbps(samples: int) -> float:
     return 2 * x.numel() * 2 / t.median_us / 1e6
 
 
+def config_name(config) -> str:
+    """(tile, warps) -> "(32, 512) w8"; (tile, warps, stages, group) -> "(64, 64) w1 s2 g2048"."""
+    extra = f" s{config[2]} g{config[3]}" if len(config) > 2 else ""
+    return f"{tuple(config[0])!s:10s} w{config[1]}{extra}"
+
+
 def fmt(r: dict) -> str:
-    return f"{r['quantizer']:5s} {tuple(r['shape'])!s:18s} {r['mode']:5s} {tuple(r['tile'])!s:10s} w{r['num_warps']}"
+    return f"{r['quantizer']:5s} {tuple(r['shape'])!s:18s} {r['mode']:5s} {config_name(r['config']):22s}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting new configs after this")
     parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--only", default="", help="comma-separated quantizers (dim0, dim1, 3d_K, 3d_N)")
+    parser.add_argument("--only", default="dim1,3d_N", help="comma-separated quantizers (dim0, dim1, 3d_K, 3d_N)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_quantize needs a CUDA GPU")
@@ -142,25 +158,26 @@ def main() -> None:
             continue
         configs = ROWS_CONFIGS if kind in ("dim0", "3d_K") else COLS_CONFIGS
         if time.monotonic() - t0 > args.budget_s:
-            skipped += [{"quantizer": kind, "shape": shape, "tile": t, "num_warps": w} for t, w in configs]
+            skipped += [{"quantizer": kind, "shape": shape, "config": c} for c in configs]
             continue
         x = make_input(shape)
         run, t = launcher(kind, x)
         ref = reference(t, "rceil")
-        default = (qz.ROWS_TILE, qz.ROWS_WARPS) if kind in ("dim0", "3d_K") else (qz.COLS_TILE, qz.COLS_WARPS)
-        # FLOOR once per quantizer, at its first (largest) shape and the default config.
+        control = configs[0]
+        # FLOOR once per quantizer, at its first (largest) shape, between two RCEIL runs of the control.
         floor_done = any(r["quantizer"] == kind and r["mode"] == "floor" for r in rows)
-        extra = [] if floor_done else [("floor", *default)]
-        for mode, tile, warps in [("rceil", *c) for c in configs] + extra:
+        extra = [] if floor_done else [("floor", control), ("rceil", control)]
+        for mode, config in [("rceil", c) for c in configs] + extra:
             if time.monotonic() - t0 > args.budget_s:
-                skipped.append({"quantizer": kind, "shape": shape, "mode": mode, "tile": tile, "num_warps": warps})
+                skipped.append({"quantizer": kind, "shape": shape, "mode": mode, "config": config})
                 continue
-            r = measure(kind, shape, run, ref if mode == "rceil" else None, mode, tile, warps, args.samples)
-            r["default"] = (tuple(tile), warps) == default
+            r = measure(kind, shape, run, ref if mode == "rceil" else None, mode, config, args.samples)
+            r["control"] = config == control
             rows.append(r)
             status = (f"{r['us']:9.2f} us +-{r['iqr_us']:5.2f}  {r['tbps']:5.2f} TB/s  {r['tbps'] / roof:4.0%} of copy"
                       if r["ok"] else f"FAILED {r['error']}")  # fmt: skip
-            print(f"[{time.monotonic() - t0:4.0f}s] {fmt(r)} {status}{'  (default)' if r['default'] else ''}", flush=True)
+            tag = "  (control)" if r["control"] else ""
+            print(f"[{time.monotonic() - t0:4.0f}s] {fmt(r)} {status}{tag}", flush=True)
         del x, t, ref, run
         torch.cuda.empty_cache()
 
@@ -181,27 +198,28 @@ def main() -> None:
         totals = {}
         for r in ok:
             if r["quantizer"] == kind:
-                totals.setdefault((tuple(r["tile"]), r["num_warps"]), {})[tuple(r["shape"])] = r["us"]
+                totals.setdefault(tuple(map(str, r["config"])), {})[tuple(r["shape"])] = r["us"]
         full = {c: sum(v.values()) for c, v in totals.items() if set(v) == cases}
         if full:
             c = min(full, key=full.get)
-            best_kind[kind] = {"tile": list(c[0]), "num_warps": c[1], "total_us": full[c]}
-            print(f"  {kind:5s} tile={c[0]} num_warps={c[1]}  total {full[c]:.1f} us over {len(cases)} shapes")
-    print("rceil vs floor at the default config:")
+            best_kind[kind] = {"config": list(c), "total_us": full[c]}
+            print(f"  {kind:5s} {' '.join(c)}  total {full[c]:.1f} us over {len(cases)} shapes")
+    print("rceil vs floor at the control config (rceil runs before and after floor):")
     for f in (r for r in rows if r["ok"] and r["mode"] == "floor"):
-        same = [r for r in ok if r["default"] and r["quantizer"] == f["quantizer"] and r["shape"] == f["shape"]]
-        if same:
-            print(f"  {f['quantizer']:5s} {tuple(f['shape'])}: rceil {same[0]['us']:.2f} us, floor {f['us']:.2f} us")
+        same = [r for r in ok if r["control"] and r["quantizer"] == f["quantizer"] and r["shape"] == f["shape"]]
+        rceil = ", ".join(f"{r['us']:.2f}" for r in same)
+        print(f"  {f['quantizer']:5s} {tuple(f['shape'])}: rceil {rceil} us, floor {f['us']:.2f} us")
     if skipped:
         print(f"{len(skipped)} configs skipped: time budget of {args.budget_s:.0f} s spent")
     print(f"done in {time.monotonic() - t0:.0f} s")
     if os.environ.get("OUT"):
         path = os.path.join(os.environ["OUT"], "tune_quantize.json")
         meta = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "copy_tbps": roof}
-        best = [{k: r[k] for k in ("quantizer", "shape", "tile", "num_warps", "us", "tbps")} for r in best_case.values()]
+        keys = ("quantizer", "shape", "config", "us", "tbps")
+        best = [{k: r[k] for k in keys} for r in best_case.values()]
+        summary = {"best_per_case": best, "best_per_quantizer": best_kind}
         with open(path, "w") as f:
-            json.dump({**meta, "rows": rows, "skipped": skipped, "best_per_case": best, "best_per_quantizer": best_kind},
-                      f, indent=1, default=str)  # fmt: skip
+            json.dump({**meta, "rows": rows, "skipped": skipped, **summary}, f, indent=1, default=str)
         print(f"wrote {path}")
 
 

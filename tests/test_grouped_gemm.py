@@ -166,6 +166,8 @@ def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
         ({"num_warps": 2}, "num_warps must be 4 or 8"),
         ({"num_stages": 0}, "num_stages must be a positive int"),
         ({"group_m": 0}, "group_m must be a positive int"),
+        ({"maxnreg": 16}, "maxnreg must be None or an int in"),
+        ({"maxnreg": 256}, "maxnreg must be None or an int in"),
     ],
 )
 def test_bad_tile_config_raises_value_error(fields, error):
@@ -449,7 +451,9 @@ def ptx():
         signature = dict(_SIGNATURE)
         if kernel == "_mx_2d2d_kernel":
             constexprs["GROUP_M"], signature["GROUP_M"] = 8, "constexpr"
-        return compile_ptx("mxkernels.grouped_gemm", kernel, signature, constexprs, cc)
+        # Pointers and sizes aligned as the launcher specializes real DeepSeek-V3 arguments (G = 8 is not).
+        aligned = ("a_ptr", "b_ptr", "sa_ptr", "sb_ptr", "offs_ptr", "out_ptr", "M", "N", "K")
+        return compile_ptx("mxkernels.grouped_gemm", kernel, signature, constexprs, cc, aligned=aligned)
 
     with ThreadPoolExecutor(max_workers=len(_BUILDS)) as pool:
         return dict(zip(_BUILDS, pool.map(build, _BUILDS.values())))
@@ -474,6 +478,16 @@ def test_dot_scaled_upcasts_to_bf16_wgmma_on_sm90(ptx):
 def test_fp8_dot_uses_fp8_wgmma_on_sm90(ptx, build):
     (mma,) = mma_instructions(ptx[build])
     assert mma.startswith("wgmma.mma_async") and mma.endswith("k32.f32.e4m3.e4m3")
+
+
+@pytest.mark.parametrize("build", ["fp8_dot_sm90", "fp8_dot_2d2d_sm90"])
+def test_fp8_dot_streams_operands_with_vector_cp_async_on_sm90(ptx, build):
+    # The contraction tiles must go global -> shared in 8- and 16-byte cp.async (software-pipelined). In 2D x 2D
+    # the group's start column is data-dependent: when its alignment is lost (triton 3.6 drops tl.multiple_of on a
+    # reduction), the loads fall back to ld.global.b8 with no pipelining, a 4x slowdown.
+    sizes = re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]+\], \[[^]]+\], (0x[0-9a-f]+)", ptx[build])
+    assert sizes and min(int(size, 16) for size in sizes) >= 8
+    assert not re.search(r"ld\.global(?:\.\w+)*\.b8\b", ptx[build])
 
 
 # ---- GPU -----------------------------------------------------------------------------------------------------

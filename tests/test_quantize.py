@@ -26,7 +26,7 @@ from mxkernels.format import (
     scale_bytes_reference,
 )
 from mxkernels.quantize import (
-    COLS_TILE,
+    DIM1_COLS,
     ROWS_TILE,
     _scale_byte,
     _to_e4m3_bits,
@@ -189,9 +189,20 @@ def test_bit_exact(kernel, dtype, mode, device):
 @pytest.mark.parametrize("kernel, launch", [("dim0", {"tile": (1, 32), "num_warps": 1}),
                                             ("dim1", {"tile": (32, 1), "num_warps": 2}),
                                             ("3d_N", {"tile": (128, 64), "num_warps": 8}),
-                                            ("3d_N", {"tile": (256, 32), "num_warps": 1})])  # fmt: skip
+                                            ("3d_N", {"tile": (256, 32), "num_warps": 1}),
+                                            ("dim1", {"tile": (64, 16), "num_stages": 2}),
+                                            ("3d_N", {"tile": (128, 32), "num_warps": 2, "num_stages": 3})])  # fmt: skip
 def test_other_tiles(kernel, launch, device):
     check(kernel, make_input(30, 128, torch.bfloat16, seed=5, device=device), "rceil", **launch)
+
+
+@pytest.mark.parametrize("group_cols", [0, 8, 32])
+@pytest.mark.parametrize("kernel", ["dim1", "3d_N"])
+def test_column_groups(kernel, group_cols, device):
+    """The cols kernel's program order (column tiles in groups of ``group_cols`` columns, a last partial group,
+    or the whole width at 0) covers every tile exactly once. Input columns: 48 (dim1) or 30 / 3 = 10 per expert."""
+    check(kernel, make_input(48 if kernel == "dim1" else 30, 96, torch.float32, seed=8, device=device), "rceil",
+          tile=(32, 8) if kernel == "dim1" else (32, 4), group_cols=group_cols)  # fmt: skip
 
 
 @pytest.mark.parametrize("along", ["K", "N"])
@@ -312,6 +323,9 @@ BAD_CALLS = [
     ("tile", lambda d: quantize_3d(torch.zeros(1, 32, 32, device=d), "N", tile=(16, 64)), "tile"),
     ("tile", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), tile=(512, 32)), "tile"),  # > 8 blocks per tile
     ("num_warps", lambda d: quantize_dim0(torch.zeros(4, 32, device=d), num_warps=3), "num_warps"),
+    ("num_stages", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), num_stages=0), "num_stages"),
+    ("num_stages", lambda d: quantize_3d(torch.zeros(1, 32, 32, device=d), "K", num_stages=2), "num_stages"),
+    ("group_cols", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), group_cols=-1), "group_cols"),
     ("not a tensor", lambda d: quantize_dim0([[0.0] * 32]), "x"),
 ]
 
@@ -366,11 +380,12 @@ def test_cost_bad_arguments(call):
 
 _COMMON_SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "n_rows": "i32", "n_cols": "i32"}
 _CONSTEXPR_SIG = {name: "constexpr" for name in ("BLOCK_R", "BLOCK_C", "EVEN", "RCEIL", "EXACT")}
+_COLS_CONSTEXPR_SIG = {**_CONSTEXPR_SIG, "GROUP": "constexpr", "STAGES": "constexpr"}
 COMPILE_CASES = {
     "_quantize_rows_kernel": ({**_COMMON_SIG, **_CONSTEXPR_SIG}, ROWS_TILE),
     "_quantize_cols_kernel": (
-        {**_COMMON_SIG, "s_stride_batch": "i32", "s_stride_col": "i32", "s_stride_block": "i32", **_CONSTEXPR_SIG},
-        COLS_TILE,
+        {**_COMMON_SIG, "s_stride_batch": "i32", "s_stride_col": "i32", "s_stride_block": "i32", **_COLS_CONSTEXPR_SIG},
+        DIM1_COLS.tile,
     ),
 }
 
@@ -382,6 +397,8 @@ def test_compiles_for_sm90_and_sm100(kernel, cc):
     scales without the SM100-only ue8m0 cvt (which ptxas rejects for sm_90)."""
     signature, (rows, cols) = COMPILE_CASES[kernel]
     constexprs = {"BLOCK_R": rows, "BLOCK_C": cols, "EVEN": False, "RCEIL": True, "EXACT": False}
+    if kernel == "_quantize_cols_kernel":
+        constexprs.update(GROUP=4, STAGES=2)
     ptx = compile_ptx("mxkernels.quantize", kernel, signature, constexprs, cc)
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert "ue8m0" not in ptx
