@@ -76,7 +76,7 @@ RECIPES = ("bf16", "fp8_rowwise", "mxfp8")
 BACKENDS = {
     "bf16": ("native", "emulated"),
     "fp8_rowwise": ("native", "emulated"),
-    "mxfp8": ("native", "triton", "triton_fp8", "emulated"),
+    "mxfp8": ("native", "triton", "triton_dequant", "triton_fp8", "emulated"),
 }
 SCALE_DTYPES = (SCALE_DTYPE, torch.uint8)
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -134,10 +134,13 @@ def _preference(recipe: str, device: torch.device) -> tuple[str, ...]:
         return BACKENDS[recipe]
     if cap is None:
         # On CPU the Triton backends run in the interpreter, for tests; the emulation is the fast one there.
-        return ("emulated", "triton_fp8", "triton")
+        return ("emulated", "triton_dequant", "triton_fp8", "triton")
     if cap[0] == 10:
-        return ("native", "triton", "triton_fp8", "emulated")
-    return ("triton_fp8", "triton", "emulated")
+        return ("native", "triton", "triton_dequant", "triton_fp8", "emulated")
+    if cap == (9, 0):
+        return ("triton_dequant", "triton_fp8", "triton", "emulated")
+    # Below SM90 torch._grouped_mm is a host loop over offs (a sync, not graph-capturable): not the default there.
+    return ("triton_fp8", "triton_dequant", "triton", "emulated")
 
 
 def _default_device() -> torch.device:
@@ -400,10 +403,12 @@ class TileConfig:
 # costs an FMUL and an FFMA per 32-wide chunk, plus the decode of its row's and column's scales). triton 3.6 sm_90a,
 # 128-wide step: 128 x 64 with 8 warps runs 641 instructions per warp at 169 registers (one CTA per SM), 669 with 28
 # L1 reloads at maxnreg 128 (two CTAs); 256 x 64 and 128 x 64 with 4 warps (block_m = threads) add two CTA barriers
-# and a shared-memory round trip per chunk for the row scales, and spill at 255 registers.
+# and a shared-memory round trip per chunk for the row scales, and spill at 255 registers. Measured all the same
+# (H200, triton 3.6, M = 131072, cold L2), the bests were 2D x 3D 128 x 64 w4 s3 (15084 us, 255 TFLOP/s) and
+# 2D x 2D 64 x 64 w4 s4 (21396 us, 180 TFLOP/s): those are the defaults.
 _DEFAULT_CONFIGS = {
-    ("2d3d", "triton_fp8"): TileConfig(128, 64, num_warps=8, num_stages=3, maxnreg=128),
-    ("2d2d", "triton_fp8"): TileConfig(128, 64, num_warps=8, num_stages=3, group_m=8, maxnreg=128),
+    ("2d3d", "triton_fp8"): TileConfig(128, 64, num_warps=4, num_stages=3),
+    ("2d2d", "triton_fp8"): TileConfig(64, 64, num_warps=4, num_stages=4, group_m=8),
     ("2d3d", "triton"): TileConfig(128, 128, num_warps=8, num_stages=3),
     ("2d2d", "triton"): TileConfig(128, 128, num_warps=8, num_stages=3, group_m=8),
 }
@@ -446,6 +451,143 @@ def _mx_triton(a_q, a_sb, b_q, b_sb, offs, out, backend: str, config: TileConfig
         (N, M), K = a_q.shape, b_q.shape[0]
         grid = (triton.cdiv(N, config.block_m) * triton.cdiv(K, config.block_n), G)
         _mx_2d2d_kernel[grid](*args, M=M, N=N, K=K, GROUP_M=config.group_m, **launch)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# "triton_dequant": dequantize both operands to bf16 (exactly), then torch._grouped_mm on bf16 tensor cores
+# ---------------------------------------------------------------------------------------------------------------
+
+# How the rows and 32-blocks of a quantized operand (rows, contraction) map to its blocked scale buffer.
+DEQUANT_LAYOUTS = ("m_groups", "3d", "k_groups")
+_M_GROUPS = tl.constexpr(0)  # offs splits the rows: a ``rearrange_m_groups`` buffer (2D x 3D a_q)
+_EXPERTS = tl.constexpr(1)  # every N_ROWS rows are one expert: a ``rearrange_3d`` buffer (2D x 3D b_q)
+_K_GROUPS = tl.constexpr(2)  # offs splits the contraction dim: a ``rearrange_k_groups`` buffer (2D x 2D)
+# One program: 16 rows x 16 blocks (512 elements) of each row, 8 warps: every thread loads 16-byte runs of e4m3
+# and stores 16-byte runs of bf16; 24 KiB moved per program (the padding kernels' 4 KiB rows ran at 95% of copy
+# bandwidth on an H200).
+_DEQUANT_ROWS, _DEQUANT_BLOCKS, _DEQUANT_WARPS = 16, 16, 8
+
+
+@triton.jit
+def _e8m0_to_fp32_nan(byte):
+    """fp32 2**(e - 127) of scale bytes e (int32), 255 -> NaN: e4m3 x this product is the spec's value."""
+    tiny_or_nan = (byte == 0) | (byte == 255)  # the subnormal 2**-127 and the quiet NaN carry mantissa bit 22
+    return ((byte << 23) | tl.where(tiny_or_nan, 0x400000, 0)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant_kernel(
+    q_ptr, s_ptr, offs_ptr, out_ptr, R, C, G, N_ROWS,
+    LAYOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    """out (R, 32 C) bf16 = q (R, 32 C) e4m3 * 2**(scale - 127), one scale byte per row and 32-block.
+
+    Program (row block, block block): BLOCK_R rows x BLOCK_B 32-blocks, as a (rows, blocks, 32) tile so that each
+    block's scale broadcasts along its 32 elements with no reshape. Each (row, block) finds its group, its row
+    inside the group's blocked image and that image's first int32 word; the byte is then ``_blocked_word`` + 128
+    words per 4 blocks + block % 4. Elements in no group (rows past offs[-1] of m_groups, blocks past offs[-1] of
+    k_groups) come out zero.
+    """
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    blocks = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    lane = tl.arange(0, BLOCK_G)
+    in_bounds = (rows < R)[:, None] & (blocks < C)[None, :]
+    if LAYOUT == _K_GROUPS:
+        starts, sizes = group_bounds(offs_ptr, G, C * 32, BLOCK_G)
+        before = (starts + sizes)[None, :] // 32 <= blocks[:, None]  # (blocks, groups): groups ending at or before
+        before &= (lane < G)[None, :]
+        g = tl.sum(before.to(tl.int32), 1)
+        local = rows[:, None]
+        block = blocks - tl.sum(tl.where(before, sizes[None, :], 0), 1) // 32
+        words = tl.cdiv(tl.sum(tl.where(lane[None, :] == g[:, None], sizes[None, :], 0), 1), 128)[None, :]
+        # Complete images of ceil_128(R) rows, each row one word per 128 group tokens, back to back.
+        image = tl.cdiv(R, 128) * 128 * tl.sum(tl.where(before, tl.cdiv(sizes, 128)[None, :], 0), 1)[None, :]
+        ok = in_bounds & (g < G)[None, :]
+    else:
+        words = tl.cdiv(C, 4)
+        if LAYOUT == _EXPERTS:
+            local = (rows % N_ROWS)[:, None]
+            image_row = rows // N_ROWS * (tl.cdiv(N_ROWS, 128) * 128)
+            ok = in_bounds
+        else:
+            starts, sizes = group_bounds(offs_ptr, G, R, BLOCK_G)
+            before = ((starts + sizes)[None, :] <= rows[:, None]) & (lane < G)[None, :]
+            local = (rows - tl.sum(tl.where(before, sizes[None, :], 0), 1))[:, None]
+            image_row = tl.sum(tl.where(before, tl.cdiv(sizes, 128)[None, :] * 128, 0), 1)
+            ok = in_bounds & (tl.sum(before.to(tl.int32), 1) < G)[:, None]
+        image = (image_row * words)[:, None]
+        block = blocks
+    word = image.to(tl.int64) + _blocked_word(local, words) + (block // 4 * 128)[None, :]
+    scale = _e8m0_to_fp32_nan(tl.load(s_ptr + word * 4 + (block % 4)[None, :], mask=ok, other=0).to(tl.int32))
+    k = blocks[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+    elements = rows.to(tl.int64)[:, None, None] * C * 32 + k
+    q = tl.load(q_ptr + elements, mask=ok[:, :, None], other=0.0)
+    # Both factors and their fp32 product are exact; the one rounding, to bf16, is exact too but in the subnormal
+    # corner (module doc).
+    tl.store(out_ptr + elements, (q.to(tl.float32) * scale[:, :, None]).to(tl.bfloat16), mask=in_bounds[:, :, None])
+
+
+def dequantize_blocked(
+    q: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor | None = None, *, layout: str
+) -> torch.Tensor:
+    """bf16 values of an MXFP8 operand whose scales are in a ``layouts`` blocked buffer (graph-capturable).
+
+    q: e4m3, contraction dim last and contiguous; scales: e8m0 or uint8, contiguous, by ``layout``:
+
+    * "m_groups": q (M, K), scales ``rearrange_m_groups`` (128 * (ceil(M/128) + G), ceil_4(K/32)); rows past
+      offs[-1] come out zero;
+    * "3d": q (G, N, K), scales ``rearrange_3d`` (G, ceil_128(N), ceil_4(K/32)); offs unused (may be None);
+    * "k_groups": q (R, M), scales ``rearrange_k_groups`` (ceil_128(R), M/32 + 4G), offs splits M (group sizes
+      multiples of 32); columns past offs[-1] come out zero.
+
+    Returns bf16 of q's shape, row-major: q * 2**(byte - 127), with NaN for scale byte 255. Bit-identical to
+    ``dequantize_reference(q, unblocked scales).to(torch.bfloat16)`` (both round the exact fp32 product once).
+    """
+    if layout not in DEQUANT_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(DEQUANT_LAYOUTS)}; got {layout!r}")
+    check_tensor("q", q, dtypes=(DATA_DTYPE,), ndim=3 if layout == "3d" else 2)
+    check_tensor("scales", scales, dtypes=SCALE_DTYPES)
+    _check_same_device(q, scales=scales)
+    if q.shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"q's last dim ({q.shape[-1]}) must be a multiple of {BLOCK_SIZE}")
+    blocks = q.shape[-1] // BLOCK_SIZE
+    if layout == "3d":
+        G, N, _ = q.shape
+        rows, n_rows = G * N, N
+        _check_shape("scales", scales, (G, ceil_to(N, 128), ceil_to(blocks, 4)))
+    else:
+        check_offsets(offs)
+        _check_same_device(q, offs=offs)
+        G, (rows, cols), n_rows = offs.numel(), q.shape, 1
+        if layout == "m_groups":
+            check_host_offsets(offs, rows)
+            _check_shape("scales", scales, m_groups_shape(rows, blocks, G))
+        else:
+            check_host_offsets(offs, cols, BLOCK_SIZE)
+            _check_shape("scales", scales, k_groups_shape(rows, blocks, G))
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    if out.numel():
+        grid = (triton.cdiv(rows, _DEQUANT_ROWS), triton.cdiv(blocks, _DEQUANT_BLOCKS))
+        scale_bytes = scales.view(torch.uint8)
+        _dequant_kernel[grid](
+            q, scale_bytes, scale_bytes if offs is None else offs, out, rows, blocks, G, n_rows,  # "3d": offs unread
+            LAYOUT=DEQUANT_LAYOUTS.index(layout), BLOCK_R=_DEQUANT_ROWS, BLOCK_B=_DEQUANT_BLOCKS,
+            BLOCK_G=triton.next_power_of_2(G), num_warps=_DEQUANT_WARPS,
+        )  # fmt: skip
+    return out
+
+
+def _mx_dequant_grouped_mm(a_q, a_sb, b_q, b_sb, offs) -> torch.Tensor:
+    """The "triton_dequant" backend: bf16 operands in the layouts ``torch._grouped_mm`` takes as they are (2D x 3D:
+    a (M, K) row-major, b (G, K, N) as a transposed view of (G, N, K); 2D x 2D: a (N, M) row-major, b (M, K) as a
+    transposed view of (K, M)), so it copies nothing."""
+    if b_q.dim() == 3:
+        a = dequantize_blocked(a_q, a_sb, offs, layout="m_groups")
+        b = dequantize_blocked(b_q, b_sb, layout="3d").transpose(-2, -1)
+    else:
+        a = dequantize_blocked(a_q, a_sb, offs, layout="k_groups")
+        b = dequantize_blocked(b_q, b_sb, offs, layout="k_groups").t()
+    return torch._grouped_mm(a, b, offs=offs)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -557,7 +699,8 @@ def _check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
 
 
 def _check_out_dtype(out_dtype: object, backend: str) -> torch.dtype:
-    allowed = (torch.bfloat16,) if backend == "native" else OUT_DTYPES
+    # torch._grouped_mm and the native MX kernel write bf16 only.
+    allowed = (torch.bfloat16,) if backend in ("native", "triton_dequant") else OUT_DTYPES
     if out_dtype not in allowed:
         raise ValueError(f"out_dtype must be one of {allowed} for backend {backend!r}; got {out_dtype}")
     return out_dtype
@@ -584,7 +727,8 @@ def mxfp8_grouped_mm(
     2D x 3D: a_q (M, K), a_sb ``rearrange_m_groups`` buffer, b_q (G, N, K), b_sb (G, ceil_128(N), ceil_4(K/32))
     -> (M, N). 2D x 2D: a_q (N, M), b_q (K, M), a_sb / b_sb ``rearrange_k_groups`` buffers -> (G, N, K).
     e4m3 data and e8m0 (or uint8) scales, all contiguous; K (2D x 3D) or M (2D x 2D) a multiple of 32.
-    ``backend``: None picks ``default_backend("mxfp8", device)``. ``out_dtype``: bf16, or fp32 (not "native").
+    ``backend``: None picks ``default_backend("mxfp8", device)``. ``out_dtype``: bf16, or fp32 (not "native" nor
+    "triton_dequant").
     ``config``: the Triton backends' launch configuration (None: ``default_config``); other backends ignore it.
     """
     case, M, N, K, G = _check_quantized(a_q, b_q, offs, BLOCK_SIZE)
@@ -615,6 +759,8 @@ def mxfp8_grouped_mm(
     if backend == "emulated":
         a, b = _mx_dequantize(a_q, a_sb, b_q, b_sb, _bounds(offs))
         return _grouped_matmul_fp32(a, b, offs, out_dtype)
+    if backend == "triton_dequant":
+        return _mx_dequant_grouped_mm(a_q, a_sb, b_q, b_sb, offs)
     shape = (M, N) if case == "2d3d" else (G, N, K)
     out = torch.empty(shape, dtype=out_dtype, device=a_q.device)
     if out.numel():

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize
-from .cost import Cost, ceil_to
+from .cost import Cost
 from .format import BLOCK_SIZE, ScaleMode
 
 PASSES = ("forward", "backward_input", "backward_weight")

@@ -3,11 +3,11 @@ peers table. Driven by a fake pipeline and fake instruments on CPU; the real thi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import pytest
 import torch
 from mxkernels.cost import Cost
+from mxkernels.pipeline import Stage
 from test_sweep import FakePower, FakeTelemetry, FakeTiming
 
 from mxbench import peers
@@ -16,27 +16,12 @@ from mxbench.results import Point, Record, Run, load_run
 from mxbench.sweep import Instruments, SweepOptions
 
 
-@dataclass
-class PStage:
-    pass_name: str
-    name: str
-    kernel: str
-    category: str
-    purpose: str
-    shape: str
-    cost: Cost
-    backend: str | None = None
-    inputs: tuple = ()
-    outputs: tuple = ()
-    fn: object = None
-    run: object = None
-
 
 COST = Cost(300, 100)
 
 
 def stage(pass_name, name, kernel, category, inputs, outputs):
-    return PStage(pass_name, name, kernel, category, name.replace("_", " "), "(64, 32)", COST, None, inputs, outputs,
+    return Stage(pass_name, name, kernel, category, name.replace("_", " "), "(64, 32)", COST, None, inputs, outputs,
                   lambda *args: tuple(f"{name}({', '.join(map(str, args))})" for _ in outputs))  # fmt: skip
 
 

@@ -1,9 +1,10 @@
 """Efficiency math and the analytic model against hand-worked numbers (seed 000's torchao README, datasheets)."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import pytest
 from mxkernels.cost import Cost
+from mxkernels.pipeline import Stage
 
 from mxbench import roofline
 from mxbench.ceilings import Ceilings
@@ -208,20 +209,6 @@ def test_model_of_fp8_on_a_card_without_fp8_tensor_cores_is_refused():
 def test_model_rejects_flops_without_a_known_precision():
     with pytest.raises(ValueError, match="precision"):
         roofline.model_time_us(Cost(0, 0, 10, "fp4"), spec())
-
-
-@dataclass
-class Stage:
-    """The fields of ``mxkernels.pipeline.Stage`` the model reads (the real one pulls in every kernel module)."""
-
-    pass_name: str
-    name: str
-    kernel: str
-    category: str
-    purpose: str
-    shape: str
-    cost: Cost
-    backend: str | None = None
 
 
 def stages() -> list[Stage]:

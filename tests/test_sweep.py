@@ -13,6 +13,7 @@ from datetime import datetime
 
 import pytest
 from mxkernels.cost import Cost
+from mxkernels.pipeline import Stage
 
 from mxbench import sweep
 from mxbench.results import Point, load_run
@@ -117,28 +118,15 @@ def test_with_baselines_puts_each_bf16_point_after_its_recipe_once():
 # ------------------------------------------------------------------------------------------------- fakes
 
 
-@dataclass
-class FakeStage:
-    pass_name: str
-    name: str
-    kernel: str
-    category: str
-    purpose: str
-    shape: str
-    cost: Cost
-    backend: str | None = None
-    run: object = None
-
-
 def fake_plan(recipe, M, N, K, G, sizes, *, mode="rceil", backend=None):
     """A two-stage mxfp8 step and a one-GEMM bf16 step whose costs depend on M (so records can be told apart)."""
     assert sum(sizes) == M and len(sizes) == G
-    gemm = FakeStage(
+    gemm = Stage(
         "forward", "gemm", f"{recipe}_mm", "gemm", "GEMM", f"({M}, {K})", Cost(7 * M, 3 * M, 2 * M * N * K, recipe)
     )
     if recipe == "bf16":
         return [gemm]
-    quant = FakeStage(
+    quant = Stage(
         "forward", "quantize_a", "quantize_dim0", "quantize", "Quantize A", f"({M}, {K})", Cost(2 * M * K, M * K)
     )
     return [quant, gemm]
