@@ -31,11 +31,25 @@ not straddle two experts; the kernels trust this, it is not checked on the devic
   ``acc += partial * sa * sb`` with the power-of-two scales decoded from their bytes, exactly the MX math
   (products of e4m3 values are exact; the chunk sums use the tensor core's fp8 accumulator). Scale byte 255
   decodes to +Inf rather than NaN (the quantizers write NaN data into those blocks, so the output is NaN).
+* "triton_dequant": the SM90 default: ``dequantize_blocked`` writes each operand in bf16 (a memory-bound Triton
+  pass reading the blocked scales in place), then ``torch._grouped_mm`` multiplies on bf16 tensor cores with fp32
+  accumulation. MX -> bf16 is exact: an e4m3 value has 4 significant bits and bf16 8, and bf16 keeps fp32's
+  exponent range. Checked over all 256 codes x 256 scale bytes against fp64 (tests): the product is bf16's
+  unless it overflows (|v| * 2**(e - 127) > bf16 max, bytes >= 247: +-Inf, as in fp32) or lies off the bf16
+  subnormal grid (multiples of 2**-133): scale byte e <= 2 with v not a multiple of 2**(-6 - e), 96 pairs, which
+  round once to the nearest bf16 subnormal (error <= 2**-134). Both cases match ``dequantize_reference(...)
+  .to(bfloat16)`` bit for bit, and quantizing bf16 input never produces the second (its values are multiples of
+  2**-133, so its quantized codes are multiples of 2**(-6 - e)). The GEMM is thus the emulation's math (exact
+  products, fp32 sums) at bf16 GEMM speed plus the dequantize pass. bf16 output only. Graph-capturable on SM90 /
+  SM100, where ``torch._grouped_mm`` reads offs on the device; below SM90 it loops over ``offs.cpu()``. Its
+  bf16 kernel asserts on the device (the CUDA context dies) unless 2D x 2D groups are multiples of 8 tokens, and
+  some torch versions were reported to ask the same of 2D x 3D groups: the pipeline pads MX groups to 32.
 * "emulated": dequantize (scales unblocked per group with ``layouts.from_blocked``) and multiply in fp32 with a
   host loop over groups (reads offs on the host): the reference the others are checked against.
 
-Default backend (``available_backends``, best first): SM100 native > triton > triton_fp8; SM90 and SM89
-triton_fp8 > triton; CPU emulated (the Triton backends run there only under the interpreter, for tests).
+Default backend (``available_backends``, best first): SM100 native > triton > triton_dequant > triton_fp8; SM90
+triton_dequant > triton_fp8 > triton; SM89 triton_fp8 > triton_dequant > triton; CPU emulated (the Triton
+backends run there only under the interpreter, for tests).
 
 The Triton kernels read the blocked scales in place, four 32-blocks (one int32 word) per row per 128 contraction
 elements, and map tiles to groups on the device from offs: no host sync, so they can be captured in a CUDA graph

@@ -1,14 +1,15 @@
-"""Time launch configurations of the Triton MXFP8 grouped GEMMs against bf16 ``torch._grouped_mm`` (issue 6).
+"""Time the SM90 MXFP8 grouped-GEMM backends against bf16 ``torch._grouped_mm`` (issue 6).
 
 At DeepSeek-V3 shapes (K = 7168, N = 2048, G = 8 balanced groups; M = 16384 and 131072 tokens), for 2D x 3D
 (forward: (M, K) x (G, K, N)) and 2D x 2D (weight gradient: (N, M) x (M, K) -> (G, N, K)). Each variant is a backend
-and an explicit ``TileConfig`` (no autotuning). It is first checked against the "emulated" backend on a small shape
-with uneven groups (SQNR in dB; a variant under 40 dB or one that raises is reported and skipped), then timed with
-``mxbench.timing.time_fn`` (CUDA-graph replays, cold L2, after warm-up calls). One line per variant at the largest
-M, the default config only at smaller ones (unless --match picks variants); all numbers go to
-``$OUT/tune_gemm.json`` when ``$OUT`` is set.
+and an explicit ``TileConfig`` (None: the backend's default; no autotuning): "triton_dequant" (dequantize to bf16,
+then ``torch._grouped_mm``) against the measured bests of "triton_fp8" as controls. Each is first checked against
+the "emulated" backend on a small shape with uneven groups (SQNR in dB; a variant under 40 dB or one that raises is
+reported and skipped), then timed with ``mxbench.timing.time_fn`` (CUDA-graph replays, cold L2, after warm-up
+calls). A last row per shape times "triton_dequant"'s dequantize pass alone (both operands), whose traffic is
+reported as TB/s. All numbers go to ``$OUT/tune_gemm.json`` when ``$OUT`` is set.
 
-    python scripts/tune_gemm.py                      # M = 131072 all variants, M = 16384 the default (~3 minutes)
+    python scripts/tune_gemm.py                      # both cases, M = 131072 and 16384 (~2 minutes)
     python scripts/tune_gemm.py --M 16384 --case 2d2d
 """
 
@@ -36,32 +37,23 @@ MIN_SQNR_DB = 40.0
 @dataclasses.dataclass(frozen=True)
 class Variant:
     backend: str
-    config: TileConfig
+    config: TileConfig | None = None
     cases: tuple[str, ...] = ("2d3d", "2d2d")
 
     @property
     def name(self) -> str:
         c = self.config
-        tag = "fp8" if self.backend == "triton_fp8" else "dot_scaled"
+        if c is None:
+            return f"{self.backend} (default)"
         regs = f" r{c.maxnreg}" if c.maxnreg else ""
-        return f"{tag} {c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages} g{c.group_m}{regs}"
+        return f"{self.backend} {c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages} g{c.group_m}{regs}"
 
 
-# Triton 3.6 sm_90a (the GPU's Triton) builds of the fp8 kernel: 128x64 w8 169 registers (one CTA per SM), with
-# maxnreg 128 two CTAs and 28 L1 reloads per step; 64x64 w4 167 registers (three CTAs); 128x64 w4 and 256x64 w8
-# spill at 255 and route the row scales through shared memory with two CTA barriers per chunk; 128x128 w8 is the
-# previous autotuned version's tile (control).
+# triton_fp8's bests on an H200 under triton 3.6 at M = 131072 (255 and 180 TFLOP/s), now its defaults: controls.
 VARIANTS = [
-    Variant("triton_fp8", TileConfig(128, 64, num_warps=8, num_stages=3, group_m=8, maxnreg=128)),  # the default
-    Variant("triton_fp8", TileConfig(128, 64, num_warps=8, num_stages=3, group_m=8)),
-    Variant("triton_fp8", TileConfig(128, 64, num_warps=8, num_stages=4, group_m=8, maxnreg=128)),
-    Variant("triton_fp8", TileConfig(128, 64, num_warps=8, num_stages=3, group_m=1, maxnreg=128), cases=("2d2d",)),
-    Variant("triton_fp8", TileConfig(64, 64, num_warps=4, num_stages=3, group_m=8)),
-    Variant("triton_fp8", TileConfig(64, 64, num_warps=4, num_stages=4, group_m=8)),
-    Variant("triton_fp8", TileConfig(128, 128, num_warps=8, num_stages=3, group_m=8)),
-    Variant("triton_fp8", TileConfig(128, 64, num_warps=4, num_stages=3, group_m=8)),
-    Variant("triton_fp8", TileConfig(256, 64, num_warps=8, num_stages=3, group_m=8)),
-    Variant("triton", TileConfig(128, 128, num_warps=8, num_stages=3, group_m=8), cases=("2d3d",)),
+    Variant("triton_dequant"),
+    Variant("triton_fp8", TileConfig(128, 64, num_warps=4, num_stages=3, group_m=8), cases=("2d3d",)),
+    Variant("triton_fp8", TileConfig(64, 64, num_warps=4, num_stages=4, group_m=8), cases=("2d2d",)),
 ]
 
 
@@ -146,7 +138,26 @@ def time_shape(case: str, M: int, checked: dict[Variant, tuple[float, str | None
         else:
             line = f"FAILED: {error}"
         print(f"{case:5} {M:7d} {v.name:28} {line}", flush=True)
+    rows.append(time_dequantize(shape, ops, offs))
     return rows
+
+
+def time_dequantize(shape: dict, ops, offs: torch.Tensor) -> dict:
+    """Row of triton_dequant's dequantize pass alone: both operands to bf16 (e4m3 + blocked scales in, bf16 out)."""
+    a_q, a_sb, b_q, b_sb = ops
+    a_layout = "m_groups" if b_q.dim() == 3 else "k_groups"
+    b_args = (b_q, b_sb, None, "3d") if b_q.dim() == 3 else (b_q, b_sb, offs, "k_groups")
+
+    def run():
+        GG.dequantize_blocked(a_q, a_sb, offs, layout=a_layout)
+        GG.dequantize_blocked(*b_args[:3], layout=b_args[3])
+
+    us, iqr = timed(run)
+    moved = sum(q.numel() * 3 + s.numel() for q, s in ((a_q, a_sb), (b_q, b_sb)))  # 1 byte in, 2 out, scales
+    print(f"{shape['case']:5} {shape['M']:7d} {'dequantize pass only':28} {us:9.1f} {iqr:6.1f} "
+          f"{moved / us / 1e6:8.2f} TB/s", flush=True)  # fmt: skip
+    return {**shape, "variant": "dequantize pass only", "backend": "triton_dequant", "us": us, "iqr_us": iqr,
+            "tb_per_s": moved / us / 1e6}  # fmt: skip
 
 
 def main() -> int:
@@ -165,11 +176,7 @@ def main() -> int:
     for case in args.case:
         checked = check_variants(case, [v for v in VARIANTS if args.match in v.name and case in v.cases], t0)
         for M in args.M:
-            # Smaller shapes: the bf16 baseline and the default config only (keeps the run near 3 minutes).
-            default = GG.default_config(case, "triton_fp8")
-            small = M < max(args.M) and not args.match
-            shown = {v: r for v, r in checked.items() if not small or (v.backend, v.config) == ("triton_fp8", default)}
-            rows += time_shape(case, M, shown)
+            rows += time_shape(case, M, checked)
             torch.cuda.empty_cache()
             print(f"# [{time.time() - t0:4.0f}s] done {case} M={M}")
     if os.environ.get("OUT"):

@@ -262,6 +262,7 @@ def assert_same_bf16(out, ref, skip):
     assert torch.equal(out.view(torch.int16)[compared], ref.view(torch.int16)[compared])
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter: products that overflow
 @pytest.mark.parametrize("layout", ["m_groups", "3d", "k_groups"])
 def test_dequantize_blocked_is_bit_exact(device, layout):
     gen = torch.Generator().manual_seed(8)
@@ -287,6 +288,7 @@ def test_dequantize_blocked_is_bit_exact(device, layout):
     assert_same_bf16(out.cpu(), ref, interpreted_subnormal(device, dequantize_reference(q, s)))
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter: products that overflow
 def test_mx_to_bf16_is_exact_but_in_the_subnormal_corner(device):
     # Every e4m3 code (columns) times every e8m0 byte (rows) through the kernel, against the exact fp64 product.
     codes = torch.arange(256).to(torch.uint8)
