@@ -70,13 +70,23 @@ def _ao(module: str, name: str):
     return getattr(importlib.import_module(module), name)
 
 
+def _ao_quantizer(name: str):
+    """torchao defines its Triton MXFP8 quantizers only on SM100 and newer (their RCEIL path uses an SM100-only
+    instruction); elsewhere its stub asserts with a message about torch versions. Say what is really missing."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (10, 0):
+        raise RuntimeError(f"torchao's {name} runs only on SM100+ (it is gated by is_sm_at_least_100)")
+    return _ao(_MX, name)
+
+
 def _ao_dim0(x, ctx: Context):
-    f = _ao(_MX, "triton_to_mxfp8_dim0")
+    f = _ao_quantizer("triton_to_mxfp8_dim0")
     return lambda: f(x, inner_block_size=32, scaling_mode=ctx.mode)
 
 
 def _ao_dim1(x, ctx: Context):
-    f = _ao(_MX, "triton_to_mxfp8_dim1")
+    f = _ao_quantizer("triton_to_mxfp8_dim1")
     return lambda: f(x, inner_block_size=32, scaling_mode=ctx.mode)
 
 

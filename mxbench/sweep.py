@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import subprocess
 import sys
 import tomllib
@@ -513,12 +514,13 @@ def _git(*args: str) -> str:
 
 
 def git_commit() -> str | None:
-    """The repository's HEAD commit (with "+dirty" when tracked files changed), or None without git or commits."""
+    """The repository's HEAD commit (with "+dirty" when tracked files changed); without a git checkout (a copy of
+    the tree shipped to a GPU machine) the ``MXBENCH_GIT_COMMIT`` environment variable names it; else None."""
     try:
         sha = _git("rev-parse", "HEAD")
         return sha + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("MXBENCH_GIT_COMMIT") or None
 
 
 def _versions() -> dict[str, Any]:

@@ -123,7 +123,8 @@ def time_shape(case: str, M: int, checked: dict[Variant, tuple[float, str | None
     rows = [{**shape, "variant": "bf16 torch._grouped_mm", "backend": "bf16", "us": us, "iqr_us": iqr, "tflops": bf16}]
     print(f"{case:5} {M:7d} {'bf16 torch._grouped_mm':28} {us:9.1f} {iqr:6.1f} {bf16:8.1f}")
     for v, (db, error) in checked.items():
-        row = {**shape, "variant": v.name, "backend": v.backend, "config": dataclasses.asdict(v.config), "sqnr_db": db}
+        config = dataclasses.asdict(v.config) if v.config else None  # None: the backend's default
+        row = {**shape, "variant": v.name, "backend": v.backend, "config": config, "sqnr_db": db}
         if error is None:
             try:
                 us, iqr = timed(lambda v=v: GG.mxfp8_grouped_mm(*ops, offs, backend=v.backend, config=v.config))

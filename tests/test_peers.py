@@ -96,7 +96,16 @@ def fake_torchao(monkeypatch):
 
     monkeypatch.setattr(peers, "_torchao_status", lambda: "9.9-test")
     monkeypatch.setattr(peers, "_ao", ao)
+    monkeypatch.setattr(peers, "_ao_quantizer", lambda name: ao(peers._MX, name))
     return calls
+
+
+def test_torchao_quantizers_below_sm100_say_why(monkeypatch):
+    """torchao defines its Triton MXFP8 quantizers only on SM100+: a Hopper row names that, not torchao's stub."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    with pytest.raises(RuntimeError, match="only on SM100"):
+        peers._ao_quantizer("triton_to_mxfp8_dim0")
 
 
 def run(fakes, tmp_path=None):

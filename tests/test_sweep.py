@@ -7,6 +7,7 @@ thing runs in ``test_real_sweep_on_gpu``.
 from __future__ import annotations
 
 import json
+import subprocess
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -444,3 +445,16 @@ def test_real_sweep_on_gpu(tmp_path):
     assert {r.point.recipe for r in run.records} == {"mxfp8", "fp8_rowwise", "bf16"}
     assert sum(r.pass_name == "end_to_end" for r in run.records) == 2 * 3
     assert load_run(out).meta["card"] == run.meta["card"]
+
+
+def test_git_commit_without_a_checkout_comes_from_the_environment(monkeypatch):
+    """A tree copied to a GPU machine has no .git: the session names the commit it shipped."""
+
+    def no_git(*args):
+        raise subprocess.CalledProcessError(128, ["git", *args])
+
+    monkeypatch.setattr(sweep, "_git", no_git)
+    monkeypatch.delenv("MXBENCH_GIT_COMMIT", raising=False)
+    assert sweep.git_commit() is None
+    monkeypatch.setenv("MXBENCH_GIT_COMMIT", "abc123")
+    assert sweep.git_commit() == "abc123"
