@@ -34,6 +34,8 @@ for s in "$@"; do
     ceilings) step ceilings 180 mxbench ceilings --out-dir results ;;
     roofline) step roofline 500 mxbench roofline --K 7168 --N 2048 --out "$RES/roofline-deepseek-v3.json" --plot-file plots/deepseek-v3 ;;
     scout) step scout 500 mxbench roofline --preset llama4-scout --out "$RES/roofline-llama4-scout.json" --plot-file plots/llama4-scout ;;
+    fp8) step fp8 400 mxbench roofline --K 7168 --N 2048 --recipe fp8_rowwise --out "$RES/roofline-deepseek-v3-fp8_rowwise.json" ;;
+    skewed) step skewed 300 mxbench roofline --K 7168 --N 2048 --M 131072 --groups skewed --out "$RES/roofline-deepseek-v3-skewed.json" ;;
     peers) step peers 500 mxbench peers --preset deepseek-v3 --out "$RES/peers-deepseek-v3.json" ;;
     peers_scout) step peers_scout 500 mxbench peers --preset llama4-scout --out "$RES/peers-llama4-scout.json" ;;
     baseline) step baseline 300 make baseline ;;
