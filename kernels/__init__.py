@@ -17,6 +17,7 @@ from .fp8_rowwise import quantize_fp8_rowwise, quantize_fp8_rowwise_3d, quantize
 from .grouped_gemm import available_backends, grouped_mm
 from .layouts import from_blocked, rearrange_3d, rearrange_k_groups, rearrange_m_groups, to_blocked
 from .padding import pad_token_groups, unpad_token_groups
+
 # The drop-ins for torch._grouped_mm (autograd). The operand-level GEMMs on quantized inputs that they run are
 # ``grouped_gemm.mxfp8_grouped_mm`` / ``grouped_gemm.fp8_rowwise_grouped_mm``.
 from .pipeline import bf16_grouped_mm, build_step, fp8_rowwise_grouped_mm, mxfp8_grouped_mm, plan_step

@@ -33,9 +33,8 @@ import triton.language as tl
 
 from .cost import Cost
 from .format import DATA_DTYPE, E4M3_MAX
-from .padding import check_host_offsets, check_same_device
 from .quantize import _to_e4m3_bits, _to_fp32
-from .runtime import INTERPRET, check_offsets, check_tensor
+from .runtime import INTERPRET, check_host_offsets, check_offsets, check_same_device, check_tensor
 
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
 AMAX_FLOOR = 2.0**-112

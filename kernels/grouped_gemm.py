@@ -82,9 +82,9 @@ from .layouts import (
     rearrange_k_groups,
     rearrange_m_groups,
 )
-from .padding import check_host_offsets, group_bounds, locate, pick
+from .padding import group_bounds, locate, pick
 from .quantize import quantize_3d, quantize_dim0, quantize_dim1
-from .runtime import INTERPRET, check_offsets, check_tensor
+from .runtime import INTERPRET, check_host_offsets, check_offsets, check_same_device, check_tensor
 
 RECIPES = ("bf16", "fp8_rowwise", "mxfp8")
 BACKENDS = {
@@ -703,8 +703,7 @@ def _check_quantized(a_q, b_q, offs, group_multiple: int = 1) -> tuple[str, int,
 
 def _check_same_device(a_q: torch.Tensor, **tensors: torch.Tensor) -> None:
     for name, x in tensors.items():
-        if x.device != a_q.device:
-            raise ValueError(f"{name} is on {x.device} but a_q is on {a_q.device}")
+        check_same_device(name, x, a_q, "a_q")
 
 
 def _check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:

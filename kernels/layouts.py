@@ -25,8 +25,8 @@ import triton.language as tl
 
 from .cost import Cost, ceil_to
 from .format import BLOCK_SIZE, SCALE_DTYPE
-from .padding import check_host_offsets, check_power_of_two, check_same_device, group_bounds, locate, pick
-from .runtime import check_offsets, check_tensor
+from .padding import group_bounds, locate, pick
+from .runtime import check_host_offsets, check_offsets, check_power_of_two, check_same_device, check_tensor
 
 TILE_ROWS = 128
 TILE_COLS = 4
@@ -181,7 +181,7 @@ def rearrange_m_groups(
     Returns (128 * (ceil(M/128) + G), ceil_4(C)), scales' dtype, row-major: group g's blocked image
     (ceil_128(size_g) rows x ceil_4(C)) starts at row sum_{j<g} ceil_128(size_j); every other byte is zero.
     Rows past offs[-1] belong to no group and are dropped. ``block_cols`` (a power of two >= 4; default whole
-    rows up to 256) scale columns per program, ``num_warps`` per program (default by block size).
+    rows up to 256) scale columns per program, ``num_warps`` per program (default 4).
     """
     scales = _check_scales(scales, 2)
     M, C = scales.shape
@@ -209,9 +209,9 @@ def rearrange_k_groups(
     read without a sync (CPU tensors): CUDA offs are not read on the host, and a size that is not a multiple of 32
     has its column bounds rounded down. Returns a (ceil_128(R), M/32 + 4*G) buffer, scales' dtype, whose bytes hold
     from byte 0 each group's complete blocked image (ceil_128(R) x ceil_4(size_g/32)) back to back in group
-    order; every other byte is zero. ``block_cols`` (a power of two >= 4) scale columns per program: a group's
-    columns are not aligned in memory, so a program covers part of one group (64 measured best on column-major
-    input); ``num_warps`` per program (default by block size).
+    order; every other byte is zero. ``block_cols`` (a power of two >= 4; default whole rows up to 128) scale
+    columns per program: a group's columns are not aligned in memory, so a program covers part of one group;
+    ``num_warps`` per program (default 4).
     """
     scales = _check_scales(scales, 2)
     R, cols = scales.shape
@@ -229,12 +229,10 @@ def rearrange_k_groups(
     return out.view(scales.dtype)
 
 
-def rearrange_3d(
-    scales: torch.Tensor, *, block_cols: int | None = None, num_warps: int | None = None
-) -> torch.Tensor:
+def rearrange_3d(scales: torch.Tensor, *, block_cols: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """Blocked scales of 3D expert weights: scales (G, R, C) e8m0 or uint8, any strides -> (G, ceil_128(R),
     ceil_4(C)), scales' dtype, contiguous, each expert's blocked image. ``block_cols``, ``num_warps`` as for
-    ``rearrange_m_groups``."""
+    ``rearrange_m_groups``, but ``block_cols`` defaults to whole rows up to 64."""
     scales = _check_scales(scales, 3)
     G, R, C = scales.shape
     block_cols, num_warps = _launch(C, block_cols, num_warps, widest=64)

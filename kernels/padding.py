@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .cost import Cost, ceil_to
-from .runtime import check_offsets, check_tensor
+from .runtime import check_host_offsets, check_offsets, check_power_of_two, check_same_device, check_tensor
 
 ALIGNMENTS = (16, 32, 128)
 # Copies move raw bits: an integer view of the same width makes every float dtype (fp8 included) a plain copy.
@@ -55,28 +55,6 @@ def locate(lengths, pos, BLOCK_G: tl.constexpr):
     ends = tl.cumsum(lengths, 0)
     index = tl.sum((ends <= pos).to(tl.int32), 0)
     return index, pos - pick(ends - lengths, index, BLOCK_G)
-
-
-def check_host_offsets(offs: torch.Tensor, total: int, multiple: int = 1, name: str = "offs") -> None:
-    """Check the values of ``offs`` where reading them costs no sync (CPU tensors, interpreter runs).
-
-    They must be non-decreasing, within [0, total], and every group size a multiple of ``multiple``. CUDA offsets
-    are never read on the host, so there the kernels trust them (see ``group_bounds`` for what malformed ones do).
-    """
-    if offs.is_cuda:
-        return
-    prev = 0
-    for g, end in enumerate(offs.tolist()):
-        if not prev <= end <= total:
-            raise ValueError(f"{name} must be non-decreasing group ends within [0, {total}]; {name}[{g}] = {end}")
-        if (end - prev) % multiple:
-            raise ValueError(f"{name}: group {g} holds {end - prev} rows, not a multiple of {multiple}")
-        prev = end
-
-
-def check_same_device(name: str, x: torch.Tensor, like: torch.Tensor) -> None:
-    if x.device != like.device:
-        raise ValueError(f"{name} is on {x.device} but the data is on {like.device}")
 
 
 # ---- padding ------------------------------------------------------------------------------------------------
@@ -150,17 +128,12 @@ def _check_rows(x: object, name: str) -> torch.Tensor:
     return x
 
 
-def check_power_of_two(name: str, value: object) -> int:
-    if not isinstance(value, int) or value < 1 or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two, got {value!r}")
-    return value
-
-
 def _block_cols(D: int, element_size: int, block_cols: int | None) -> int:
     """Columns per program: by default 4 KiB of each row (whole rows when narrower).
 
-    With 8 rows and 8 warps per program, pad and unpad of bf16 (131072, 7168) ran at 4.06 TB/s on an H200, 95% of
-    its copy bandwidth (scripts/tune_layouts.py, 2026-11-26); 16 rows x 2 KiB with 4 warps gave 4.02.
+    With 8 rows and 8 warps per program, pad and unpad of bf16 (131072, 7168) ran at 4.05 TB/s on an H200, 98% of
+    its measured copy ceiling (a Triton copy kernel, `mxbench ceilings`: 4.12 TB/s); 16 rows x 2 KiB with 4 warps
+    ran 1% slower (scripts/tune_layouts.py, 2026-11-26).
     """
     if block_cols is None:
         return min(triton.next_power_of_2(max(D, 1)), 4096 // element_size)

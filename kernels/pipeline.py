@@ -328,9 +328,7 @@ def run_stages(stages: Sequence[Stage], env: dict[str, torch.Tensor]) -> dict[st
     return env
 
 
-def build_step(
-    recipe, M, N, K, G, group_sizes, *, mode="rceil", backend=None, device="cuda", seed=0
-) -> list[Stage]:
+def build_step(recipe, M, N, K, G, group_sizes, *, mode="rceil", backend=None, device="cuda", seed=0) -> list[Stage]:
     """``plan_step`` with every stage bound to tensors on ``device``: ``stage.run()`` calls its kernel alone.
 
     The inputs of each stage are the outputs of one eager run of the whole step, so every stage sees real data.

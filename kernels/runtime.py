@@ -58,9 +58,38 @@ def check_multiple(name: str, value: int, multiple: int, what: str) -> None:
         raise ValueError(f"{name}: {what} must be a multiple of {multiple}, got {value}")
 
 
-def check_offsets(offs: object, num_rows: int | None = None, name: str = "offs") -> torch.Tensor:
+def check_power_of_two(name: str, value: object) -> int:
+    if not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two, got {value!r}")
+    return value
+
+
+def check_same_device(name: str, x: torch.Tensor, like: torch.Tensor, like_name: str = "the data") -> None:
+    if x.device != like.device:
+        raise ValueError(f"{name} is on {x.device} but {like_name} is on {like.device}")
+
+
+def check_offsets(offs: object, name: str = "offs") -> torch.Tensor:
     """``offs``: int32 (G,) cumulative group end rows, 1 <= G <= 512. Values are not read (that would sync)."""
     offs = check_tensor(name, offs, dtypes=(torch.int32,), ndim=1)
     if not 1 <= offs.numel() <= 512:
         raise ValueError(f"{name} must hold 1 to 512 group ends, got {offs.numel()}")
     return offs
+
+
+def check_host_offsets(offs: torch.Tensor, total: int, multiple: int = 1, name: str = "offs") -> None:
+    """Check the values of ``offs`` where reading them costs no sync (CPU tensors, interpreter runs).
+
+    They must be non-decreasing, within [0, total], and every group size a multiple of ``multiple``. CUDA offsets
+    are never read on the host, so there the kernels trust them (see ``padding.group_bounds`` for what malformed
+    ones do).
+    """
+    if offs.is_cuda:
+        return
+    prev = 0
+    for g, end in enumerate(offs.tolist()):
+        if not prev <= end <= total:
+            raise ValueError(f"{name} must be non-decreasing group ends within [0, {total}]; {name}[{g}] = {end}")
+        if (end - prev) % multiple:
+            raise ValueError(f"{name}: group {g} holds {end - prev} rows, not a multiple of {multiple}")
+        prev = end

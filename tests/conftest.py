@@ -15,6 +15,8 @@ if not HAS_CUDA:
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
+POISON = 0xA5
+
 
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
@@ -29,3 +31,18 @@ def pytest_collection_modifyitems(config, items):
 def device() -> str:
     """Where kernels run in CPU-or-GPU tests: the GPU when there is one, else CPU under the interpreter."""
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def poisoned_empty(monkeypatch):
+    """Make every fresh ``torch.empty`` allocation hold POISON bytes, so an output byte that a kernel never writes
+    shows up (on CPU, torch.empty often hands back pages that are already zero)."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        if t.numel():
+            t.view(-1).view(torch.uint8).fill_(POISON)
+        return t
+
+    monkeypatch.setattr(torch, "empty", empty)

@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from helpers import f32
 from mxkernels.format import (
     BLOCK_SIZE,
     DATA_DTYPE,
@@ -27,11 +28,6 @@ from mxkernels.format import (
 
 INF, NAN = float("inf"), float("nan")
 FLT_MAX = torch.finfo(torch.float32).max
-
-
-def f32(bits: int) -> float:
-    """The fp32 value with the given bit pattern."""
-    return torch.tensor([bits], dtype=torch.int32).view(torch.float32).item()
 
 
 def bits(value: float) -> int:

@@ -7,18 +7,13 @@ bit-exact against the plain-torch references, which are checked here against han
 kernels under the interpreter on small shapes; the ``gpu`` tests repeat the checks at DeepSeek-V3 sizes.
 """
 
-import itertools
-
 import pytest
 import torch
+from helpers import offsets
 from mxkernels import fp8_rowwise as F
 from mxkernels.cost import Cost
 
 E4M3 = torch.float8_e4m3fn
-
-
-def offsets(sizes, device="cpu"):
-    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32, device=device)
 
 
 def assert_same_bytes(q, ref):

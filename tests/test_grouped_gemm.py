@@ -16,6 +16,7 @@ import pytest
 import torch
 import triton
 from crosscompile import compile_ptx
+from helpers import offsets
 from mxkernels import grouped_gemm as GG
 from mxkernels.cost import Cost, ceil_to
 from mxkernels.format import dequantize_reference, quantize_reference
@@ -25,10 +26,6 @@ TRITON_BACKENDS = ["triton", "triton_fp8"]
 
 
 # ---- the oracle -------------------------------------------------------------------------------------------------
-
-
-def offsets(sizes, device="cpu"):
-    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32, device=device)
 
 
 def bounds(sizes):

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 from crosscompile import compile_ptx
+from helpers import capture, random_group_ends
 from mxkernels import layouts
 from mxkernels.format import SCALE_DTYPE
 from mxkernels.layouts import (
@@ -21,40 +22,6 @@ from mxkernels.layouts import (
     rearrange_m_groups_reference,
     to_blocked,
 )
-
-POISON = 0xA5
-
-
-@pytest.fixture
-def poisoned_empty(monkeypatch):
-    """Make every fresh ``torch.empty`` allocation hold POISON bytes, so an output byte that a kernel never writes
-    shows up (on CPU, torch.empty often hands back pages that are already zero)."""
-    real_empty = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        if t.numel():
-            t.view(-1).view(torch.uint8).fill_(POISON)
-        return t
-
-    monkeypatch.setattr(torch, "empty", empty)
-
-
-def random_group_ends(rng, total, G, multiple=1, empty=(), end=None):
-    """int32 (G,) group ends whose sizes are multiples of ``multiple`` and sum to ``end`` (default ``total``), the
-    groups listed in ``empty`` empty and the others of random (possibly zero) size."""
-    end = total if end is None else end
-    units = end // multiple
-    filled = [g for g in range(G) if g not in empty]
-    cuts = sorted(rng.randint(0, units) for _ in range(len(filled) - 1)) + [units] if filled else []
-    sizes, prev = [0] * G, 0
-    for g, cut in zip(filled, cuts):
-        sizes[g], prev = (cut - prev) * multiple, cut
-    ends, acc = [], 0
-    for s in sizes:
-        acc += s
-        ends.append(acc)
-    return torch.tensor(ends, dtype=torch.int32)
 
 
 def scale_bytes(*shape, seed=0, device="cpu"):
@@ -250,7 +217,8 @@ class TestKernelsMatchReferences:
         assert_only_group_data(out, [s[:, a // 32 : b // 32] for a, b in zip(starts, offs.tolist())])
 
     @pytest.mark.parametrize(
-        "shape, block_cols", [((1, 1, 1), 4), ((3, 130, 5), 4), ((2, 7, 70), 64), ((4, 200, 13), 8), ((2, 130, 90), None)]
+        "shape, block_cols",
+        [((1, 1, 1), 4), ((3, 130, 5), 4), ((2, 7, 70), 64), ((4, 200, 13), 8), ((2, 130, 90), None)],
     )
     def test_3d(self, shape, block_cols, device):
         s = scale_bytes(*shape, seed=sum(shape), device=device)
@@ -370,19 +338,6 @@ def test_dsv3_groups_match_reference(name):
 def test_dsv3_3d_matches_reference(shape):
     s = scale_bytes(*shape, seed=1, device="cuda")
     assert_bytes_equal(rearrange_3d(s), rearrange_3d_reference(s))
-
-
-def capture(fn):
-    """``fn``'s result tensor and a CUDA graph that recomputes it in place (warmed up on a side stream first)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return out, graph
 
 
 @pytest.mark.gpu

@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from helpers import capture, random_group_ends
 from mxkernels.cost import Cost
 from mxkernels.padding import (
     pad_cost,
@@ -14,7 +15,6 @@ from mxkernels.padding import (
     unpad_token_groups,
     unpad_token_groups_reference,
 )
-from test_layouts import capture, poisoned_empty, random_group_ends  # noqa: F401 (a shared fixture)
 
 ALIGNMENTS = (16, 32, 128)
 

@@ -3,19 +3,16 @@ peers table. Driven by a fake pipeline and fake instruments on CPU; the real thi
 
 from __future__ import annotations
 
-
 import pytest
 import torch
+from helpers import FakePower, FakeTelemetry, FakeTiming
 from mxkernels.cost import Cost
 from mxkernels.pipeline import Stage
-from test_sweep import FakePower, FakeTelemetry, FakeTiming
 
 from mxbench import peers
 from mxbench.peers import IMPLS, peer_rows, run_peers
 from mxbench.results import Point, Record, Run, load_run
 from mxbench.sweep import Instruments, SweepOptions
-
-
 
 COST = Cost(300, 100)
 

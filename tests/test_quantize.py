@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 from crosscompile import compile_ptx
+from helpers import f32
 from mxkernels.cost import Cost
 from mxkernels.format import (
     BLOCK_SIZE,
@@ -41,10 +42,6 @@ MODES = ["floor", "rceil"]
 DTYPES = [torch.bfloat16, torch.float32]
 INF, NAN = float("inf"), float("nan")
 FLT_MAX = torch.finfo(torch.float32).max
-
-
-def f32(bits: int) -> float:
-    return torch.tensor([bits], dtype=torch.int32).view(torch.float32).item()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

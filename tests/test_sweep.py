@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import pytest
+from helpers import FakePower, FakeTelemetry, FakeTiming
 from mxkernels.cost import Cost
 from mxkernels.pipeline import Stage
 
@@ -131,54 +132,6 @@ def fake_plan(recipe, M, N, K, G, sizes, *, mode="rceil", backend=None):
         "forward", "quantize_a", "quantize_dim0", "quantize", "Quantize A", f"({M}, {K})", Cost(2 * M * K, M * K)
     )
     return [quant, gemm]
-
-
-@dataclass
-class FakeTiming:
-    samples_us: list
-    method: str = "graph-cold"
-    calls_per_replay: int = 10
-    flush_us: float | None = 0.5
-    kernels_per_call: int | None = 1
-    memcpy_nodes: int | None = 0
-    memset_nodes: int | None = 0
-    window_includes_flush: bool | None = None
-
-
-class FakeTelemetry:
-    """A sampler whose counter gains ``WINDOW_J`` joules each time its window is entered."""
-
-    WINDOW_J = 6.0
-
-    def __init__(self):
-        self.energy_j = 0.0
-
-    def __enter__(self):
-        self.energy_j += self.WINDOW_J
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def summary(self, calls):
-        return {"calls": calls, "sm_clock_mhz": 1980.0, "energy_j_per_call": self.energy_j / calls}
-
-
-class FakePower:
-    """Records every limit set and restored; ``current`` is the limit in force."""
-
-    def __init__(self):
-        self.current, self.events = None, []
-
-    @contextmanager
-    def applied(self, watts):
-        self.events.append(("set", watts))
-        self.current = watts
-        try:
-            yield
-        finally:
-            self.events.append(("restore", watts))
-            self.current = None
 
 
 @dataclass

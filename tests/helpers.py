@@ -1,0 +1,105 @@
+"""Plain helpers shared by several test modules (pytest puts tests/ on sys.path: ``from helpers import ...``).
+
+Shared fixtures live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+# ---- bits and token groups ----------------------------------------------------------------------------------
+
+
+def f32(bits: int) -> float:
+    """The fp32 value with the given bit pattern."""
+    return torch.tensor([bits], dtype=torch.int32).view(torch.float32).item()
+
+
+def offsets(sizes, device="cpu"):
+    """int32 (G,) cumulative group ends of the given group sizes."""
+    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32, device=device)
+
+
+def random_group_ends(rng, total, G, multiple=1, empty=(), end=None):
+    """int32 (G,) group ends whose sizes are multiples of ``multiple`` and sum to ``end`` (default ``total``), the
+    groups listed in ``empty`` empty and the others of random (possibly zero) size."""
+    end = total if end is None else end
+    units = end // multiple
+    filled = [g for g in range(G) if g not in empty]
+    cuts = sorted(rng.randint(0, units) for _ in range(len(filled) - 1)) + [units] if filled else []
+    sizes, prev = [0] * G, 0
+    for g, cut in zip(filled, cuts):
+        sizes[g], prev = (cut - prev) * multiple, cut
+    ends, acc = [], 0
+    for s in sizes:
+        acc += s
+        ends.append(acc)
+    return torch.tensor(ends, dtype=torch.int32)
+
+
+def capture(fn):
+    """``fn``'s result tensor and a CUDA graph that recomputes it in place (warmed up on a side stream first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return out, graph
+
+
+# ---- fake instruments for the harness ------------------------------------------------------------------------
+
+
+@dataclass
+class FakeTiming:
+    samples_us: list
+    method: str = "graph-cold"
+    calls_per_replay: int = 10
+    flush_us: float | None = 0.5
+    kernels_per_call: int | None = 1
+    memcpy_nodes: int | None = 0
+    memset_nodes: int | None = 0
+    window_includes_flush: bool | None = None
+
+
+class FakeTelemetry:
+    """A sampler whose counter gains ``WINDOW_J`` joules each time its window is entered."""
+
+    WINDOW_J = 6.0
+
+    def __init__(self):
+        self.energy_j = 0.0
+
+    def __enter__(self):
+        self.energy_j += self.WINDOW_J
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def summary(self, calls):
+        return {"calls": calls, "sm_clock_mhz": 1980.0, "energy_j_per_call": self.energy_j / calls}
+
+
+class FakePower:
+    """Records every limit set and restored; ``current`` is the limit in force."""
+
+    def __init__(self):
+        self.current, self.events = None, []
+
+    @contextmanager
+    def applied(self, watts):
+        self.events.append(("set", watts))
+        self.current = watts
+        try:
+            yield
+        finally:
+            self.events.append(("restore", watts))
+            self.current = None
