@@ -25,11 +25,11 @@ import traceback
 
 import torch
 import triton
-import triton.language as tl
 from mxkernels import quantize as qz
 from mxkernels.format import BLOCK_SIZE, quantize_reference
 
 from mxbench.timing import time_fn
+from tuning import copy_tbps
 
 M = 131072
 # (tile, num_warps) candidates. Rows kernel: every tile keeps 16 contiguous elements per thread.
@@ -108,25 +108,6 @@ def measure(kind: str, shape, run, ref, mode: str, config: tuple, samples: int) 
     return row
 
 
-@triton.jit
-def _copy_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + offs, tl.load(x_ptr + offs))
-
-
-def copy_tbps(samples: int) -> float:
-    """TB/s (read + write) of a plain bf16 copy kernel over (131072, 7168): the roof. A kernel, not ``copy_``,
-    which a graph turns into a copy-engine memcpy node."""
-    x = torch.randn(M, 7168, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    block = 8192
-    t = time_fn(lambda: _copy_kernel[(x.numel() // block,)](x, y, BLOCK=block, num_warps=8), samples=samples,
-                target_replay_ms=5.0)  # fmt: skip
-    if not torch.equal(x, y):
-        raise AssertionError("copy kernel is wrong")
-    return 2 * x.numel() * 2 / t.median_us / 1e6
-
-
 def config_name(config) -> str:
     """(tile, warps) -> "(32, 512) w8"; (tile, warps, stages, group) -> "(64, 64) w1 s2 g2048"."""
     extra = f" s{config[2]} g{config[3]}" if len(config) > 2 else ""
@@ -148,7 +129,7 @@ def main() -> None:
     t0 = time.monotonic()
     device = torch.cuda.get_device_name()
     print(f"{device}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
-    roof = copy_tbps(args.samples)
+    roof = copy_tbps(M, 7168, args.samples)
     print(f"copy kernel bf16 (131072 x 7168): {roof:.2f} TB/s (read + write); 90% = {0.9 * roof:.2f}", flush=True)
 
     only = set(filter(None, args.only.split(",")))
