@@ -4,6 +4,8 @@
 # $OUT/bundle.tgz after every step.
 #   bash scripts/gpu_session.sh STEP...
 # Reads the card's settings, never changes them (no power limit, clock or persistence changes).
+# The torchao step installs a wheel from .wheels/ (pip download --no-deps torchao==0.17.0 -d .wheels), for machines
+# without network; MXBENCH_GIT_COMMIT names the commit when the tree arrives without .git.
 set -u
 OUT=${OUT:-/tmp/mxbench-out}
 LOGS=/tmp/mxbench-logs
