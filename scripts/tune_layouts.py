@@ -14,9 +14,7 @@ when ``$OUT`` is set.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -28,7 +26,7 @@ import triton
 from mxkernels import layouts, padding
 
 from mxbench.timing import time_fn
-from tuning import copy_tbps
+from tuning import start
 
 G = 8
 M = 131072
@@ -191,17 +189,9 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting new configs after this")
-    parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--only", default="", help="comma-separated kernel names to tune (default: all)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("tune_layouts needs a CUDA GPU")
-    t0 = time.monotonic()
-    device = torch.cuda.get_device_name()
-    print(f"{device}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
-    roof = copy_tbps(M, 7168, args.samples)
+    only_help = "comma-separated kernel names to tune (default: all)"
+    session = start("tune_layouts", __doc__.split("\n\n")[0], "", only_help, M, 7168)
+    args, t0, roof = session.args, session.t0, session.roof
     print(f"copy kernel bf16 (131072 x 7168): {roof:.2f} TB/s (read + write) = the roof below", flush=True)
 
     # Most important first: a run cut short by the budget still has the DeepSeek-V3 headline cases.
@@ -235,15 +225,7 @@ def main() -> None:
     print("best per kernel (least total time over its cases):")
     for kernel, b in summary["best_per_kernel"].items():
         print(f"  {kernel:20s} {fmt_config(b['config']):28s} total {b['total_us']:.1f} us")
-    if skipped:
-        print(f"{len(skipped)} configs skipped: time budget of {args.budget_s:.0f} s spent")
-    print(f"done in {time.monotonic() - t0:.0f} s")
-    if os.environ.get("OUT"):
-        path = os.path.join(os.environ["OUT"], "tune_layouts.json")
-        meta = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "copy_tbps": roof}
-        with open(path, "w") as f:
-            json.dump({**meta, "rows": rows, "skipped": skipped, **summary}, f, indent=1)
-        print(f"wrote {path}")
+    session.finish("tune_layouts", rows, skipped, summary)
 
 
 if __name__ == "__main__":

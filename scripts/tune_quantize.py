@@ -16,20 +16,16 @@ A failing config is reported and skipped; configs left when the budget runs out 
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 import time
 import traceback
 
 import torch
-import triton
 from mxkernels import quantize as qz
 from mxkernels.format import BLOCK_SIZE, quantize_reference
 
 from mxbench.timing import time_fn
-from tuning import copy_tbps
+from tuning import start
 
 M = 131072
 # (tile, num_warps) candidates. Rows kernel: every tile keeps 16 contiguous elements per thread.
@@ -119,17 +115,9 @@ def fmt(r: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting new configs after this")
-    parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--only", default="dim1,3d_N", help="comma-separated quantizers (dim0, dim1, 3d_K, 3d_N)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("tune_quantize needs a CUDA GPU")
-    t0 = time.monotonic()
-    device = torch.cuda.get_device_name()
-    print(f"{device}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
-    roof = copy_tbps(M, 7168, args.samples)
+    only_help = "comma-separated quantizers (dim0, dim1, 3d_K, 3d_N)"
+    session = start("tune_quantize", __doc__.split("\n\n")[0], "dim1,3d_N", only_help, M, 7168)
+    args, t0, roof = session.args, session.t0, session.roof
     print(f"copy kernel bf16 (131072 x 7168): {roof:.2f} TB/s (read + write); 90% = {0.9 * roof:.2f}", flush=True)
 
     only = set(filter(None, args.only.split(",")))
@@ -190,18 +178,9 @@ def main() -> None:
         same = [r for r in ok if r["control"] and r["quantizer"] == f["quantizer"] and r["shape"] == f["shape"]]
         rceil = ", ".join(f"{r['us']:.2f}" for r in same)
         print(f"  {f['quantizer']:5s} {tuple(f['shape'])}: rceil {rceil} us, floor {f['us']:.2f} us")
-    if skipped:
-        print(f"{len(skipped)} configs skipped: time budget of {args.budget_s:.0f} s spent")
-    print(f"done in {time.monotonic() - t0:.0f} s")
-    if os.environ.get("OUT"):
-        path = os.path.join(os.environ["OUT"], "tune_quantize.json")
-        meta = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "copy_tbps": roof}
-        keys = ("quantizer", "shape", "config", "us", "tbps")
-        best = [{k: r[k] for k in keys} for r in best_case.values()]
-        summary = {"best_per_case": best, "best_per_quantizer": best_kind}
-        with open(path, "w") as f:
-            json.dump({**meta, "rows": rows, "skipped": skipped, **summary}, f, indent=1, default=str)
-        print(f"wrote {path}")
+    keys = ("quantizer", "shape", "config", "us", "tbps")
+    best = [{k: r[k] for k in keys} for r in best_case.values()]
+    session.finish("tune_quantize", rows, skipped, {"best_per_case": best, "best_per_quantizer": best_kind})
 
 
 if __name__ == "__main__":

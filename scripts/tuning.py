@@ -1,8 +1,16 @@
-"""What the tuning scripts share: the roof they report against."""
+"""What the memory-bound tuning scripts share: their command line, their header, and the roof they report against."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
 import torch
+import triton
 
 from mxbench.ceilings import stream_convert
 from mxbench.timing import time_fn
@@ -20,3 +28,43 @@ def copy_tbps(rows: int, cols: int, samples: int) -> float:
     if not torch.equal(x, y):
         raise AssertionError("the copy kernel is wrong")
     return 2 * x.numel() * x.element_size() / t.median_us / 1e6
+
+
+@dataclass(frozen=True)
+class Session:
+    """A tuning run: its parsed options, its start time, the card, and the copy roof (TB/s) measured first."""
+
+    args: argparse.Namespace
+    t0: float
+    device: str
+    roof: float
+
+    def finish(self, script: str, rows: list, skipped: list, summary: dict) -> None:
+        """Say what the time budget skipped and how long the run took; write every number to
+        ``$OUT/<script>.json`` when ``$OUT`` is set."""
+        if skipped:
+            print(f"{len(skipped)} configs skipped: time budget of {self.args.budget_s:.0f} s spent")
+        print(f"done in {time.monotonic() - self.t0:.0f} s")
+        if os.environ.get("OUT"):
+            path = os.path.join(os.environ["OUT"], f"{script}.json")
+            meta = {"device": self.device, "torch": torch.__version__, "triton": triton.__version__,
+                    "copy_tbps": self.roof}  # fmt: skip
+            with open(path, "w") as f:
+                json.dump({**meta, "rows": rows, "skipped": skipped, **summary}, f, indent=1, default=str)
+            print(f"wrote {path}")
+
+
+def start(script: str, description: str, only_default: str, only_help: str, rows: int, cols: int) -> Session:
+    """Parse the shared options (--budget-s, --samples, --only), check for a GPU, print the header, and time the copy
+    roof over a (rows, cols) bf16 tensor."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting new configs after this")
+    parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--only", default=only_default, help=only_help)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit(f"{script} needs a CUDA GPU")
+    t0 = time.monotonic()
+    device = torch.cuda.get_device_name()
+    print(f"{device}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
+    return Session(args, t0, device, copy_tbps(rows, cols, args.samples))
