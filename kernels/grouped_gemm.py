@@ -86,7 +86,7 @@ from .padding import group_bounds, locate, pick
 from .quantize import quantize_3d, quantize_dim0, quantize_dim1
 from .runtime import INTERPRET, check_host_offsets, check_offsets, check_same_device, check_tensor
 
-RECIPES = ("bf16", "fp8_rowwise", "mxfp8")
+RECIPES = ("mxfp8", "fp8_rowwise", "bf16")
 BACKENDS = {
     "bf16": ("native", "emulated"),
     "fp8_rowwise": ("native", "emulated"),
@@ -161,7 +161,7 @@ def _default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _check_recipe(recipe: object) -> str:
+def check_recipe(recipe: object) -> str:
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {', '.join(RECIPES)}; got {recipe!r}")
     return recipe
@@ -169,7 +169,7 @@ def _check_recipe(recipe: object) -> str:
 
 def available_backends(recipe: str, device: torch.device | str | None = None) -> list[str]:
     """Backends that can run ``recipe`` on ``device`` (default: the current GPU, else CPU), best first."""
-    recipe = _check_recipe(recipe)
+    recipe = check_recipe(recipe)
     device = _default_device() if device is None else torch.device(device)
     return [b for b in _preference(recipe, device) if _unavailable(recipe, b, device) is None]
 
@@ -876,7 +876,7 @@ def grouped_mm(
     ``layouts`` kernels) and run ``fp8_rowwise_grouped_mm`` / ``mxfp8_grouped_mm``. ``backend``: None picks the
     best available on the device (``available_backends``). mxfp8 2D x 2D needs group sizes that are multiples of 32.
     """
-    recipe = _check_recipe(recipe)
+    recipe = check_recipe(recipe)
     dtypes = (torch.bfloat16,) if recipe == "bf16" else (torch.bfloat16, torch.float32)
     check_tensor("a", a, dtypes=dtypes, ndim=2, contiguous=False)
     check_tensor("b", b, dtypes=dtypes, ndim=(2, 3), contiguous=False)
@@ -915,7 +915,7 @@ def grouped_mm_cost(M: int, N: int, K: int, G: int, recipe: str, case: str = "2d
     are bf16 (2 bytes) or e4m3 (1 byte); fp8_rowwise scales are fp32, one per row (per group and row in 2d2d);
     mxfp8 scales are the blocked buffers as handed over (``layouts`` shapes, their padding included).
     """
-    recipe = _check_recipe(recipe)
+    recipe = check_recipe(recipe)
     if case not in ("2d3d", "2d2d"):
         raise ValueError(f"case must be '2d3d' or '2d2d', got {case!r}")
     if min(M, N, K) < 0 or G < 1:

@@ -26,7 +26,7 @@ from .cost import Cost
 from .format import BLOCK_SIZE, ScaleMode
 
 PASSES = ("forward", "backward_input", "backward_weight")
-RECIPES = ("mxfp8", "fp8_rowwise", "bf16")
+RECIPES = grouped_gemm.RECIPES
 # Token-group alignment each recipe's backward-weight GEMM needs: an MX block must not straddle two experts; FP8
 # rowwise and bf16 need 16-byte-aligned contraction groups (TMA).
 ALIGNMENT = {"mxfp8": 32, "fp8_rowwise": 16, "bf16": 16}
@@ -56,12 +56,6 @@ class Stage:
 
 def _shape(*dims: int) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ")"
-
-
-def _check_recipe(recipe: str) -> str:
-    if recipe not in RECIPES:
-        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}; got {recipe!r}")
-    return recipe
 
 
 @dataclass(frozen=True)
@@ -258,7 +252,7 @@ def _bf16_stages(M, N, K, G, pad) -> list[Stage]:
 
 
 def _check_problem(recipe: str, M: int, N: int, K: int, G: int) -> None:
-    _check_recipe(recipe)
+    grouped_gemm.check_recipe(recipe)
     for name, value in (("M", M), ("N", N), ("K", K)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
@@ -287,7 +281,7 @@ def step_stages(
 
 
 def needs_padding(recipe: str, group_sizes: Sequence[int]) -> bool:
-    return any(s % ALIGNMENT[_check_recipe(recipe)] for s in group_sizes)
+    return any(s % ALIGNMENT[grouped_gemm.check_recipe(recipe)] for s in group_sizes)
 
 
 def plan_step(
@@ -405,7 +399,7 @@ def end_to_end(
     recipe, M, N, K, G, group_sizes, *, mode="rceil", backend=None, device="cuda", seed=0
 ) -> Callable[[], object]:
     """A zero-argument call running one forward + backward of the recipe's autograd function on fixed inputs."""
-    _check_recipe(recipe)
+    grouped_gemm.check_recipe(recipe)
     t = make_inputs(M, N, K, G, group_sizes, device=device, seed=seed)
     a = t["a"].requires_grad_()
     b_t = t["w"].transpose(-2, -1).requires_grad_()
