@@ -14,6 +14,15 @@ import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+MAX_GROUPS = 512
+"""Most token groups (local experts) one call takes: the grouped kernels map tiles to groups in one pass over offs,
+and torch's grouped GEMMs share the limit."""
+
+
+class InputError(ValueError):
+    """Bad input to a kernel wrapper or a harness function, found before any work: the message names the argument
+    (or option, or file) and what is wrong. The CLI turns this type, and only this type, into exit code 2."""
+
 
 def check_tensor(
     name: str,
@@ -26,18 +35,18 @@ def check_tensor(
     """Raise ``ValueError`` naming ``name`` unless ``x`` is a tensor of the given dtypes, rank and layout that a
     kernel can run on (CUDA, or CPU under the interpreter)."""
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise InputError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if dtypes is not None:
         dtypes = tuple(dtypes)
         if x.dtype not in dtypes:
             names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-            raise ValueError(f"{name} must have dtype {names}; got {str(x.dtype).removeprefix('torch.')}")
+            raise InputError(f"{name} must have dtype {names}; got {str(x.dtype).removeprefix('torch.')}")
     if ndim is not None:
         ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if x.dim() not in ranks:
-            raise ValueError(f"{name} must be {' or '.join(f'{r}D' for r in ranks)}, got shape {tuple(x.shape)}")
+            raise InputError(f"{name} must be {' or '.join(f'{r}D' for r in ranks)}, got shape {tuple(x.shape)}")
     if contiguous and not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (row-major); call .contiguous() first")
+        raise InputError(f"{name} must be contiguous (row-major); call .contiguous() first")
     check_device(name, x)
     return x
 
@@ -47,7 +56,7 @@ def check_device(name: str, x: torch.Tensor) -> None:
         return
     if x.device.type == "cpu" and INTERPRET:
         return
-    raise ValueError(
+    raise InputError(
         f"{name} is on {x.device}: the kernels need a CUDA tensor "
         "(CPU tensors run only under the Triton interpreter, TRITON_INTERPRET=1 set before import)"
     )
@@ -55,25 +64,25 @@ def check_device(name: str, x: torch.Tensor) -> None:
 
 def check_multiple(name: str, value: int, multiple: int, what: str) -> None:
     if value % multiple:
-        raise ValueError(f"{name}: {what} must be a multiple of {multiple}, got {value}")
+        raise InputError(f"{name}: {what} must be a multiple of {multiple}, got {value}")
 
 
 def check_power_of_two(name: str, value: object) -> int:
     if not isinstance(value, int) or value < 1 or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two, got {value!r}")
+        raise InputError(f"{name} must be a power of two, got {value!r}")
     return value
 
 
 def check_same_device(name: str, x: torch.Tensor, like: torch.Tensor, like_name: str = "the data") -> None:
     if x.device != like.device:
-        raise ValueError(f"{name} is on {x.device} but {like_name} is on {like.device}")
+        raise InputError(f"{name} is on {x.device} but {like_name} is on {like.device}")
 
 
 def check_offsets(offs: object, name: str = "offs") -> torch.Tensor:
-    """``offs``: int32 (G,) cumulative group end rows, 1 <= G <= 512. Values are not read (that would sync)."""
+    """``offs``: int32 (G,) cumulative group end rows, 1 <= G <= MAX_GROUPS. Values are not read (that would sync)."""
     offs = check_tensor(name, offs, dtypes=(torch.int32,), ndim=1)
-    if not 1 <= offs.numel() <= 512:
-        raise ValueError(f"{name} must hold 1 to 512 group ends, got {offs.numel()}")
+    if not 1 <= offs.numel() <= MAX_GROUPS:
+        raise InputError(f"{name} must hold 1 to {MAX_GROUPS} group ends, got {offs.numel()}")
     return offs
 
 
@@ -89,7 +98,7 @@ def check_host_offsets(offs: torch.Tensor, total: int, multiple: int = 1, name: 
     prev = 0
     for g, end in enumerate(offs.tolist()):
         if not prev <= end <= total:
-            raise ValueError(f"{name} must be non-decreasing group ends within [0, {total}]; {name}[{g}] = {end}")
+            raise InputError(f"{name} must be non-decreasing group ends within [0, {total}]; {name}[{g}] = {end}")
         if (end - prev) % multiple:
-            raise ValueError(f"{name}: group {g} holds {end - prev} rows, not a multiple of {multiple}")
+            raise InputError(f"{name}: group {g} holds {end - prev} rows, not a multiple of {multiple}")
         prev = end
