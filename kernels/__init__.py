@@ -8,19 +8,21 @@ Depends on torch and triton only; knows nothing of the mxbench harness. Modules,
 * ``layouts``: the blocked scale layout and its per-group rearrangements;
 * ``padding``: token-group padding and unpadding;
 * ``grouped_gemm``: the grouped GEMMs behind one front door, by recipe and backend;
-* ``pipeline``: the passes of a training step as stages with costs, and the autograd functions built from them.
+* ``stages``: what each stage of a step computes (specs: contract, oracle, comparison rule);
+* ``pipeline``: the passes of a training step as stages bound to shapes, costs and tensors;
+* ``autograd``: the drop-ins for ``torch._grouped_mm`` built from those stages.
 """
 
+from .autograd import bf16_grouped_mm, fp8_rowwise_grouped_mm, mxfp8_grouped_mm
 from .cost import Cost
 from .format import BLOCK_SIZE, E4M3_MAX, ScaleMode, dequantize_reference, quantize_reference
 from .fp8_rowwise import quantize_fp8_rowwise, quantize_fp8_rowwise_3d, quantize_fp8_rowwise_k_groups
 from .grouped_gemm import available_backends, grouped_mm
 from .layouts import from_blocked, rearrange_3d, rearrange_k_groups, rearrange_m_groups, to_blocked
 from .padding import pad_token_groups, unpad_token_groups
-
-# The drop-ins for torch._grouped_mm (autograd). The operand-level GEMMs on quantized inputs that they run are
-# ``grouped_gemm.mxfp8_grouped_mm`` / ``grouped_gemm.fp8_rowwise_grouped_mm``.
-from .pipeline import bf16_grouped_mm, build_step, fp8_rowwise_grouped_mm, mxfp8_grouped_mm, plan_step
+from .pipeline import build_step, plan_step
 from .quantize import quantize_3d, quantize_dim0, quantize_dim1
+from .runtime import InputError
+from .stages import Category, Pass, Recipe, StageSpec, all_specs, get_spec
 
 __version__ = "0.1.0"

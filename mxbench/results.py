@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from mxkernels.stages import format_shapes
+
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
+"""Schema 1 (before implementations were declarations) is read and migrated on load: see ``_migrate_v1``."""
+OURS = "mxkernels"
 
 
 @dataclass(frozen=True)
@@ -42,10 +48,12 @@ class Point:
 class Record:
     """One stage at one point: what ran, what it must move, how long it took.
 
-    ``pass_name``: "forward" | "backward_input" | "backward_weight" | "end_to_end".
-    ``category``: "quantize" | "rearrange" | "pad" | "gemm" | "end_to_end".
-    ``samples_us``: per-call times (each sample = one graph replay / calls per replay). Empty for model rows and
-    error rows. ``measured`` False marks the analytic model (``model_us`` set), never a measurement.
+    ``pass_name``: a ``mxkernels.stages.Pass`` value; ``category`` a ``Category`` value (stored as their strings).
+    ``impl``: the implementation that ran (``mxkernels``, ``torchao``, ``module:function`` ...); ``kernel`` the
+    function it ran; ``backend`` the GEMM backend where one was chosen. ``shapes``: the stage's input shapes.
+    ``samples_us``: per-call times (each sample = one graph replay / calls per replay). Empty for model rows, error
+    rows and skipped rows. ``measured`` False marks the analytic model (``model_us`` set), never a measurement.
+    ``skipped``: why the implementation could not run here (not an error: it never ran).
     """
 
     point: Point
@@ -54,7 +62,7 @@ class Record:
     kernel: str
     category: str
     purpose: str = ""
-    shape: str = ""
+    shapes: tuple[tuple[int, ...], ...] = ()
     bytes_read: int = 0
     bytes_written: int = 0
     flops: int = 0
@@ -66,10 +74,20 @@ class Record:
     model_us: float | None = None
     telemetry: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    impl: str = OURS
+    skipped: str | None = None
+
+    def __post_init__(self):
+        self.shapes = tuple(tuple(int(d) for d in s) for s in self.shapes)
 
     @property
     def ok(self) -> bool:
-        return self.error is None and (bool(self.samples_us) or self.model_us is not None)
+        return self.error is None and self.skipped is None and (bool(self.samples_us) or self.model_us is not None)
+
+    @property
+    def shape(self) -> str:
+        """Display form of ``shapes``: "(M, K)" or "(M, K) @ (G, K, N)"."""
+        return format_shapes(self.shapes)
 
     @property
     def median_us(self) -> float | None:
@@ -105,6 +123,7 @@ class Run:
 def _record_to_dict(r: Record) -> dict[str, Any]:
     d = asdict(r)
     d["point"] = asdict(r.point)
+    d["shapes"] = [list(s) for s in r.shapes]
     return d
 
 
@@ -115,6 +134,26 @@ def _record_from_dict(d: dict[str, Any]) -> Record:
     return Record(point=point, **{k: v for k, v in d.items() if k in known})
 
 
+_SHAPE = re.compile(r"\(([^)]*)\)")
+_V1_GEMMS = {"forward": "gemm_fwd", "backward_input": "gemm_dgrad", "backward_weight": "gemm_wgrad"}
+_V1_IMPLS = ("mxkernels", "torchao", "torch.compile")
+
+
+def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 record as schema 2: its display ``shape`` string parsed into ``shapes``; the three GEMM stages,
+    all named "gemm" then, named by pass; a peers record's "<stage>/<implementation>" name and implementation
+    ``backend`` split into ``stage`` and ``impl``."""
+    d = dict(d)
+    text = d.pop("shape", "") or ""
+    d["shapes"] = [[int(x) for x in dims.split(",") if x.strip()] for dims in _SHAPE.findall(text)]
+    if d.get("stage") == "gemm":
+        d["stage"] = _V1_GEMMS.get(d.get("pass_name"), "gemm")
+    stage, sep, impl = str(d.get("stage", "")).rpartition("/")
+    if sep and impl in _V1_IMPLS and d.get("backend") == impl:
+        d["stage"], d["impl"], d["backend"] = stage, impl, None
+    return d
+
+
 def run_to_json(run: Run) -> str:
     payload = {"schema": SCHEMA_VERSION, "meta": run.meta, "records": [_record_to_dict(r) for r in run.records]}
     return json.dumps(payload, indent=1, sort_keys=False)
@@ -123,15 +162,18 @@ def run_to_json(run: Run) -> str:
 def run_from_json(text: str) -> Run:
     payload = json.loads(text)
     schema = payload.get("schema")
-    if schema != SCHEMA_VERSION:
-        raise ValueError(f"results schema {schema!r} is not supported (expected {SCHEMA_VERSION})")
-    return Run(meta=payload["meta"], records=[_record_from_dict(d) for d in payload["records"]])
+    if schema not in READABLE_SCHEMAS:
+        raise ValueError(f"results schema {schema!r} is not supported (readable: {READABLE_SCHEMAS})")
+    records = payload["records"]
+    if schema == 1:
+        records = [_migrate_v1(d) for d in records]
+    return Run(meta=payload["meta"], records=[_record_from_dict(d) for d in records])
 
 
 CSV_COLUMNS = [
     "M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w",
-    "pass_name", "stage", "kernel", "category", "purpose", "shape", "backend", "method", "measured",
-    "median_us", "iqr_us", "samples", "bytes_read", "bytes_written", "flops", "precision", "error",
+    "pass_name", "stage", "impl", "kernel", "category", "purpose", "shape", "backend", "method", "measured",
+    "median_us", "iqr_us", "samples", "bytes_read", "bytes_written", "flops", "precision", "error", "skipped",
 ]  # fmt: skip
 
 

@@ -1,0 +1,95 @@
+"""Drop-ins for ``torch._grouped_mm(a, b_t, offs=offs)`` with autograd, built from the pipeline's stage lists.
+
+``StagedGroupedMM`` runs the forward stages in its forward and the backward_input then backward_weight stages in
+its backward, so a model runs exactly the kernels the harness times. ``impls`` (stage name -> implementation with
+the stage's calling contract, see ``stages.py``) runs another implementation of any stage in the whole step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from .pipeline import check_recipe, make_inputs, needs_padding, run_stages, step_stages
+from .runtime import InputError
+from .stages import PASSES, Pass, StageImpl
+
+
+class StagedGroupedMM(torch.autograd.Function):
+    """Forward runs the ``forward`` stages; backward runs ``backward_input`` then ``backward_weight``."""
+
+    @staticmethod
+    def forward(ctx, a, b_t, offs, recipe, mode, backend, pad, impls):
+        G, K, N = b_t.shape
+        stages = step_stages(recipe, a.shape[0], N, K, G, mode=mode, backend=backend, pad=pad, impls=impls)
+        by_pass = {p: [s for s in stages if s.pass_name == p] for p in PASSES}
+        # w (G, N, K) with K contiguous: free when b_t is the usual transposed view of contiguous weights.
+        w = b_t.transpose(-2, -1).contiguous()
+        env = run_stages(by_pass[Pass.FORWARD], {"a": a, "w": w, "offs": offs})
+        backward = by_pass[Pass.BACKWARD_INPUT] + by_pass[Pass.BACKWARD_WEIGHT]
+        produced = {o for s in backward for o in s.outputs} | {"grad_out"}
+        ctx.keys = sorted({i for s in backward for i in s.inputs} - produced)
+        ctx.save_for_backward(*[env[k] for k in ctx.keys])
+        ctx.backward_stages = backward
+        return env["out"]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        env = dict(zip(ctx.keys, ctx.saved_tensors, strict=True))
+        env["grad_out"] = grad_out.contiguous()
+        run_stages(ctx.backward_stages, env)
+        return env["grad_a"], env["grad_w"].transpose(-2, -1), None, None, None, None, None, None
+
+
+def _staged(recipe: str, a, b_t, offs, *, mode="rceil", backend=None, pad: bool = True, impls=None) -> torch.Tensor:
+    if a.dim() != 2 or b_t.dim() != 3 or a.shape[1] != b_t.shape[1]:
+        raise InputError(f"a (M, K) and b_t (G, K, N) must agree on K; got {tuple(a.shape)} and {tuple(b_t.shape)}")
+    if offs.dim() != 1 or offs.shape[0] != b_t.shape[0]:
+        raise InputError(f"offs must hold one group end per expert ({b_t.shape[0]}), got shape {tuple(offs.shape)}")
+    return StagedGroupedMM.apply(a, b_t, offs, recipe, mode, backend, pad, impls)
+
+
+def mxfp8_grouped_mm(
+    a, b_t, offs, mode="rceil", *, backend=None, pad: bool = True, impls: Mapping[str, StageImpl] | None = None
+) -> torch.Tensor:
+    """Drop-in for ``torch._grouped_mm(a, b_t, offs=offs)`` that runs the forward and both backward GEMMs in MXFP8.
+
+    a (M, K) bf16 row-major; b_t (G, K, N) bf16, ideally a transposed view of contiguous weights (G, N, K);
+    offs int32 (G,) cumulative group ends. Returns (M, N) bf16. ``pad=True`` (default) pads the token groups to
+    multiples of 32 itself, which any router's group sizes need; pass ``pad=False`` only when every group is
+    already a multiple of 32 (saves two copies per pass).
+    """
+    return _staged("mxfp8", a, b_t, offs, mode=mode, backend=backend, pad=pad, impls=impls)
+
+
+def fp8_rowwise_grouped_mm(a, b_t, offs, *, pad: bool = True, impls=None) -> torch.Tensor:
+    """The FP8 rowwise sibling of ``mxfp8_grouped_mm`` (groups padded to multiples of 16)."""
+    return _staged("fp8_rowwise", a, b_t, offs, pad=pad, impls=impls)
+
+
+def bf16_grouped_mm(a, b_t, offs, *, pad: bool = True, impls=None) -> torch.Tensor:
+    """The bf16 baseline through the same stage machinery (``torch._grouped_mm`` for every GEMM)."""
+    return _staged("bf16", a, b_t, offs, pad=pad, impls=impls)
+
+
+_AUTOGRAD = {"mxfp8": mxfp8_grouped_mm, "fp8_rowwise": fp8_rowwise_grouped_mm, "bf16": bf16_grouped_mm}
+
+
+def end_to_end(
+    recipe, M, N, K, G, group_sizes, *, mode="rceil", backend=None, device="cuda", seed=0, impls=None
+) -> Callable[[], object]:
+    """A zero-argument call running one forward + backward of the recipe's autograd function on fixed inputs."""
+    recipe = check_recipe(recipe)
+    t = make_inputs(M, N, K, G, group_sizes, device=device, seed=seed)
+    a = t["a"].requires_grad_()
+    b_t = t["w"].transpose(-2, -1).requires_grad_()
+    pad = needs_padding(recipe, group_sizes)
+    kwargs = {"mode": mode, "backend": backend} if recipe == "mxfp8" else {}
+    op = _AUTOGRAD[recipe]
+
+    def step():
+        out = op(a, b_t, t["offs"], pad=pad, impls=impls, **kwargs)
+        return torch.autograd.grad(out, (a, b_t), t["grad_out"])
+
+    return step

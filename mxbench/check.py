@@ -1,0 +1,215 @@
+"""Correctness of any implementation against the stage's oracle (``mxbench check``; ``roofline --impl`` runs it
+before timing an outside implementation).
+
+The step is built padded (so the pad and unpad stages are checked too) over token groups that include an empty
+group and sizes that are not multiples of the alignment, on seeded inputs with adversarial MX blocks planted in
+them: all zero, NaN, +-Inf (MXFP8 only: FP8 rowwise requires finite input), values at and past the e4m3 limit,
+fp32-subnormal values (scale 2**-127) and blocks mixing huge and tiny values. The oracle of every stage runs first,
+in step order, so each stage's inputs are the oracle's outputs of the stages before it; every implementation of a
+stage gets those same inputs and its outputs are compared with the oracle's by the spec's rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+from mxkernels.format import BLOCK_SIZE
+from mxkernels.pipeline import Stage, group_ends, step_stages
+from mxkernels.runtime import InputError
+from mxkernels.stages import MinSQNR, Mismatch, Recipe, padding_alignment
+
+from .registry import Implementation
+
+
+class Verdict(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    ERROR = "ERROR"
+    SKIP = "SKIP"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One implementation of one stage against the oracle. ``detail``: the rule and how it held (PASS), the
+    mismatch (FAIL), the exception (ERROR) or why the implementation cannot run here (SKIP)."""
+
+    recipe: Recipe
+    stage: str
+    impl: str
+    verdict: Verdict
+    detail: str
+    mismatch: Mismatch | None = None
+    input_text: str | None = None
+
+    def finding(self) -> str:
+        """The first mismatch in one line: output, index, input, expected, got."""
+        m = self.mismatch
+        if m is None:
+            return self.detail
+        text = f"{m.output}: {m.message}"
+        if m.index is not None:
+            text += f"; first at index {m.index}"
+        if self.input_text:
+            text += f": input {self.input_text}"
+        if m.expected is not None:
+            text += f", expected {m.expected}, got {m.got}"
+        return text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def check_group_sizes(M: int, G: int, alignment: int) -> list[int]:
+    """Token-group sizes summing to M: group 0 empty (when G > 1) and the others uneven, off the alignment where M
+    allows it, so the padding paths are exercised."""
+    if G == 1:
+        return [M]
+    rest = G - 1
+    base, extra = divmod(M, rest)
+    sizes = [0] + [base + (g < extra) for g in range(rest)]
+    if rest > 1 and sizes[1] > alignment:
+        shift = min(alignment // 2 + 1, sizes[2])  # move a few rows from group 2 to group 1: both go off-grid
+        sizes[1] += shift
+        sizes[2] -= shift
+    return sizes
+
+
+def _plant(x: torch.Tensor, row: int, finite_only: bool) -> None:
+    """Adversarial MX blocks (32 elements along the last dim) in rows ``row``.. of the 2D view of ``x``."""
+    flat = x.view(-1, x.shape[-1])
+    cols = flat.shape[1]
+    blocks = [(r, b * BLOCK_SIZE) for r in range(row, min(row + 4, flat.shape[0])) for b in range(cols // BLOCK_SIZE)]
+    ramp = torch.linspace(-3.0, 3.0, BLOCK_SIZE)
+    specials = [
+        torch.zeros(BLOCK_SIZE),  # all zero: zero data, the smallest scale
+        torch.linspace(-500.0, 500.0, BLOCK_SIZE),  # past the e4m3 limit: FLOOR saturates to 448
+        torch.tensor([448.0, -448.0] * (BLOCK_SIZE // 2)),  # exactly at the limit
+        torch.arange(1, BLOCK_SIZE + 1) * 2.0**-133,  # fp32 subnormals: scale 2**-127
+        torch.tensor([1e30, 1e-30] * (BLOCK_SIZE // 2)),  # huge and tiny: the tiny ones flush to zero
+    ]
+    if not finite_only:
+        specials += [_with(ramp, 3, float("nan")), _with(ramp, 7, float("inf")), _with(ramp, 0, float("-inf"))]
+    for (r, c), block in zip(blocks, specials):
+        flat[r, c : c + BLOCK_SIZE] = block.to(flat.dtype).to(flat.device)
+
+
+def _with(block: torch.Tensor, index: int, value: float) -> torch.Tensor:
+    out = block.clone()
+    out[index] = value
+    return out
+
+
+def check_inputs(recipe: str, M: int, N: int, K: int, G: int, *, device, seed: int = 0):
+    """(inputs, group sizes): bf16 a (M, K), w (G, N, K), grad_out (M, N), int32 offs, seeded, with adversarial
+    blocks in the first rows of the first non-empty group of a and grad_out and in the first expert's weights."""
+    sizes = check_group_sizes(M, G, padding_alignment(recipe))
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(G, N, K, generator=gen) * K**-0.5).to(torch.bfloat16)
+    grad_out = (torch.randn(M, N, generator=gen) * 1e-2).to(torch.bfloat16)
+    first = next((sum(sizes[:g]) for g, s in enumerate(sizes) if s), 0)
+    finite_only = Recipe(recipe) != Recipe.MXFP8
+    _plant(a, first, finite_only)
+    _plant(grad_out, first, True)  # one source of NaN per step keeps the backward's finite outputs checkable
+    _plant(w[0], 0, True)
+    inputs = {"a": a.to(device), "w": w.to(device), "grad_out": grad_out.to(device), "offs": group_ends(sizes, device)}
+    return inputs, sizes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _describe(x: torch.Tensor) -> str:
+    if x.numel() == 1:
+        return repr(x.float().item())
+    values = x.float().reshape(-1)
+    return f"amax {values.abs().nan_to_num(float('inf')).max().item()!r} over {values.numel()} values"
+
+
+def _input_text(stage: Stage, mismatch: Mismatch, inputs: Sequence[torch.Tensor]) -> str | None:
+    spec = stage.spec
+    if mismatch.index is None or spec.locate is None:
+        return None
+    try:
+        position, index = spec.locate(mismatch.output, mismatch.index)
+        x = inputs[position]
+        where = ", ".join(f"{i.start}:{i.stop}" if isinstance(i, slice) else str(i) for i in index)
+        return f"{spec.inputs[position].name}[{where}] = {_describe(x[index])}"
+    except (IndexError, TypeError, ValueError):
+        return None
+
+
+def _pass_detail(stage: Stage, got: tuple, expected: tuple, inputs: Sequence[torch.Tensor]) -> str:
+    rule = stage.spec.rule
+    if not isinstance(rule, MinSQNR):
+        return rule.describe()
+    worst = min(stage.spec.sqnr(got, expected, inputs))
+    return f"SQNR {worst:.1f} dB (>= {rule.floor_db:g})"
+
+
+def check_stage(stage: Stage, impl: Implementation, inputs: Sequence[torch.Tensor], expected: tuple,
+                device: torch.device) -> CheckResult:  # fmt: skip
+    """One implementation of ``stage`` on ``inputs`` against the oracle's ``expected`` outputs."""
+    result = lambda verdict, detail, **kw: CheckResult(stage.recipe, stage.name, impl.name, verdict, detail, **kw)  # noqa: E731
+    reason = impl.unavailable(device)
+    if reason is not None:
+        return result(Verdict.SKIP, reason)
+    try:
+        got = impl.fn(*inputs, **stage.params)
+        mismatch = stage.spec.compare(got, expected, inputs)
+    except Exception as e:  # the implementation under test raised: its row says how
+        return result(Verdict.ERROR, f"{type(e).__name__}: {' '.join(str(e).split())}")
+    if mismatch is not None:
+        return result(Verdict.FAIL, mismatch.message, mismatch=mismatch,
+                      input_text=_input_text(stage, mismatch, inputs))  # fmt: skip
+    return result(Verdict.PASS, _pass_detail(stage, got, expected, inputs))
+
+
+def check_step(
+    recipe: str,
+    M: int,
+    N: int,
+    K: int,
+    G: int,
+    impls: Mapping[str, Sequence[Implementation]],
+    *,
+    mode: str = "rceil",
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> list[CheckResult]:
+    """Every implementation in ``impls`` (stage name -> implementations to check) against the oracle, in step
+    order."""
+    device = torch.device(device)
+    stages = step_stages(recipe, M, N, K, G, mode=mode, pad=True)
+    unknown = sorted(set(impls) - {s.name for s in stages})
+    if unknown:
+        raise InputError(f"recipe {recipe} has no stage {', '.join(unknown)}")
+    env, _ = check_inputs(recipe, M, N, K, G, device=device, seed=seed)
+    results = []
+    for stage in stages:
+        inputs = [env[name] for name in stage.inputs]
+        expected = stage.spec.oracle(*inputs, **stage.params)
+        for impl in impls.get(stage.name, ()):
+            results.append(check_stage(stage, impl, inputs, expected, device))
+        for name, value in zip(stage.outputs, expected, strict=True):
+            if name is not None:
+                env[name] = value
+    return results
+
+
+def exit_code(results: Iterable[CheckResult]) -> int:
+    """0 every checked implementation passed; 1 one failed or raised. Nothing checked at all is unusable input."""
+    results = list(results)
+    if any(r.verdict in (Verdict.FAIL, Verdict.ERROR) for r in results):
+        return 1
+    if not any(r.verdict == Verdict.PASS for r in results):
+        reasons = "; ".join(f"{r.stage}/{r.impl}: {r.detail}" for r in results) or "no implementation selected"
+        raise InputError(f"nothing was checked: {reasons}")
+    return 0

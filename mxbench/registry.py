@@ -1,0 +1,254 @@
+"""Implementations of the stages: who computes each stage spec, and whether it can run here.
+
+A stage spec (``mxkernels.stages``) says *what* a stage computes; an ``Implementation`` says *how*: the stage it
+implements, its name, a callable with the stage's calling contract, and an availability check that returns the
+reason it cannot run on a device (None when it can). mxkernels, torchao and ``torch.compile`` of the references are
+registered here exactly as a third party's kernels are, in one of three ways:
+
+* the entry-point group ``mxbench.implementations`` of their own package: an entry point names a function
+  ``register(registry)`` that calls ``registry.add(...)`` / ``registry.register(...)``;
+* ``--impl STAGE=module:function`` on the command line (``parse_impl``): ``function`` has the stage's contract;
+* the Python API: ``mxbench.register(stage, fn, name=...)`` or the ``@mxbench.implementation(stage, name=...)``
+  decorator, against the process-wide ``default_registry()``.
+
+The calling contract of a stage (``mxbench impls --stage S`` prints it): ``fn(*inputs, **params)`` with the stage's
+input tensors positionally, its params (``mode`` for MX quantize stages) as keywords, returning the stage's outputs
+as a tuple in the listed order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from mxkernels.runtime import InputError
+from mxkernels.stages import Recipe, StageSpec, get_spec
+
+ENTRY_POINT_GROUP = "mxbench.implementations"
+OURS = "mxkernels"
+
+Availability = Callable[[torch.device], "str | None"]
+
+
+def always(device: torch.device) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One way to compute a stage.
+
+    ``fn(*inputs, **params) -> tuple`` is the stage's contract. ``available(device)`` returns why it cannot run on
+    ``device`` (None: it can). ``graph_safe`` False: a CUDA graph cannot capture it (it reads device values on the
+    host), so it is timed with events. ``prepare(inputs, params)``, when given, does untimed set-up and returns the
+    zero-argument call to time (for example converting offsets to another convention once).
+    """
+
+    recipe: Recipe
+    stage: str
+    name: str
+    fn: Callable[..., tuple]
+    kernel: str = ""
+    available: Availability = always
+    graph_safe: bool = True
+    prepare: Callable[[Sequence[torch.Tensor], Mapping[str, Any]], Callable[[], object]] | None = None
+    origin: str = "python"
+
+    @property
+    def spec(self) -> StageSpec:
+        return get_spec(self.recipe, self.stage)
+
+    @property
+    def module(self) -> str | None:
+        """The module the callable comes from (what provenance records name)."""
+        fn = getattr(self.fn, "func", self.fn)  # functools.partial
+        return getattr(fn, "__module__", None)
+
+    def unavailable(self, device: torch.device | str) -> str | None:
+        """Why this implementation cannot run on ``device``, or None. A check that raises is a reason too."""
+        try:
+            return self.available(torch.device(device))
+        except Exception as e:  # an availability check is third-party code: its failure is its reason
+            return f"availability check failed: {type(e).__name__}: {e}"
+
+    def bind(self, inputs: Sequence[torch.Tensor], params: Mapping[str, Any]) -> Callable[[], object]:
+        """The zero-argument call to time on ``inputs`` (set-up done here, untimed)."""
+        if self.prepare is not None:
+            return self.prepare(inputs, params)
+        fn, args, kwargs = self.fn, list(inputs), dict(params)
+        return lambda: fn(*args, **kwargs)
+
+    def __call__(self, *inputs, **params):
+        return self.fn(*inputs, **params)
+
+
+def _kernel_name(fn: Callable) -> str:
+    fn = getattr(fn, "func", fn)
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+@dataclass
+class Registry:
+    """Implementations by (recipe, stage, name), in registration order; mxkernels' first for every stage."""
+
+    impls: dict[tuple[Recipe, str, str], Implementation] = field(default_factory=dict)
+    load_errors: list[tuple[str, str]] = field(default_factory=list)
+    """(origin, message) of registrations that failed (an entry point that does not load, say)."""
+
+    def add(self, impl: Implementation, *, replace: bool = False) -> Implementation:
+        get_spec(impl.recipe, impl.stage)  # the stage must exist
+        if not impl.name or "/" in impl.name:
+            raise InputError(f"implementation name must be non-empty and free of '/', got {impl.name!r}")
+        key = (Recipe(impl.recipe), impl.stage, impl.name)
+        if key in self.impls and not replace:
+            raise InputError(f"{impl.recipe}/{impl.stage} already has an implementation named {impl.name!r}")
+        self.impls[key] = impl
+        return impl
+
+    def register(
+        self,
+        stage: str,
+        fn: Callable[..., tuple] | None = None,
+        *,
+        name: str,
+        recipe: str = Recipe.MXFP8,
+        kernel: str | None = None,
+        available: Availability | None = None,
+        graph_safe: bool = True,
+        origin: str = "python",
+    ):
+        """Register ``fn`` as implementation ``name`` of ``stage`` (of ``recipe``); without ``fn``, a decorator."""
+
+        def add(f: Callable[..., tuple]) -> Callable[..., tuple]:
+            self.add(Implementation(Recipe(recipe), stage, name, f, kernel or _kernel_name(f),
+                                    available or always, graph_safe, origin=origin))  # fmt: skip
+            return f
+
+        return add if fn is None else add(fn)
+
+    def of(self, recipe: str, stage: str) -> list[Implementation]:
+        """Implementations of one stage, mxkernels' first, then in registration order."""
+        found = [i for (r, s, _), i in self.impls.items() if r == Recipe(recipe) and s == stage]
+        return sorted(found, key=lambda i: i.name != OURS)
+
+    def get(self, recipe: str, stage: str, name: str) -> Implementation:
+        key = (Recipe(recipe), stage, name)
+        if key not in self.impls:
+            names = ", ".join(i.name for i in self.of(recipe, stage)) or "none"
+            raise InputError(f"{recipe}/{stage} has no implementation {name!r}; it has: {names}")
+        return self.impls[key]
+
+    def names(self) -> list[str]:
+        """Every implementation name, first-registered first."""
+        return list(dict.fromkeys(name for (_, _, name) in self.impls))
+
+    def __iter__(self):
+        return iter(self.impls.values())
+
+
+def load_entry_points(registry: Registry, group: str = ENTRY_POINT_GROUP) -> None:
+    """Call every ``register(registry)`` function the installed packages declare in ``group``. One that fails is
+    noted in ``registry.load_errors``, never fatal: the other implementations still run."""
+    for ep in importlib.metadata.entry_points(group=group):
+        origin = f"entry point {ep.name} ({ep.value})"
+        try:
+            target = ep.load()
+            if callable(target):
+                target(registry)
+        except Exception as e:  # a broken plugin must not take the harness down
+            registry.load_errors.append((origin, f"{type(e).__name__}: {e}"))
+
+
+def builtin_registry() -> Registry:
+    """mxkernels, torchao and torch.compile of the references."""
+    from . import implementations
+
+    registry = Registry()
+    implementations.register_all(registry)
+    return registry
+
+
+_DEFAULT: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """The process-wide registry: the built-in implementations and the installed entry points, loaded once.
+    ``register`` / ``implementation`` add to it."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = builtin_registry()
+        load_entry_points(_DEFAULT)
+    return _DEFAULT
+
+
+def register(stage: str, fn: Callable[..., tuple] | None = None, **kwargs):
+    """``default_registry().register(...)``: see ``Registry.register``."""
+    return default_registry().register(stage, fn, **kwargs)
+
+
+def implementation(stage: str, **kwargs):
+    """Decorator form of ``register``: ``@implementation("quantize_a", name="mine")``."""
+    return default_registry().register(stage, None, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --impl STAGE=module:function
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def split_stage(text: str, recipe: str = Recipe.MXFP8) -> tuple[Recipe, str]:
+    """``"quantize_a"`` (of ``recipe``) or ``"fp8_rowwise/quantize_a"`` -> (recipe, stage), checked."""
+    if "/" in text:
+        recipe, text = text.split("/", 1)
+        try:
+            recipe = Recipe(recipe)
+        except ValueError:
+            raise InputError(f"unknown recipe {recipe!r} in {text!r}; recipes: {', '.join(Recipe)}") from None
+    get_spec(recipe, text)
+    return Recipe(recipe), text
+
+
+def load_callable(target: str, option: str = "--impl") -> Any:
+    """``module:function`` (or ``module:Class.attr``) -> the object; bad input is an ``InputError``."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(f"{option}: {target!r} must be module:function")
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as e:
+        raise InputError(f"{option}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(f"{option}: module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj) and not isinstance(obj, Implementation):
+        raise InputError(f"{option}: {target} is not callable")
+    return obj
+
+
+def parse_impl(text: str, recipe: str = Recipe.MXFP8) -> Implementation:
+    """``STAGE=module:function`` -> an Implementation named ``module:function`` (origin ``--impl``)."""
+    stage, sep, target = text.partition("=")
+    if not sep or not stage or not target:
+        raise InputError(f"--impl: {text!r} must be STAGE=module:function")
+    r, stage = split_stage(stage.strip(), recipe)
+    obj = load_callable(target.strip())
+    if isinstance(obj, Implementation):
+        if (obj.recipe, obj.stage) != (r, stage):
+            raise InputError(f"--impl: {target} implements {obj.recipe}/{obj.stage}, not {r}/{stage}")
+        return obj
+    return Implementation(r, stage, target.strip(), obj, _kernel_name(obj), origin="--impl")
+
+
+def with_cli_impls(registry: Registry, texts: Iterable[str], recipe: str = Recipe.MXFP8) -> list[Implementation]:
+    """Add every ``--impl`` to ``registry`` (replacing one of the same name) and return them, in order."""
+    added = [registry.add(parse_impl(t, recipe), replace=True) for t in texts]
+    stages = [(i.recipe, i.stage) for i in added]
+    twice = sorted({f"{r}/{s}" for r, s in stages if stages.count((r, s)) > 1})
+    if twice:
+        raise InputError(f"--impl: one implementation per stage in a step; given twice: {', '.join(twice)}")
+    return added
