@@ -57,6 +57,8 @@ class Category(StrEnum):
     REARRANGE = "rearrange"
     PAD = "pad"
     GEMM = "gemm"
+    ALL_TO_ALL = "all_to_all"  # expert parallelism: rows exchanged between ranks (roof: the interconnect)
+    PERMUTE = "permute"  # expert parallelism: rows reordered within a rank (roof: memory bandwidth)
     END_TO_END = "end_to_end"
 
 
@@ -542,8 +544,10 @@ def _bf16() -> list[StageSpec]:
 
 @functools.cache
 def all_specs() -> dict[tuple[Recipe, str], StageSpec]:
-    """Every stage spec by (recipe, name)."""
-    return {s.key: s for s in (*_mxfp8(), *_fp8_rowwise(), *_bf16())}
+    """Every stage spec by (recipe, name), the expert-parallel ones (``ep_stages``) included."""
+    from .ep_stages import ep_specs  # ep_stages builds on this module's declarations
+
+    return {s.key: s for s in (*_mxfp8(), *_fp8_rowwise(), *_bf16(), *ep_specs())}
 
 
 def get_spec(recipe: str, name: str) -> StageSpec:
