@@ -514,3 +514,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# Commands that live in their own modules register themselves on the group when imported.
+from .ep import command as _ep_command  # noqa: F401

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 LAUNCH_FLOOR_US = 2.0
 """Added to every modelled stage: the launch overhead no kernel avoids (torchao uses the same 2 us)."""
 
-MEMORY_CATEGORIES = ("quantize", "rearrange", "pad")
+MEMORY_CATEGORIES = ("quantize", "rearrange", "pad", "permute")
 DENOMINATORS = ("datasheet", "measured")
 
 
