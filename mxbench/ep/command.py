@@ -120,9 +120,9 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, groups, seed, strategies, mode
     for s in strategies:
         check_strategy(s)
     launching = nproc is not None and not under_torchrun()
-    launcher = _launcher_args(ctx.args) if launching else ctx.args
+    launcher = _launcher_args(ctx.args)
     if launcher and not launching:
-        raise click.UsageError(f"unexpected arguments {' '.join(launcher)} (torchrun options go with --nproc)")
+        raise click.UsageError(f"{' '.join(launcher)}: torchrun's options go with --nproc (or to torchrun itself)")
     # The world size where it is known before the workers start (over several nodes only the workers know it).
     if launching:
         world = None if any(w.startswith("--nnodes") for w in launcher) else nproc
