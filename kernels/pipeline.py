@@ -24,6 +24,7 @@ import torch
 from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize
 from .cost import Cost
 from .format import BLOCK_SIZE, ScaleMode
+from .runtime import MAX_GROUPS
 
 PASSES = ("forward", "backward_input", "backward_weight")
 RECIPES = grouped_gemm.RECIPES
@@ -259,8 +260,8 @@ def _check_problem(recipe: str, M: int, N: int, K: int, G: int) -> None:
     for name, value in (("N", N), ("K", K)):
         if value % BLOCK_SIZE:
             raise ValueError(f"{name} must be a multiple of {BLOCK_SIZE}, got {value}")
-    if not 1 <= G <= 512:
-        raise ValueError(f"G must be between 1 and 512, got {G}")
+    if not 1 <= G <= MAX_GROUPS:
+        raise ValueError(f"G must be between 1 and {MAX_GROUPS}, got {G}")
 
 
 def step_stages(
