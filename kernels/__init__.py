@@ -7,7 +7,9 @@ Depends on torch and triton only; knows nothing of the mxbench harness. Modules,
 * ``fp8_rowwise``: the FP8 rowwise recipe's quantizers;
 * ``layouts``: the blocked scale layout and its per-group rearrangements;
 * ``padding``: token-group padding and unpadding;
-* ``grouped_gemm``: the grouped GEMMs behind one front door, by recipe and backend;
+* ``grouped_gemm``: the grouped GEMMs behind one front door, by recipe and backend, which run in ``gemm_native``
+  (torch's grouped GEMMs), ``gemm_triton`` (Triton MX GEMMs), ``gemm_dequant`` (exact dequantization to bf16, then
+  torch) and ``gemm_emulated`` (the fp32 reference);
 * ``pipeline``: the passes of a training step as stages with costs, and the autograd functions built from them.
 """
 
@@ -19,7 +21,7 @@ from .layouts import from_blocked, rearrange_3d, rearrange_k_groups, rearrange_m
 from .padding import pad_token_groups, unpad_token_groups
 
 # The drop-ins for torch._grouped_mm (autograd). The operand-level GEMMs on quantized inputs that they run are
-# ``grouped_gemm.mxfp8_grouped_mm`` / ``grouped_gemm.fp8_rowwise_grouped_mm``.
+# ``grouped_gemm.mxfp8_scaled_grouped_mm`` / ``grouped_gemm.fp8_rowwise_scaled_grouped_mm``.
 from .pipeline import bf16_grouped_mm, build_step, fp8_rowwise_grouped_mm, mxfp8_grouped_mm, plan_step
 from .quantize import quantize_3d, quantize_dim0, quantize_dim1
 

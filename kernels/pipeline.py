@@ -116,7 +116,7 @@ def _mxfp8_stages(M, N, K, G, mode, backend, pad) -> list[Stage]:
     bf16 = torch.bfloat16
     q0 = lambda x: quantize.quantize_dim0(x, mode)  # noqa: E731
     q1 = lambda x: quantize.quantize_dim1(x, mode)  # noqa: E731
-    mm = lambda aq, asb, bq, bsb, o: (grouped_gemm.mxfp8_grouped_mm(aq, asb, bq, bsb, o, backend=backend),)  # noqa: E731
+    mm = lambda aq, asb, bq, bsb, o: (grouped_gemm.mxfp8_scaled_grouped_mm(aq, asb, bq, bsb, o, backend=backend),)  # noqa: E731
     m_groups = lambda s, o: (layouts.rearrange_m_groups(s, o),)  # noqa: E731
     k_groups = lambda s, o: (layouts.rearrange_k_groups(s, o),)  # noqa: E731
     blocked_3d = lambda s: (layouts.rearrange_3d(s),)  # noqa: E731
@@ -180,7 +180,7 @@ def _fp8_rowwise_stages(M, N, K, G, backend, pad) -> list[Stage]:
     bf16 = torch.bfloat16
     rowwise = lambda x: fp8_rowwise.quantize_fp8_rowwise(x)  # noqa: E731
     k_groups = lambda x, o: fp8_rowwise.quantize_fp8_rowwise_k_groups(x, o)  # noqa: E731
-    mm = lambda aq, a_s, bq, b_s, o: (grouped_gemm.fp8_rowwise_grouped_mm(aq, a_s, bq, b_s, o, backend=backend),)  # noqa: E731
+    mm = lambda aq, a_s, bq, b_s, o: (grouped_gemm.fp8_rowwise_scaled_grouped_mm(aq, a_s, bq, b_s, o, backend=backend),)  # noqa: E731
     S = Stage
     fwd, dgrad, wgrad = PASSES
     kernel, cost_3d = "quantize_fp8_rowwise", fp8_rowwise.quantize_fp8_rowwise_3d_cost
