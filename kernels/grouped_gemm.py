@@ -97,7 +97,7 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device)
 
 
-def _unavailable(recipe: str, backend: str, device: torch.device) -> str | None:
+def backend_unavailable(recipe: str, backend: str, device: torch.device) -> str | None:
     """Why ``backend`` cannot run ``recipe`` on ``device``, or None if it can."""
     cap = _capability(device)
     if backend == "emulated":
@@ -140,7 +140,7 @@ def available_backends(recipe: str, device: torch.device | str | None = None) ->
     """Backends that can run ``recipe`` on ``device`` (default: the current GPU, else CPU), best first."""
     recipe = check_recipe(recipe)
     device = _default_device() if device is None else torch.device(device)
-    return [b for b in _preference(recipe, device) if _unavailable(recipe, b, device) is None]
+    return [b for b in _preference(recipe, device) if backend_unavailable(recipe, b, device) is None]
 
 
 def default_backend(recipe: str, device: torch.device | str | None = None) -> str:
@@ -153,7 +153,7 @@ def _resolve_backend(recipe: str, backend: str | None, device: torch.device) -> 
         return default_backend(recipe, device)
     if backend not in BACKENDS[recipe]:
         raise InputError(f"backend for recipe {recipe!r} must be one of {', '.join(BACKENDS[recipe])}; got {backend!r}")
-    reason = _unavailable(recipe, backend, device)
+    reason = backend_unavailable(recipe, backend, device)
     if reason:
         raise RuntimeError(reason)
     return backend
