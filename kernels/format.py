@@ -15,6 +15,8 @@ import enum
 
 import torch
 
+from .runtime import InputError
+
 BLOCK_SIZE = 32
 E4M3_MAX = 448.0
 # log2 of the largest power of two below E4M3_MAX: the FLOOR mode subtracts it from the block's exponent.
@@ -48,7 +50,7 @@ class ScaleMode(enum.Enum):
         try:
             return cls(str(mode).lower())
         except ValueError:
-            raise ValueError(f"mode must be 'floor' or 'rceil', got {mode!r}") from None
+            raise InputError(f"mode must be 'floor' or 'rceil', got {mode!r}") from None
 
 
 def _fp32_fields(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,10 +96,10 @@ def quantize_reference(x: torch.Tensor, mode: ScaleMode | str = ScaleMode.RCEIL)
     ``quantize_reference(x.t().contiguous())`` is the dim1 quantizer's oracle).
     """
     if x.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"x must be bfloat16 or float32, got {x.dtype}")
+        raise InputError(f"x must be bfloat16 or float32, got {x.dtype}")
     K = x.shape[-1]
     if K % BLOCK_SIZE:
-        raise ValueError(f"the last dim of x must be a multiple of {BLOCK_SIZE}, got {K}")
+        raise InputError(f"the last dim of x must be a multiple of {BLOCK_SIZE}, got {K}")
     blocks = x.float().reshape(*x.shape[:-1], K // BLOCK_SIZE, BLOCK_SIZE)
     # NaN counts as +inf in the max, so a NaN block never hides behind a finite amax. (nan_to_num would map
     # +-inf to the largest finite float unless told otherwise.)

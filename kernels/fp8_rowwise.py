@@ -23,9 +23,14 @@ wants them):
 The last one serves the 2D x 2D weight-gradient GEMM, which contracts over the token dim M: each group (expert) is
 its own GEMM, so every (group, row) pair gets its own scale, and ``_scaled_grouped_mm`` reads them as the flat
 (G * R,) vector ``scale.reshape(-1)`` (group-major).
+
+The two kernels take their launch as ``config=`` (a ``Fp8RowwiseConfig``; None: ``ROWWISE_CONFIG`` or
+``COLWISE_CONFIG``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,7 +39,16 @@ import triton.language as tl
 from .cost import Cost
 from .format import DATA_DTYPE, E4M3_MAX
 from .quantize import _to_e4m3_bits, _to_fp32
-from .runtime import INTERPRET, check_host_offsets, check_offsets, check_same_device, check_tensor
+from .runtime import (
+    INTERPRET,
+    InputError,
+    check_config,
+    check_fields_power_of_two,
+    check_host_offsets,
+    check_offsets,
+    check_same_device,
+    check_tensor,
+)
 
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
 AMAX_FLOOR = 2.0**-112
@@ -163,9 +177,33 @@ def _colwise_kernel(
         tl.store(q_cols + m[:, None], _to_e4m3_bits(x * recip[None, :], EXACT), mask=mask)
 
 
-# The interpreter pays per program and per op, not per element: there, fewer and larger tiles.
-_ROW_BLOCKS = {"BLOCK_R": 16, "BLOCK_C": 128} if INTERPRET else {"BLOCK_R": 4, "BLOCK_C": 1024, "num_warps": 4}
-_COL_BLOCKS = {"BLOCK_M": 64, "BLOCK_C": 64} if INTERPRET else {"BLOCK_M": 64, "BLOCK_C": 64, "num_warps": 4}
+# ---------------------------------------------------------------------------------------------------------------
+# Launch configurations
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fp8RowwiseConfig:
+    """One launch of the rowwise kernel (``quantize_fp8_rowwise``, ``quantize_fp8_rowwise_3d(along="K")``) or the
+    colwise kernel (``quantize_fp8_rowwise_3d(along="N")``, ``quantize_fp8_rowwise_k_groups``). A program owns whole
+    rows (rowwise) or whole columns of one group (colwise), so it finds their amax alone, with no second launch or
+    atomics, then scales and casts them in a second pass."""
+
+    # Rows per program (rowwise), or per step of the two passes down the columns (colwise); a power of two.
+    block_rows: int
+    # Columns per step of the two passes along the rows (rowwise), or per program (colwise); a power of two.
+    block_cols: int
+    # Warps per program.
+    num_warps: int = 4
+
+    def __post_init__(self):
+        check_fields_power_of_two(self, "block_rows", "block_cols", "num_warps")
+
+
+# The defaults (config=None); not tuned yet (docs/perf-log.md). Under the interpreter the rowwise kernel takes fewer
+# and larger tiles: the interpreter pays per program and per op, not per element.
+ROWWISE_CONFIG = Fp8RowwiseConfig(16, 128) if INTERPRET else Fp8RowwiseConfig(4, 1024, num_warps=4)
+COLWISE_CONFIG = Fp8RowwiseConfig(64, 64, num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -173,43 +211,56 @@ _COL_BLOCKS = {"BLOCK_M": 64, "BLOCK_C": 64} if INTERPRET else {"BLOCK_M": 64, "
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _rowwise(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rowwise(x2d: torch.Tensor, config: Fp8RowwiseConfig) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x2d.shape
     q = torch.empty(rows, cols, dtype=DATA_DTYPE, device=x2d.device)
     scale = torch.empty(rows, dtype=torch.float32, device=x2d.device)
     if rows and cols:
-        grid = (triton.cdiv(rows, _ROW_BLOCKS["BLOCK_R"]),)
-        _rowwise_kernel[grid](x2d, q.view(torch.uint8), scale, rows, cols, EXACT=INTERPRET, **_ROW_BLOCKS)
+        grid = (triton.cdiv(rows, config.block_rows),)
+        _rowwise_kernel[grid](
+            x2d, q.view(torch.uint8), scale, rows, cols,
+            BLOCK_R=config.block_rows, BLOCK_C=config.block_cols, EXACT=INTERPRET, num_warps=config.num_warps,
+        )  # fmt: skip
     return q, scale
 
 
-def quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (M, K) bf16/fp32 row-major -> (q (M, K) e4m3, scale (M,) fp32): one scale per row, along K."""
+def quantize_fp8_rowwise(
+    x: torch.Tensor, *, config: Fp8RowwiseConfig | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) bf16/fp32 row-major -> (q (M, K) e4m3, scale (M,) fp32): one scale per row, along K. ``config``:
+    the rowwise kernel's launch (None: ``ROWWISE_CONFIG``)."""
     check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2)
-    return _rowwise(x)
+    check_config("config", config, Fp8RowwiseConfig)
+    return _rowwise(x, config or ROWWISE_CONFIG)
 
 
-def quantize_fp8_rowwise_3d(w: torch.Tensor, along: str = "K") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_rowwise_3d(
+    w: torch.Tensor, along: str = "K", *, config: Fp8RowwiseConfig | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert weights w (G, N, K) bf16/fp32, contiguous, quantized along the next GEMM's contraction dim.
 
     along="K" (forward, out = x @ w_g.T): q (G, N, K), scale (G, N), amax over k.
     along="N" (backward input, dx = dy @ w_g): q (G, K, N) with N contiguous, scale (G, K), amax over n.
+    ``config``: the launch (None: ``ROWWISE_CONFIG`` along K, ``COLWISE_CONFIG`` along N).
     """
     check_tensor("w", w, dtypes=INPUT_DTYPES, ndim=3)
+    check_config("config", config, Fp8RowwiseConfig)
     G, N, K = w.shape
     if along == "K":
-        q, scale = _rowwise(w.view(G * N, K))
+        q, scale = _rowwise(w.view(G * N, K), config or ROWWISE_CONFIG)
         return q.view(G, N, K), scale.view(G, N)
     if along != "N":
-        raise ValueError(f"along must be 'K' or 'N', got {along!r}")
+        raise InputError(f"along must be 'K' or 'N', got {along!r}")
     q = torch.empty(G, K, N, dtype=DATA_DTYPE, device=w.device)
     scale = torch.empty(G, K, dtype=torch.float32, device=w.device)
     if q.numel():
-        _launch_colwise(w, None, q, scale, G, rows=N, cols=K, x_strides=w.stride(), q_strides=(K * N, N))
+        _launch_colwise(w, None, q, scale, G, rows=N, cols=K, x_strides=w.stride(), q_strides=(K * N, N), config=config)
     return q, scale
 
 
-def quantize_fp8_rowwise_k_groups(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_rowwise_k_groups(
+    x: torch.Tensor, offs: torch.Tensor, *, config: Fp8RowwiseConfig | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-group scales for the 2D x 2D weight-gradient GEMM, which contracts over the token dim M.
 
     x (M, R) bf16/fp32 (grad_out (M, N) or the activations (M, K); any strides, so ``a.t()`` of an (R, M) matrix
@@ -217,26 +268,31 @@ def quantize_fp8_rowwise_k_groups(x: torch.Tensor, offs: torch.Tensor) -> tuple[
     Returns q (R, M) e4m3 row-major (M contiguous: pass ``q`` as ``_scaled_grouped_mm``'s row-major mat_a or
     ``q.t()`` as its column-major mat_b) and scale (G, R) fp32, scale[g, r] = amax over group g's rows of
     |x[:, r]| / 448 (floored as above; an empty group counts as all zero). Columns of q past ``offs[-1]`` are not
-    written.
+    written. ``config``: the colwise kernel's launch (None: ``COLWISE_CONFIG``).
     """
     check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2, contiguous=False)
     check_offsets(offs)
     check_same_device("offs", offs, x)
     check_host_offsets(offs, x.shape[0])
+    check_config("config", config, Fp8RowwiseConfig)
     M, R = x.shape
     G = offs.numel()
     q = torch.empty(R, M, dtype=DATA_DTYPE, device=x.device)
     scale = torch.empty(G, R, dtype=torch.float32, device=x.device)
     if R:
-        _launch_colwise(x, offs, q, scale, G, rows=M, cols=R, x_strides=(0, *x.stride()), q_strides=(0, M))
+        _launch_colwise(
+            x, offs, q, scale, G, rows=M, cols=R, x_strides=(0, *x.stride()), q_strides=(0, M), config=config
+        )
     return q, scale
 
 
-def _launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_strides):
-    grid = (triton.cdiv(cols, _COL_BLOCKS["BLOCK_C"]), groups)
+def _launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_strides, config: Fp8RowwiseConfig | None):
+    config = config or COLWISE_CONFIG
+    grid = (triton.cdiv(cols, config.block_cols), groups)
     _colwise_kernel[grid](
         x, offs, q.view(torch.uint8), scale, rows, cols, *x_strides, *q_strides,
-        HAS_OFFS=offs is not None, EXACT=INTERPRET, **_COL_BLOCKS,
+        HAS_OFFS=offs is not None, BLOCK_M=config.block_rows, BLOCK_C=config.block_cols, EXACT=INTERPRET,
+        num_warps=config.num_warps,
     )  # fmt: skip
 
 

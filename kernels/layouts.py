@@ -14,10 +14,16 @@ Per-group variants, each a Triton kernel with a plain-torch ``*_reference`` besi
 Every byte of every output is written by the kernel, the zero padding and the unused tail included, and group
 offsets are read on the device only, so each call can be captured in a CUDA graph. One program turns a 128-row x
 ``block_cols`` block of scales into its tiles: a coalesced load, a register/shared-memory permutation, and one
-contiguous store.
+contiguous store. The launch is a ``RearrangeConfig`` (``config=None``: ``default_rearrange_config``).
+
+The GEMM kernels read these buffers in place through ``blocked_word``: four 32-blocks of a row (one int32 word) per
+128 contraction elements.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -26,7 +32,16 @@ import triton.language as tl
 from .cost import Cost, ceil_to
 from .format import BLOCK_SIZE, SCALE_DTYPE
 from .padding import group_bounds, locate, pick
-from .runtime import check_host_offsets, check_offsets, check_power_of_two, check_same_device, check_tensor
+from .runtime import (
+    InputError,
+    check_config,
+    check_fields_power_of_two,
+    check_host_offsets,
+    check_offsets,
+    check_power_of_two,
+    check_same_device,
+    check_tensor,
+)
 
 TILE_ROWS = 128
 TILE_COLS = 4
@@ -69,7 +84,56 @@ def k_groups_shape(R: int, cols: int, G: int) -> tuple[int, int]:
     return ceil_to(R, TILE_ROWS), cols + TILE_COLS * G
 
 
+def blocked_3d_shape(G: int, rows: int, cols: int) -> tuple[int, int, int]:
+    """(G, ceil_128(rows), ceil_4(cols)) for (G, rows, cols) scales: one complete blocked image per expert."""
+    return G, ceil_to(rows, TILE_ROWS), ceil_to(cols, TILE_COLS)
+
+
+# ---- launch configuration -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RearrangeConfig:
+    """One launch of a rearrange kernel (``rearrange_m_groups``, ``rearrange_k_groups``, ``rearrange_3d``)."""
+
+    # Scale columns per program, a power of two >= 4 (one tile's width): a program turns 128 rows x block_cols
+    # scales into block_cols / 4 tiles of 512 contiguous bytes. For row-major scales, whole rows make its load one
+    # contiguous read as well as its store one contiguous write.
+    block_cols: int
+    # Warps per program: they share the register/shared-memory permutation of the block.
+    num_warps: int = 4
+
+    def __post_init__(self):
+        check_power_of_two("RearrangeConfig.block_cols", self.block_cols, lo=TILE_COLS)
+        check_fields_power_of_two(self, "num_warps")
+
+
+# The measured default of each kernel (config=None): whole rows of scales per program, up to this many columns, with
+# 4 warps. Chosen by scripts/tune_layouts.py; see docs/perf-log.md. K-groups: a group's columns do not start on a
+# block boundary, so a program covers part of one group's image whatever its width.
+_WHOLE_ROWS_UP_TO = {"m_groups": 256, "k_groups": 128, "3d": 64}
+
+
+def default_rearrange_config(kernel: str, cols: int) -> RearrangeConfig:
+    """The launch a rearrange of scales ``cols`` columns wide uses when none is given (``kernel``: "m_groups",
+    "k_groups" or "3d")."""
+    if kernel not in _WHOLE_ROWS_UP_TO:
+        raise InputError(f"kernel must be one of {', '.join(_WHOLE_ROWS_UP_TO)}; got {kernel!r}")
+    whole_rows = max(triton.next_power_of_2(cols), TILE_COLS)
+    return RearrangeConfig(min(whole_rows, _WHOLE_ROWS_UP_TO[kernel]), num_warps=4)
+
+
 # ---- kernels ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def blocked_word(row, words_per_row):
+    """Index of the int32 word holding scales (row, 0..3) inside one blocked image whose padded rows hold
+    ``words_per_row`` words; scales (row, 4w..4w+3) are 128 words further per w.
+
+    Tile (row // 128, c // 4) is 512 bytes = 128 words; (r, c) sits at byte (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4.
+    """
+    return (row // 128) * words_per_row * 128 + (row % 32) * 4 + (row // 32) % 4
 
 
 @triton.jit
@@ -150,19 +214,9 @@ def _check_scales(scales: object, ndim: int) -> torch.Tensor:
     return check_tensor("scales", scales, dtypes=SCALE_DTYPES, ndim=ndim, contiguous=False)
 
 
-def _launch(cols: int, block_cols: int | None, num_warps: int | None, widest: int) -> tuple[int, int]:
-    """(block_cols, num_warps) for a kernel over ``cols`` scale columns.
-
-    By default a program takes whole rows of up to ``widest`` columns with 4 warps: for row-major scales its 128
-    rows are then one contiguous read and its tiles one contiguous write. Measured on an H200 (scripts/
-    tune_layouts.py, 2026-11-26): M-groups (131072, 224) 17.5 us at 256 columns against 22.2 us at 64; K-groups
-    col-major (7168, 4096) 17.7 us at 128 against 18.4 at 64; 3D flat within 0.3 us, best at 64.
-    """
-    if block_cols is None:
-        block_cols = min(max(triton.next_power_of_2(cols), TILE_COLS), widest)
-    if check_power_of_two("block_cols", block_cols) < TILE_COLS:
-        raise ValueError(f"block_cols must be at least {TILE_COLS}, got {block_cols}")
-    return block_cols, check_power_of_two("num_warps", 4 if num_warps is None else num_warps)
+def _launch(kernel: str, cols: int, config: object) -> RearrangeConfig:
+    check_config("config", config, RearrangeConfig)
+    return default_rearrange_config(kernel, cols) if config is None else config
 
 
 def _check_group_offsets(offs: object, scales: torch.Tensor, total: int, multiple: int = 1) -> torch.Tensor:
@@ -173,33 +227,33 @@ def _check_group_offsets(offs: object, scales: torch.Tensor, total: int, multipl
 
 
 def rearrange_m_groups(
-    scales: torch.Tensor, offs: torch.Tensor, *, block_cols: int | None = None, num_warps: int | None = None
+    scales: torch.Tensor, offs: torch.Tensor, *, config: RearrangeConfig | None = None
 ) -> torch.Tensor:
     """Blocked scales of a 2D operand whose token groups split the rows (forward A, dgrad grad_out).
 
     scales: (M, C) e8m0 or uint8, any strides; offs: int32 (G,) group end rows, any sizes, read on the device only.
     Returns (128 * (ceil(M/128) + G), ceil_4(C)), scales' dtype, row-major: group g's blocked image
     (ceil_128(size_g) rows x ceil_4(C)) starts at row sum_{j<g} ceil_128(size_j); every other byte is zero.
-    Rows past offs[-1] belong to no group and are dropped. ``block_cols`` (a power of two >= 4; default whole
-    rows up to 256) scale columns per program, ``num_warps`` per program (default 4).
+    Rows past offs[-1] belong to no group and are dropped. ``config``: the launch (None: whole rows of up to 256
+    columns per program, ``default_rearrange_config("m_groups", C)``).
     """
     scales = _check_scales(scales, 2)
     M, C = scales.shape
     offs = _check_group_offsets(offs, scales, M)
-    block_cols, num_warps = _launch(C, block_cols, num_warps, widest=256)
+    config = _launch("m_groups", C, config)
     G = offs.numel()
     out = torch.empty(m_groups_shape(M, C, G), dtype=torch.uint8, device=scales.device)
     if out.numel():
-        grid = (out.shape[0] // TILE_ROWS, triton.cdiv(out.shape[1], block_cols))
+        grid = (out.shape[0] // TILE_ROWS, triton.cdiv(out.shape[1], config.block_cols))
         _m_groups_kernel[grid](
             scales.view(torch.uint8), offs, out, M, C, G, *scales.stride(), out.shape[1],
-            BLOCK_C=block_cols, BLOCK_G=triton.next_power_of_2(G), num_warps=num_warps,
+            BLOCK_C=config.block_cols, BLOCK_G=triton.next_power_of_2(G), num_warps=config.num_warps,
         )  # fmt: skip
     return out.view(scales.dtype)
 
 
 def rearrange_k_groups(
-    scales: torch.Tensor, offs: torch.Tensor, *, block_cols: int | None = None, num_warps: int | None = None
+    scales: torch.Tensor, offs: torch.Tensor, *, config: RearrangeConfig | None = None
 ) -> torch.Tensor:
     """Blocked scales of a 2D operand whose token groups split the contraction dim (wgrad's grad_out_t and A_t).
 
@@ -209,40 +263,39 @@ def rearrange_k_groups(
     read without a sync (CPU tensors): CUDA offs are not read on the host, and a size that is not a multiple of 32
     has its column bounds rounded down. Returns a (ceil_128(R), M/32 + 4*G) buffer, scales' dtype, whose bytes hold
     from byte 0 each group's complete blocked image (ceil_128(R) x ceil_4(size_g/32)) back to back in group
-    order; every other byte is zero. ``block_cols`` (a power of two >= 4; default whole rows up to 128) scale
-    columns per program: a group's columns are not aligned in memory, so a program covers part of one group;
-    ``num_warps`` per program (default 4).
+    order; every other byte is zero. ``config``: the launch (None: whole rows of up to 128 columns per program,
+    ``default_rearrange_config("k_groups", M/32)``); a program covers part of one group's image.
     """
     scales = _check_scales(scales, 2)
     R, cols = scales.shape
     offs = _check_group_offsets(offs, scales, cols * BLOCK_SIZE, BLOCK_SIZE)
-    block_cols, num_warps = _launch(cols, block_cols, num_warps, widest=128)
+    config = _launch("k_groups", cols, config)
     G = offs.numel()
     out = torch.empty(k_groups_shape(R, cols, G), dtype=torch.uint8, device=scales.device)
     if out.numel():
         # Images plus the tail slot: at most ceil((cols + 4G) / block_cols) + G chunks of block_cols columns.
-        grid = (out.shape[0] // TILE_ROWS, triton.cdiv(out.shape[1], block_cols) + G)
+        grid = (out.shape[0] // TILE_ROWS, triton.cdiv(out.shape[1], config.block_cols) + G)
         _k_groups_kernel[grid](
             scales.view(torch.uint8), offs, out, R, cols, G, *scales.stride(), out.shape[0],
-            BLOCK_C=block_cols, BLOCK_G=triton.next_power_of_2(G + 1), num_warps=num_warps,
+            BLOCK_C=config.block_cols, BLOCK_G=triton.next_power_of_2(G + 1), num_warps=config.num_warps,
         )  # fmt: skip
     return out.view(scales.dtype)
 
 
-def rearrange_3d(scales: torch.Tensor, *, block_cols: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """Blocked scales of 3D expert weights: scales (G, R, C) e8m0 or uint8, any strides -> (G, ceil_128(R),
-    ceil_4(C)), scales' dtype, contiguous, each expert's blocked image. ``block_cols``, ``num_warps`` as for
-    ``rearrange_m_groups``, but ``block_cols`` defaults to whole rows up to 64."""
+def rearrange_3d(scales: torch.Tensor, *, config: RearrangeConfig | None = None) -> torch.Tensor:
+    """Blocked scales of 3D expert weights: scales (G, R, C) e8m0 or uint8, any strides -> ``blocked_3d_shape(G, R,
+    C)`` = (G, ceil_128(R), ceil_4(C)), scales' dtype, contiguous, each expert's blocked image. ``config``: the
+    launch (None: whole rows of up to 64 columns per program, ``default_rearrange_config("3d", C)``)."""
     scales = _check_scales(scales, 3)
     G, R, C = scales.shape
-    block_cols, num_warps = _launch(C, block_cols, num_warps, widest=64)
-    out = torch.empty(G, ceil_to(R, TILE_ROWS), ceil_to(C, TILE_COLS), dtype=torch.uint8, device=scales.device)
+    config = _launch("3d", C, config)
+    out = torch.empty(blocked_3d_shape(G, R, C), dtype=torch.uint8, device=scales.device)
     if out.numel():
         row_blocks = out.shape[1] // TILE_ROWS
-        grid = (G * row_blocks, triton.cdiv(out.shape[2], block_cols))
+        grid = (G * row_blocks, triton.cdiv(out.shape[2], config.block_cols))
         _3d_kernel[grid](
             scales.view(torch.uint8), out, R, C, row_blocks, out.shape[2], *scales.stride(),
-            BLOCK_C=block_cols, num_warps=num_warps,
+            BLOCK_C=config.block_cols, num_warps=config.num_warps,
         )  # fmt: skip
     return out.view(scales.dtype)
 
@@ -292,11 +345,11 @@ def rearrange_m_groups_cost(M: int, C: int, G: int) -> Cost:
 def rearrange_k_groups_cost(R: int, M: int, G: int) -> Cost:
     """``rearrange_k_groups`` of (R, M/32) scales, M tokens in G groups: read R*M/32 bytes, write the whole buffer."""
     if M % BLOCK_SIZE:
-        raise ValueError(f"M must be a multiple of {BLOCK_SIZE}, got {M}")
+        raise InputError(f"M must be a multiple of {BLOCK_SIZE}, got {M}")
     rows, cols = k_groups_shape(R, M // BLOCK_SIZE, G)
     return Cost(R * (M // BLOCK_SIZE), rows * cols)
 
 
 def rearrange_3d_cost(G: int, R: int, C: int) -> Cost:
-    """``rearrange_3d`` of (G, R, C) scales: read G*R*C bytes, write G*ceil_128(R)*ceil_4(C)."""
-    return Cost(G * R * C, G * ceil_to(R, TILE_ROWS) * ceil_to(C, TILE_COLS))
+    """``rearrange_3d`` of (G, R, C) scales: read G*R*C bytes, write the whole ``blocked_3d_shape(G, R, C)``."""
+    return Cost(G * R * C, math.prod(blocked_3d_shape(G, R, C)))

@@ -5,17 +5,28 @@ Token groups are given by ``offs``, int32 (G,), the cumulative **end** row of ea
 group g a slot of ceil_a(size_g) rows (a = the alignment), slots back to back from row 0, its rows at the start of
 the slot and zeros after them, in a buffer sized by the upper bound ceil_a(M + a*G) so that no kernel needs the group
 sizes on the host. Every kernel here reads ``offs`` on the device only: no device-to-host sync, so each call can be
-captured in a CUDA graph and replayed with new offsets written into the same tensor.
+captured in a CUDA graph and replayed with new offsets written into the same tensor. Both copies take their launch
+as a ``PadConfig`` (``config=None``: ``default_pad_config``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from .cost import Cost, ceil_to
-from .runtime import check_host_offsets, check_offsets, check_power_of_two, check_same_device, check_tensor
+from .runtime import (
+    InputError,
+    check_config,
+    check_fields_power_of_two,
+    check_host_offsets,
+    check_offsets,
+    check_same_device,
+    check_tensor,
+)
 
 ALIGNMENTS = (16, 32, 128)
 # Copies move raw bits: an integer view of the same width makes every float dtype (fp8 included) a plain copy.
@@ -115,39 +126,52 @@ def _unpad_kernel(
     tl.store(dst, values, mask=(rows < num_tokens)[:, None] & in_cols)
 
 
+@dataclass(frozen=True)
+class PadConfig:
+    """One launch of the pad or unpad kernel: a program copies block_rows x block_cols elements."""
+
+    # Rows per program, a power of two. Padding also needs it to divide the alignment, so that a program's rows lie
+    # in one slot and it looks up one group; unpadding looks up each row's group.
+    block_rows: int
+    # Elements of each row per program, a power of two (the copy is a plain bit copy of 1-, 2-, 4- or 8-byte lanes).
+    block_cols: int
+    # Warps per program.
+    num_warps: int
+
+    def __post_init__(self):
+        check_fields_power_of_two(self, "block_rows", "block_cols", "num_warps")
+
+
+# The measured default (config=None): 4 KiB of each row (whole rows when narrower), 8 rows and 8 warps per program,
+# for any element size. Chosen by scripts/tune_layouts.py; see docs/perf-log.md.
+_ROW_BYTES, _ROWS, _WARPS = 4096, 8, 8
+
+
+def default_pad_config(D: int, element_size: int) -> PadConfig:
+    """The launch padding or unpadding rows of D elements of ``element_size`` bytes uses when none is given."""
+    return PadConfig(_ROWS, min(triton.next_power_of_2(max(D, 1)), _ROW_BYTES // element_size), _WARPS)
+
+
 def _check_alignment(alignment: int) -> int:
     if alignment not in ALIGNMENTS:
-        raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {alignment!r}")
+        raise InputError(f"alignment must be one of {ALIGNMENTS}, got {alignment!r}")
     return alignment
 
 
 def _check_rows(x: object, name: str) -> torch.Tensor:
     x = check_tensor(name, x, ndim=2)
     if not x.dtype.is_floating_point or x.element_size() not in _BITS:
-        raise ValueError(f"{name} must have a floating-point dtype, got {x.dtype}")
+        raise InputError(f"{name} must have a floating-point dtype, got {x.dtype}")
     return x
 
 
-def _block_cols(D: int, element_size: int, block_cols: int | None) -> int:
-    """Columns per program: by default 4 KiB of each row (whole rows when narrower).
-
-    With 8 rows and 8 warps per program, pad and unpad of bf16 (131072, 7168) ran at 4.05 TB/s on an H200, 98% of
-    its measured copy ceiling (a Triton copy kernel, `mxbench ceilings`: 4.12 TB/s); 16 rows x 2 KiB with 4 warps
-    ran 1% slower (scripts/tune_layouts.py, 2026-11-26).
-    """
-    if block_cols is None:
-        return min(triton.next_power_of_2(max(D, 1)), 4096 // element_size)
-    return check_power_of_two("block_cols", block_cols)
+def _launch(x: torch.Tensor, config: object) -> PadConfig:
+    check_config("config", config, PadConfig)
+    return default_pad_config(x.shape[1], x.element_size()) if config is None else config
 
 
 def pad_token_groups(
-    x: torch.Tensor,
-    offs: torch.Tensor,
-    alignment: int = 32,
-    *,
-    block_rows: int = 8,
-    block_cols: int | None = None,
-    num_warps: int = 8,
+    x: torch.Tensor, offs: torch.Tensor, alignment: int = 32, *, config: PadConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Copy each token group of ``x`` to the start of an aligned slot.
 
@@ -155,26 +179,27 @@ def pad_token_groups(
     Returns ``(padded, padded_offs)``: padded (ceil_a(M + a*G), D), x's dtype, row-major, group g's rows at the
     start of slot g (slot = ceil_a(size_g) rows, slots back to back from row 0), zero everywhere else including the
     tail after the last slot; padded_offs int32 (G,), the cumulative slot ends (computed on the device). Rows of x
-    past offs[-1] are not copied. ``block_rows`` (dividing the alignment) x ``block_cols`` elements per program.
+    past offs[-1] are not copied. ``config``: the launch (None: ``default_pad_config``); its block_rows must divide
+    the alignment.
     """
     alignment = _check_alignment(alignment)
     x = _check_rows(x, "x")
     offs = check_offsets(offs)
     check_same_device("offs", offs, x)
     check_host_offsets(offs, x.shape[0])
-    if check_power_of_two("block_rows", block_rows) > alignment:
-        raise ValueError(f"block_rows must divide the alignment {alignment}, got {block_rows}")
+    config = _launch(x, config)
+    if config.block_rows > alignment:
+        raise InputError(f"config.block_rows must divide the alignment {alignment}, got {config.block_rows}")
     (M, D), G = x.shape, offs.numel()
     bits = _BITS[x.element_size()]
     padded = torch.empty(padded_rows(M, G, alignment), D, dtype=bits, device=x.device)
     padded_offs = torch.empty(G, dtype=torch.int32, device=x.device)
-    BLOCK_D = _block_cols(D, x.element_size(), block_cols)
     # At least one column program even when D = 0: program (0, 0) writes padded_offs.
-    grid = (padded.shape[0] // block_rows, max(triton.cdiv(D, BLOCK_D), 1))
+    grid = (padded.shape[0] // config.block_rows, max(triton.cdiv(D, config.block_cols), 1))
     _pad_kernel[grid](
         x.view(bits), offs, padded, padded_offs, M, D, G,
-        ALIGN=alignment, BLOCK_M=block_rows, BLOCK_D=BLOCK_D, BLOCK_G=triton.next_power_of_2(G),
-        num_warps=num_warps,
+        ALIGN=alignment, BLOCK_M=config.block_rows, BLOCK_D=config.block_cols, BLOCK_G=triton.next_power_of_2(G),
+        num_warps=config.num_warps,
     )  # fmt: skip
     return padded.view(x.dtype), padded_offs
 
@@ -185,37 +210,36 @@ def unpad_token_groups(
     padded_offs: torch.Tensor,
     num_tokens: int,
     *,
-    block_rows: int = 8,
-    block_cols: int | None = None,
-    num_warps: int = 8,
+    config: PadConfig | None = None,
 ) -> torch.Tensor:
     """Inverse of ``pad_token_groups``: gather each group's rows back from its slot.
 
     padded: (P, D) any floating-point dtype, row-major; offs, padded_offs: int32 (G,) as given to and returned by
     ``pad_token_groups``. Returns (num_tokens, D), padded's dtype, row-major: row i of group g is padded row
-    padded_offs[g-1] + (i - offs[g-1]). Rows past offs[-1] are zero.
+    padded_offs[g-1] + (i - offs[g-1]). Rows past offs[-1] are zero. ``config``: the launch (None:
+    ``default_pad_config``).
     """
     padded = _check_rows(padded, "padded")
     offs = check_offsets(offs)
     padded_offs = check_offsets(padded_offs, name="padded_offs")
     if padded_offs.shape != offs.shape:
-        raise ValueError(f"padded_offs must have the shape of offs {tuple(offs.shape)}, got {tuple(padded_offs.shape)}")
+        raise InputError(f"padded_offs must have the shape of offs {tuple(offs.shape)}, got {tuple(padded_offs.shape)}")
     if not isinstance(num_tokens, int) or num_tokens < 0:
-        raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        raise InputError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
     check_same_device("offs", offs, padded)
     check_same_device("padded_offs", padded_offs, padded)
     check_host_offsets(offs, num_tokens)
     check_host_offsets(padded_offs, padded.shape[0], name="padded_offs")
-    check_power_of_two("block_rows", block_rows)
+    config = _launch(padded, config)
     (P, D), G = padded.shape, offs.numel()
     bits = _BITS[padded.element_size()]
     out = torch.empty(num_tokens, D, dtype=bits, device=padded.device)
     if out.numel():
-        BLOCK_D = _block_cols(D, padded.element_size(), block_cols)
-        grid = (triton.cdiv(num_tokens, block_rows), triton.cdiv(D, BLOCK_D))
+        grid = (triton.cdiv(num_tokens, config.block_rows), triton.cdiv(D, config.block_cols))
         _unpad_kernel[grid](
             padded.view(bits), offs, padded_offs, out, num_tokens, P, D, G,
-            BLOCK_M=block_rows, BLOCK_D=BLOCK_D, BLOCK_G=triton.next_power_of_2(G), num_warps=num_warps,
+            BLOCK_M=config.block_rows, BLOCK_D=config.block_cols, BLOCK_G=triton.next_power_of_2(G),
+            num_warps=config.num_warps,
         )  # fmt: skip
     return out.view(padded.dtype)
 
@@ -260,7 +284,7 @@ def _data_rows(M: int, G: int, group_sizes) -> int:
         return M
     sizes = list(group_sizes)
     if len(sizes) != G or min(sizes, default=0) < 0 or sum(sizes) > M:
-        raise ValueError(f"group_sizes must be {G} sizes >= 0 summing to at most M = {M}, got {sizes}")
+        raise InputError(f"group_sizes must be {G} sizes >= 0 summing to at most M = {M}, got {sizes}")
     return sum(sizes)
 
 

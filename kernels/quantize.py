@@ -11,8 +11,9 @@ Two kernels cover the four quantizers of an MoE training step:
 
 A rows program streams one (rows, cols) tile with no loop; a cols program walks its tile 32 rows at a time (one
 block per column per step) and stores the tile's scale bytes once at the end. The GPU keeps several tiles in flight
-per SM through occupancy. Tile shape and ``num_warps`` are keyword arguments with fixed defaults (no autotuning: callers
-capture CUDA graphs). Offsets are 64-bit, so tensors may pass 2**31 elements.
+per SM through occupancy. Each kernel's launch is a frozen config passed as ``config=`` (``RowsConfig``,
+``ColsConfig``; None: the measured default), never autotuned: callers capture CUDA graphs. Offsets are 64-bit, so
+tensors may pass 2**31 elements.
 
 Numerics, shared by both kernels (``_quantize_blocks``): amax is the integer max of the fp32 bit patterns with the
 sign cleared, so a NaN (bits above +Inf) wins the max like +Inf; the scale byte is computed from those bits with
@@ -40,40 +41,93 @@ from .format import (
     SCALE_DTYPE,
     ScaleMode,
 )
-from .runtime import INTERPRET, check_multiple, check_tensor
+from .runtime import (
+    INTERPRET,
+    MAX_GROUPS,
+    InputError,
+    check_config,
+    check_int,
+    check_multiple,
+    check_power_of_two,
+    check_tensor,
+)
 
 IN_DTYPES = (torch.bfloat16, torch.float32)
-# (rows, cols) of the input tile one program reads, and its warps, chosen from the SM90 PTX (Triton picks the register
-# layout from the tile). Rows kernel: each thread loads 16 contiguous elements and stores their 16 e4m3 bytes as one
-# 16-byte vector; ~8.5 instructions per element. Cols kernel: one warp on a 32 x 128 tile holds 16 rows x 8 columns
-# per thread, so a block's amax is an in-thread max plus one shuffle and the transpose goes through shared memory by
-# ldmatrix (~11 instructions per element); more warps split a block across warps and pay a shared-memory reduction.
-# bf16 amax is taken on the 16-bit patterns, so the fp32 values exist only at the multiply (32 x 128 in one warp:
-# 160 -> 114 registers; rows kernel 61 -> 48). Cols tiles taller than 32 rows loop (see the kernel) and are candidates
-# in scripts/tune_quantize.py, chosen by timings there.
-# Measured on an H200 (scripts/tune_quantize.py, triton 3.6, 2026-11-26): rows (32, 512) w8 streams at 100-105% of
-# a copy kernel. The cols kernel's best differs by use:
-# - dim1, (32, 64) w1 with column tiles run in groups 512 columns wide: 95-96% of copy for K = 2048..8192
-#   ((64, 64) w1 without groups: 89-91%; (32, 128) w1: 80%);
-# - 3D along N, (128, 64) w1 with 3 pipeline stages and groups of 2048 columns: 87-89% ((64, 64) w1: 83-86%).
-ROWS_TILE, ROWS_WARPS = (32, 512), 8
+# The cols kernel packs a column's scale bytes of one tile into an int64: at most 8 blocks (256 rows) per tile.
+COLS_MAX_ROWS = 8 * BLOCK_SIZE
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Launch configurations
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _check_tile(owner: str, tile: object, blocked: int, max_blocked: int) -> None:
+    """A (rows, cols) tile of powers of two whose entry ``blocked`` runs along the blocked dim: 32 to max_blocked."""
+    if not (
+        isinstance(tile, (tuple, list))
+        and len(tile) == 2
+        and all(isinstance(t, int) and t > 0 and t & (t - 1) == 0 for t in tile)
+    ):
+        raise InputError(f"{owner}.tile must be a (rows, cols) pair of powers of two, got {tile!r}")
+    if not BLOCK_SIZE <= tile[blocked] <= max_blocked:
+        raise InputError(
+            f"{owner}.tile[{blocked}] runs along the blocked dim: {BLOCK_SIZE} to {max_blocked}, got {tile!r}"
+        )
+
+
+def _tile_post_init(config, blocked: int, max_blocked: int) -> None:
+    """Check a config's tile and num_warps; a tile given as a list is kept as a tuple (the config stays hashable)."""
+    name = type(config).__name__
+    _check_tile(name, config.tile, blocked, max_blocked)
+    object.__setattr__(config, "tile", tuple(config.tile))
+    check_power_of_two(f"{name}.num_warps", config.num_warps, hi=32)
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """One launch of the rows kernel (``quantize_dim0``, ``quantize_3d(along="K")``)."""
+
+    # (rows, cols) of the input one program quantizes, powers of two, cols (the blocked dim) at least one 32-block.
+    # Triton picks the register layout from the tile and the warps: the default gives each thread 16 contiguous
+    # elements, loaded as one vector and stored as 16 e4m3 bytes in one 16-byte vector.
+    tile: tuple[int, int]
+    # Warps per program.
+    num_warps: int
+
+    def __post_init__(self):
+        _tile_post_init(self, blocked=1, max_blocked=2**30)
 
 
 @dataclass(frozen=True)
 class ColsConfig:
-    """Launch defaults of the cols kernel: tile (rows, cols), warps, pipeline stages, and the width in input columns
-    of the column-tile groups programs run through (write locality of the transposed output; 0 = the whole width)."""
+    """One launch of the cols kernel (``quantize_dim1``, ``quantize_3d(along="N")``)."""
 
+    # (rows, cols) of the input one program quantizes, powers of two; rows (the blocked dim) 32 to COLS_MAX_ROWS. A
+    # program walks its tile 32 rows at a time, so registers and the transpose stay those of a 32-row tile. One warp
+    # on 32 x 128 holds 16 rows x 8 columns per thread: a block's amax is an in-thread max plus one shuffle, and the
+    # transpose goes through shared memory by ldmatrix.
     tile: tuple[int, int]
+    # Warps per program. More than one splits a block across warps, which then pay a shared-memory reduction.
     num_warps: int
+    # Software-pipelining depth of the 32-row steps, 1 to 4: above 1, Triton copies the next steps' input
+    # asynchronously into shared memory while a step computes.
     num_stages: int
+    # Width in input columns of the column-tile groups programs run through, all row tiles of a group before the
+    # next (0: the whole width): the programs resident at once then write long runs of each transposed output row.
     group_cols: int
 
+    def __post_init__(self):
+        _tile_post_init(self, blocked=0, max_blocked=COLS_MAX_ROWS)
+        check_int("ColsConfig.num_stages", self.num_stages, 1, 4)
+        check_int("ColsConfig.group_cols", self.group_cols, 0)
 
-DIM1_COLS = ColsConfig((32, 64), num_warps=1, num_stages=1, group_cols=512)
-ALONG_N_COLS = ColsConfig((128, 64), num_warps=1, num_stages=3, group_cols=2048)
-# The cols kernel packs a column's scale bytes of one tile into an int64: at most 8 blocks (256 rows) per tile.
-COLS_MAX_ROWS = 8 * BLOCK_SIZE
+
+# The measured defaults (config=None), chosen by scripts/tune_quantize.py; see docs/perf-log.md. The cols kernel's
+# best differs by use: dim1 wants short tiles in narrow groups, 3D along N taller pipelined tiles in wide groups.
+ROWS_CONFIG = RowsConfig(tile=(32, 512), num_warps=8)
+DIM1_COLS = ColsConfig(tile=(32, 64), num_warps=1, num_stages=1, group_cols=512)
+ALONG_N_COLS = ColsConfig(tile=(128, 64), num_warps=1, num_stages=3, group_cols=2048)
 
 _BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)
 _NAN_BYTE: tl.constexpr = tl.constexpr(E4M3_NAN_BYTE)
@@ -164,6 +218,7 @@ def _quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.const
     Returns (data bytes uint8, same shape as x; scale bytes uint8, x's shape without AXIS). A block holding a NaN or
     an Inf gets scale 255 and data 0x7F.
     """
+    # bf16 amax is taken on the 16-bit patterns, so fp32 values exist only at the multiply (fewer live registers).
     if x.dtype == tl.bfloat16:
         amax_bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
     else:
@@ -299,26 +354,10 @@ def _quantize_cols_kernel(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _check_launch(tile: object, num_warps: object, blocked: int, max_blocked: int) -> tuple[int, int]:
-    """Validate a (rows, cols) tile (powers of two; entry ``blocked`` from 32 to ``max_blocked``) and ``num_warps``."""
-    if not (
-        isinstance(tile, (tuple, list))
-        and len(tile) == 2
-        and all(isinstance(t, int) and t > 0 and t & (t - 1) == 0 for t in tile)
-    ):
-        raise ValueError(f"tile must be a (rows, cols) pair of powers of two, got {tile!r}")
-    if not BLOCK_SIZE <= tile[blocked] <= max_blocked:
-        raise ValueError(f"tile[{blocked}] runs along the blocked dim: {BLOCK_SIZE} to {max_blocked}, got {tile!r}")
-    if num_warps not in (1, 2, 4, 8, 16, 32):
-        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps!r}")
-    return tile
-
-
-def _quantize_rows(x: torch.Tensor, mode, tile, num_warps) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_rows(x: torch.Tensor, mode, config: RowsConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the rows kernel on a validated row-major (R, C) matrix: q (R, C) e4m3, s (R, C/32) e8m0, row-major."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
-    num_warps = ROWS_WARPS if num_warps is None else num_warps
-    tr, tc = _check_launch(ROWS_TILE if tile is None else tile, num_warps, blocked=1, max_blocked=2**30)
+    (tr, tc), num_warps = config.tile, config.num_warps
     R, C = x.shape
     q = torch.empty((R, C), dtype=DATA_DTYPE, device=x.device)
     s = torch.empty((R, C // BLOCK_SIZE), dtype=torch.uint8, device=x.device)
@@ -333,21 +372,13 @@ def _quantize_rows(x: torch.Tensor, mode, tile, num_warps) -> tuple[torch.Tensor
 
 
 def _quantize_cols(
-    x: torch.Tensor, mode, tile, num_warps, num_stages, group_cols, scales_col_major: bool, defaults: ColsConfig
+    x: torch.Tensor, mode, config: ColsConfig, scales_col_major: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the cols kernel on a validated row-major batch x (B, R, C): q (B, C, R) e4m3 row-major and
     s (B, C, R/32) e8m0, each matrix of s row-major or, with ``scales_col_major``, column-major."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     B, R, C = x.shape
-    tile = defaults.tile if tile is None else tile
-    num_warps = defaults.num_warps if num_warps is None else num_warps
-    num_stages = defaults.num_stages if num_stages is None else num_stages
-    group_cols = defaults.group_cols if group_cols is None else group_cols
-    if not isinstance(group_cols, int) or group_cols < 0:
-        raise ValueError(f"group_cols must be a non-negative int, got {group_cols!r}")
-    if num_stages not in (1, 2, 3, 4):
-        raise ValueError(f"num_stages must be 1 to 4, got {num_stages!r}")
-    tr, tc = _check_launch(tile, num_warps, blocked=0, max_blocked=COLS_MAX_ROWS)
+    (tr, tc), group_cols = config.tile, config.group_cols
     Rb = R // BLOCK_SIZE
     q = torch.empty((B, C, R), dtype=DATA_DTYPE, device=x.device)
     if scales_col_major:
@@ -361,51 +392,41 @@ def _quantize_cols(
         even = R % tr == 0 and C % tc == 0
         _quantize_cols_kernel[grid](
             x, q.view(torch.uint8), s, R, C, *s.stride(),
-            BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, GROUP=group, STAGES=num_stages,
-            num_warps=num_warps
+            BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, GROUP=group, STAGES=config.num_stages,
+            num_warps=config.num_warps
         )  # fmt: skip
     return q, s.view(SCALE_DTYPE)
 
 
 def quantize_dim0(
-    x: torch.Tensor,
-    mode: ScaleMode | str = "rceil",
-    *,
-    tile: tuple[int, int] | None = None,
-    num_warps: int | None = None,
+    x: torch.Tensor, mode: ScaleMode | str = "rceil", *, config: RowsConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8-quantize x (M, K) bf16/fp32 row-major in 1x32 blocks along K (dim 1).
 
     Returns q (M, K) ``float8_e4m3fn`` and scales (M, K/32) ``float8_e8m0fnu``, both row-major; bit-exact to
-    ``quantize_reference(x, mode)``. K must be a multiple of 32; M is any size. ``tile`` = (rows, cols) of x per
-    program (powers of two, cols >= 32; default ``ROWS_TILE``), ``num_warps`` default ``ROWS_WARPS``.
+    ``quantize_reference(x, mode)``. K must be a multiple of 32; M is any size. ``config``: the rows kernel's
+    launch (None: ``ROWS_CONFIG``).
     """
     x = check_tensor("x", x, dtypes=IN_DTYPES, ndim=2)
     check_multiple("x", x.shape[1], BLOCK_SIZE, "K (dim 1, the blocked dim)")
-    return _quantize_rows(x, mode, tile, num_warps)
+    check_config("config", config, RowsConfig)
+    return _quantize_rows(x, mode, config or ROWS_CONFIG)
 
 
 def quantize_dim1(
-    x: torch.Tensor,
-    mode: ScaleMode | str = "rceil",
-    *,
-    tile: tuple[int, int] | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    group_cols: int | None = None,
+    x: torch.Tensor, mode: ScaleMode | str = "rceil", *, config: ColsConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8-quantize x (M, K) bf16/fp32 row-major in 32x1 blocks along M (dim 0), writing the transpose.
 
     Returns q (K, M) ``float8_e4m3fn`` row-major (so M, the blocked dim, is contiguous) and scales (K, M/32)
     ``float8_e8m0fnu`` **column-major** (strides (1, K)), the layout the kernel writes coalesced; bit-exact to
-    ``quantize_reference(x.t().contiguous(), mode)``. M must be a multiple of 32; K is any size. ``tile`` = (rows, cols)
-    of x per program (powers of two, rows 32 to 256), ``num_warps``, ``num_stages`` (1 to 4, the software-pipelining
-    depth of the tile's 32-row steps), ``group_cols`` (programs run through column tiles in groups this many input
-    columns wide; 0 = the whole width); defaults ``DIM1_COLS``.
+    ``quantize_reference(x.t().contiguous(), mode)``. M must be a multiple of 32; K is any size. ``config``: the
+    cols kernel's launch (None: ``DIM1_COLS``).
     """
     x = check_tensor("x", x, dtypes=IN_DTYPES, ndim=2)
     check_multiple("x", x.shape[0], BLOCK_SIZE, "M (dim 0, the blocked dim)")
-    q, s = _quantize_cols(x.unsqueeze(0), mode, tile, num_warps, num_stages, group_cols, True, DIM1_COLS)
+    check_config("config", config, ColsConfig)
+    q, s = _quantize_cols(x.unsqueeze(0), mode, config or DIM1_COLS, scales_col_major=True)
     return q[0], s[0]
 
 
@@ -414,34 +435,31 @@ def quantize_3d(
     along: str = "K",
     mode: ScaleMode | str = "rceil",
     *,
-    tile: tuple[int, int] | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    group_cols: int | None = None,
+    config: RowsConfig | ColsConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP8-quantize expert weights w (G, N, K) bf16/fp32 row-major, 1 <= G <= 512, in blocks of 32 along K or N.
+    """MXFP8-quantize expert weights w (G, N, K) bf16/fp32 row-major, 1 <= G <= MAX_GROUPS, in blocks of 32 along K
+    or N.
 
     along="K": q (G, N, K) and scales (G, N, K/32), the oracle ``quantize_reference(w, mode)``; K a multiple of 32.
     along="N": q (G, K, N) (each expert transposed, N contiguous) and scales (G, K, N/32), both row-major; the
     oracle ``quantize_reference(w.transpose(1, 2).contiguous(), mode)``; N a multiple of 32.
-    q is ``float8_e4m3fn``, scales ``float8_e8m0fnu``. ``tile`` = (rows, cols) of each expert's (N, K) matrix per
-    program; defaults as ``quantize_dim0`` along K and ``ALONG_N_COLS`` along N. ``num_stages`` and
-    ``group_cols`` as in ``quantize_dim1``, along N only.
+    q is ``float8_e4m3fn``, scales ``float8_e8m0fnu``. ``config``: the launch over each expert's (N, K) matrix, a
+    ``RowsConfig`` along K (None: ``ROWS_CONFIG``), a ``ColsConfig`` along N (None: ``ALONG_N_COLS``).
     """
     w = check_tensor("w", w, dtypes=IN_DTYPES, ndim=3)
     G, N, K = w.shape
-    if not 1 <= G <= 512:
-        raise ValueError(f"w must hold 1 to 512 experts (dim 0), got {G}")
+    if not 1 <= G <= MAX_GROUPS:
+        raise InputError(f"w must hold 1 to {MAX_GROUPS} experts (dim 0), got {G}")
     if along not in ("K", "N"):
-        raise ValueError(f"along must be 'K' or 'N', got {along!r}")
+        raise InputError(f"along must be 'K' or 'N', got {along!r}")
     if along == "K":
-        if num_stages is not None or group_cols is not None:
-            raise ValueError("num_stages and group_cols apply along N only (the rows kernel has no steps or groups)")
+        check_config("config", config, RowsConfig, " along K (the rows kernel: no num_stages or group_cols)")
         check_multiple("w", K, BLOCK_SIZE, "K (dim 2, the blocked dim)")
-        q, s = _quantize_rows(w.view(G * N, K), mode, tile, num_warps)
+        q, s = _quantize_rows(w.view(G * N, K), mode, config or ROWS_CONFIG)
         return q.view(G, N, K), s.view(G, N, K // BLOCK_SIZE)
+    check_config("config", config, ColsConfig, " along N (the cols kernel)")
     check_multiple("w", N, BLOCK_SIZE, "N (dim 1, the blocked dim)")
-    return _quantize_cols(w, mode, tile, num_warps, num_stages, group_cols, False, ALONG_N_COLS)
+    return _quantize_cols(w, mode, config or ALONG_N_COLS, scales_col_major=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -453,9 +471,9 @@ def quantize_2d_cost(rows: int, cols: int, in_dtype: torch.dtype) -> Cost:
     """Cost of quantizing a (rows, cols) ``in_dtype`` matrix along either dim: read it once, write one e4m3 byte per
     element and one scale byte per 32 elements."""
     if in_dtype not in IN_DTYPES:
-        raise ValueError(f"in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype}")
+        raise InputError(f"in_dtype must be torch.bfloat16 or torch.float32, got {in_dtype}")
     if rows < 0 or cols < 0 or (rows * cols) % BLOCK_SIZE:
-        raise ValueError(f"rows, cols must be >= 0 with one of them a multiple of {BLOCK_SIZE}, got {rows}, {cols}")
+        raise InputError(f"rows, cols must be >= 0 with one of them a multiple of {BLOCK_SIZE}, got {rows}, {cols}")
     n = rows * cols
     return Cost(bytes_read=n * in_dtype.itemsize, bytes_written=n + n // BLOCK_SIZE)
 
@@ -463,5 +481,5 @@ def quantize_2d_cost(rows: int, cols: int, in_dtype: torch.dtype) -> Cost:
 def quantize_3d_cost(G: int, N: int, K: int, in_dtype: torch.dtype) -> Cost:
     """Cost of ``quantize_3d`` on (G, N, K) ``in_dtype`` weights, along K or N (the same bytes either way)."""
     if G < 1:
-        raise ValueError(f"G must be >= 1, got {G}")
+        raise InputError(f"G must be >= 1, got {G}")
     return quantize_2d_cost(G * N, K, in_dtype)

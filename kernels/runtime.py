@@ -2,7 +2,8 @@
 
 Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter (``TRITON_INTERPRET=1``, which must be
 set before ``mxkernels`` is imported). Every public wrapper validates its arguments here first, so bad input fails
-with a ``ValueError`` that names the argument before anything is launched.
+with an ``InputError`` (a ``ValueError``) that names the argument before anything is launched. Launch configurations
+are frozen dataclasses that check their own fields when built, with the helpers here.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def check_tensor(
     ndim: int | Iterable[int] | None = None,
     contiguous: bool = True,
 ) -> torch.Tensor:
-    """Raise ``ValueError`` naming ``name`` unless ``x`` is a tensor of the given dtypes, rank and layout that a
+    """Raise ``InputError`` naming ``name`` unless ``x`` is a tensor of the given dtypes, rank and layout that a
     kernel can run on (CUDA, or CPU under the interpreter)."""
     if not isinstance(x, torch.Tensor):
         raise InputError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -67,10 +68,44 @@ def check_multiple(name: str, value: int, multiple: int, what: str) -> None:
         raise InputError(f"{name}: {what} must be a multiple of {multiple}, got {value}")
 
 
-def check_power_of_two(name: str, value: object) -> int:
-    if not isinstance(value, int) or value < 1 or value & (value - 1):
-        raise InputError(f"{name} must be a power of two, got {value!r}")
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_power_of_two(name: str, value: object, lo: int = 1, hi: int | None = None) -> int:
+    """``value`` must be a power of two in [lo, hi] (hi None: no upper bound)."""
+    if not _is_int(value) or value < max(lo, 1) or value & (value - 1) or (hi is not None and value > hi):
+        bounds = f" from {lo} to {hi}" if hi is not None else (f" >= {lo}" if lo > 1 else "")
+        raise InputError(f"{name} must be a power of two{bounds}, got {value!r}")
     return value
+
+
+def check_fields_power_of_two(config: object, *fields: str) -> None:
+    """Each named field of a launch configuration must be a power of two (the error names ``Class.field``)."""
+    for field in fields:
+        check_power_of_two(f"{type(config).__name__}.{field}", getattr(config, field))
+
+
+def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    """``value`` must be an int in [lo, hi] (hi None: no upper bound)."""
+    if not _is_int(value) or value < lo or (hi is not None and value > hi):
+        if hi is not None:
+            want = f"an int from {lo} to {hi}"
+        else:
+            want = {0: "a non-negative int", 1: "a positive int"}.get(lo, f"an int >= {lo}")
+        raise InputError(f"{name} must be {want}, got {value!r}")
+    return value
+
+
+def check_config(name: str, config: object, kind: type, why: str = "") -> None:
+    """``config`` must be None (the measured default) or a ``kind`` launch configuration; ``why`` says more."""
+    if config is not None and not isinstance(config, kind):
+        raise InputError(f"{name} must be a {kind.__name__} or None{why}, got {config!r}")
+
+
+def check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(x.shape) != tuple(shape):
+        raise InputError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
 
 
 def check_same_device(name: str, x: torch.Tensor, like: torch.Tensor, like_name: str = "the data") -> None:

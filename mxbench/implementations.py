@@ -18,7 +18,7 @@ from mxkernels import grouped_gemm
 from mxkernels.runtime import INTERPRET
 from mxkernels.stages import MEMORY_CATEGORIES, Category, Recipe, all_specs
 
-from .registry import OURS, Implementation, Registry, always
+from .registry import OURS, Deviation, Implementation, Registry, always
 
 TORCHAO = "torchao"
 COMPILED = "torch.compile"
@@ -168,10 +168,19 @@ _TORCHAO = {
 }
 
 
+TORCHAO_MX_DEVIATION = Deviation(
+    "torchao's to_mx departs from the MX spec in blocks of scale byte 0 (it clamps the scale to 2**-126 and "
+    "flushes subnormal inputs) and in blocks holding Inf (a finite scale, the Inf dropped) or NaN (finite data "
+    "zeroed under the NaN scale)",
+    scale_bytes=(0, 255),
+)
+
+
 def register_torchao(registry: Registry) -> None:
     for stage, (fn, kernel, quantizer, prepare) in _TORCHAO.items():
         registry.add(Implementation(Recipe.MXFP8, stage, TORCHAO, fn, kernel, _torchao_available(quantizer),
-                                    prepare=prepare, origin="builtin"))  # fmt: skip
+                                    prepare=prepare, origin="builtin",
+                                    deviation=TORCHAO_MX_DEVIATION if quantizer else None))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------

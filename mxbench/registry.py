@@ -39,6 +39,17 @@ def always(device: torch.device) -> str | None:
 
 
 @dataclass(frozen=True)
+class Deviation:
+    """A known, named departure of an implementation from the MX spec that ``check`` reports instead of failing:
+    it may differ from the oracle inside the blocks whose oracle scale byte is one of ``scale_bytes`` (and only
+    there). For example torchao's reference flushes blocks of scale byte 0 (2**-127) and gives Inf blocks a finite
+    scale (byte 255 in the spec)."""
+
+    name: str
+    scale_bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Implementation:
     """One way to compute a stage.
 
@@ -57,6 +68,7 @@ class Implementation:
     graph_safe: bool = True
     prepare: Callable[[Sequence[torch.Tensor], Mapping[str, Any]], Callable[[], object]] | None = None
     origin: str = "python"
+    deviation: Deviation | None = None
 
     @property
     def spec(self) -> StageSpec:

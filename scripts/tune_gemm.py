@@ -26,7 +26,8 @@ import traceback
 import torch
 import triton
 from mxkernels import grouped_gemm as GG
-from mxkernels.grouped_gemm import TileConfig
+from mxkernels.gemm_dequant import dequantize_blocked
+from mxkernels.gemm_triton import TileConfig
 
 from mxbench.timing import time_fn
 
@@ -49,7 +50,7 @@ class Variant:
         return f"{self.backend} {c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages} g{c.group_m}{regs}"
 
 
-# triton_fp8's bests on an H200 under triton 3.6 at M = 131072 (255 and 180 TFLOP/s), now its defaults: controls.
+# triton_fp8's measured bests (docs/perf-log.md, v2 GEMM), now its defaults: controls.
 VARIANTS = [
     Variant("triton_dequant"),
     Variant("triton_fp8", TileConfig(128, 64, num_warps=4, num_stages=3, group_m=8), cases=("2d3d",)),
@@ -85,8 +86,8 @@ def small_check(case: str, variant: Variant) -> float:
     sizes = [608, 0, 800, 640]
     _, _, offs, ops = operands(case, sum(sizes), 320, 1120 if case == "2d3d" else 448, sizes, seed=11)
     # bf16 output, as timed: an fp32 output would compile the kernel a second time (SQNR ~50 dB, bf16 rounding).
-    ref = GG.mxfp8_grouped_mm(*ops, offs, backend="emulated")
-    out = GG.mxfp8_grouped_mm(*ops, offs, backend=variant.backend, config=variant.config)
+    ref = GG.mxfp8_scaled_grouped_mm(*ops, offs, backend="emulated")
+    out = GG.mxfp8_scaled_grouped_mm(*ops, offs, backend=variant.backend, config=variant.config)
     rows = slice(0, sum(sizes)) if case == "2d3d" else slice(None)
     return sqnr_db(out[rows], ref[rows])
 
@@ -127,7 +128,7 @@ def time_shape(case: str, M: int, checked: dict[Variant, tuple[float, str | None
         row = {**shape, "variant": v.name, "backend": v.backend, "config": config, "sqnr_db": db}
         if error is None:
             try:
-                us, iqr = timed(lambda v=v: GG.mxfp8_grouped_mm(*ops, offs, backend=v.backend, config=v.config))
+                us, iqr = timed(lambda v=v: GG.mxfp8_scaled_grouped_mm(*ops, offs, backend=v.backend, config=v.config))
                 row.update(us=us, iqr_us=iqr, tflops=flops / us / 1e6)
             except Exception as exc:  # noqa: BLE001 -- as in check_variants
                 error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
@@ -150,8 +151,8 @@ def time_dequantize(shape: dict, ops, offs: torch.Tensor) -> dict:
     b_args = (b_q, b_sb, None, "3d") if b_q.dim() == 3 else (b_q, b_sb, offs, "k_groups")
 
     def run():
-        GG.dequantize_blocked(a_q, a_sb, offs, layout=a_layout)
-        GG.dequantize_blocked(*b_args[:3], layout=b_args[3])
+        dequantize_blocked(a_q, a_sb, offs, layout=a_layout)
+        dequantize_blocked(*b_args[:3], layout=b_args[3])
 
     us, iqr = timed(run)
     moved = sum(q.numel() * 3 + s.numel() for q, s in ((a_q, a_sb), (b_q, b_sb)))  # 1 byte in, 2 out, scales

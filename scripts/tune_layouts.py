@@ -34,7 +34,8 @@ M = 131072
 
 @dataclass
 class Case:
-    """One kernel at one shape: ``run(**config)`` launches it, ``expected`` is the reference output."""
+    """One kernel at one shape: ``run(**config)`` launches it with the launch config built from the dict ``config``
+    (the module's ``RearrangeConfig`` or ``PadConfig``), ``expected`` is the reference output."""
 
     kernel: str
     label: str
@@ -80,7 +81,8 @@ def rearrange_cases():
         offs = group_ends(M, skewed=False)
         cols = [b for b in (32, 64, 128, 256) if b // 2 < C]
         yield Case(
-            "rearrange_m_groups", f"({M}, {C})", lambda s=s, offs=offs, **k: layouts.rearrange_m_groups(s, offs, **k),
+            "rearrange_m_groups", f"({M}, {C})",
+            lambda s=s, offs=offs, **k: layouts.rearrange_m_groups(s, offs, config=layouts.RearrangeConfig(**k)),
             layouts.rearrange_m_groups_reference(s, offs), layouts.rearrange_m_groups_cost(M, C, G),
             grid(block_cols=cols, num_warps=[4, 8]),
         )  # fmt: skip
@@ -88,7 +90,7 @@ def rearrange_cases():
         s = scale_bytes(*shape)
         cols = [b for b in (32, 64, 128, 256) if b // 2 < shape[2]]
         yield Case(
-            "rearrange_3d", str(shape), lambda s=s, **k: layouts.rearrange_3d(s, **k),
+            "rearrange_3d", str(shape), lambda s=s, **k: layouts.rearrange_3d(s, config=layouts.RearrangeConfig(**k)),
             layouts.rearrange_3d_reference(s), layouts.rearrange_3d_cost(*shape), grid(block_cols=cols, num_warps=[2, 4, 8]),
         )  # fmt: skip
     for R, order in ((2048, "col"), (7168, "col"), (7168, "row")):
@@ -98,7 +100,7 @@ def rearrange_cases():
         offs = group_ends(M, skewed=False, multiple=32)
         yield Case(
             "rearrange_k_groups", f"({R}, {M // 32}) {order}-major",
-            lambda s=s, offs=offs, **k: layouts.rearrange_k_groups(s, offs, **k),
+            lambda s=s, offs=offs, **k: layouts.rearrange_k_groups(s, offs, config=layouts.RearrangeConfig(**k)),
             layouts.rearrange_k_groups_reference(s, offs), layouts.rearrange_k_groups_cost(R, M, G),
             grid(block_cols=[32, 64, 128], num_warps=[4, 8]),
         )  # fmt: skip
@@ -127,12 +129,16 @@ def pad_cases(pad_shapes):
         label = f"({M}, {D}) a={alignment} {'skewed' if skewed else 'balanced'}"
         yield Case(
             "pad_token_groups", label,
-            lambda x=x, offs=offs, a=alignment, **k: padding.pad_token_groups(x, offs, a, **k)[0],
+            lambda x=x, offs=offs, a=alignment, **k: padding.pad_token_groups(
+                x, offs, a, config=padding.PadConfig(**k)
+            )[0],
             padded, padding.pad_cost(M, D, G, alignment, 2, sizes), pad_configs(D),
         )  # fmt: skip
         yield Case(
             "unpad_token_groups", label,
-            lambda p=padded, o=offs, po=padded_offs, **k: padding.unpad_token_groups(p, o, po, M, **k),
+            lambda p=padded, o=offs, po=padded_offs, **k: padding.unpad_token_groups(
+                p, o, po, M, config=padding.PadConfig(**k)
+            ),
             x, padding.unpad_cost(M, D, G, alignment, 2, sizes), pad_configs(D),
         )  # fmt: skip
 
@@ -182,8 +188,10 @@ def summarize(rows: list[dict]) -> dict:
         ):
             best_kernel[kernel] = {"config": json.loads(cfg), "total_us": total}
     return {
-        "best_per_case": [{"kernel": k, "case": c, "config": r["config"], "us": r["us"], "tbps": r["tbps"]}
-                          for (k, c), r in best_case.items()],
+        "best_per_case": [
+            {"kernel": k, "case": c, "config": r["config"], "us": r["us"], "tbps": r["tbps"]}
+            for (k, c), r in best_case.items()
+        ],
         "best_per_kernel": best_kernel,
     }
 

@@ -28,12 +28,13 @@ from mxbench.timing import time_fn
 from tuning import start
 
 M = 131072
-# (tile, num_warps) candidates. Rows kernel: every tile keeps 16 contiguous elements per thread.
+# (tile, num_warps) candidates (the fields of qz.RowsConfig). Rows kernel: every tile keeps 16 contiguous elements per
+# thread.
 ROWS_CONFIGS = [((32, 512), 8), ((32, 256), 4), ((64, 256), 8), ((16, 512), 4), ((16, 256), 2), ((8, 512), 2)]
-# Cols kernel (tile, num_warps, num_stages, group columns): rows > 32 walk the tile 32 rows at a time; stages > 1
-# copy the next steps' input into shared memory while a step computes (sm_90 build, registers: (64, 64) w1 s1 119,
-# s2 96, s3 107; (128, 64) s3 109; (256, 64) s3 106; all ~11 SASS instructions per element); group 0 is the
-# previous program order (whole width). Control first: the best of the last round, (64, 64) w1, in the old order.
+# Cols kernel (tile, num_warps, num_stages, group columns: the fields of qz.ColsConfig): rows > 32 walk the tile 32
+# rows at a time; stages > 1 copy the next steps' input into shared memory while a step computes (their register
+# counts are in docs/perf-log.md); group 0 is the previous program order (whole width). Control first: the best of
+# the last round, (64, 64) w1, in the old order.
 COLS_CONFIGS = [((64, 64), 1, 1, 0), ((64, 64), 1, 1, 2048), ((32, 64), 1, 1, 0), ((32, 64), 1, 1, 2048),
                 ((32, 64), 1, 1, 512), ((64, 64), 1, 2, 2048), ((64, 64), 1, 3, 2048), ((128, 64), 1, 3, 2048),
                 ((256, 64), 1, 3, 2048), ((128, 64), 1, 2, 0), ((64, 64), 2, 2, 2048), ((64, 64), 1, 1, 512)]  # fmt: skip
@@ -55,17 +56,18 @@ def make_input(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def launcher(kind: str, x: torch.Tensor):
-    """(run(mode, config) -> (q, s), blocks-last view t of x that ``quantize_reference`` quantizes). A cols config
-    is (tile, num_warps, num_stages, group_cols)."""
+    """(run(mode, config) -> (q, s), blocks-last view t of x that ``quantize_reference`` quantizes). A rows config
+    is the fields of ``RowsConfig`` (tile, num_warps), a cols config those of ``ColsConfig`` (tile, num_warps,
+    num_stages, group_cols)."""
     if kind == "dim0":
-        return lambda m, c: qz.quantize_dim0(x, m, tile=c[0], num_warps=c[1]), x
+        return lambda m, c: qz.quantize_dim0(x, m, config=qz.RowsConfig(*c)), x
     if kind == "3d_K":
-        return lambda m, c: qz.quantize_3d(x, "K", m, tile=c[0], num_warps=c[1]), x
+        return lambda m, c: qz.quantize_3d(x, "K", m, config=qz.RowsConfig(*c)), x
 
     def run(m, c):
         if kind == "dim1":
-            return qz.quantize_dim1(x, m, tile=c[0], num_warps=c[1], num_stages=c[2], group_cols=c[3])
-        return qz.quantize_3d(x, "N", m, tile=c[0], num_warps=c[1], num_stages=c[2], group_cols=c[3])
+            return qz.quantize_dim1(x, m, config=qz.ColsConfig(*c))
+        return qz.quantize_3d(x, "N", m, config=qz.ColsConfig(*c))
 
     return run, (x.t() if kind == "dim1" else x.transpose(1, 2))
 

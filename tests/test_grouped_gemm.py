@@ -1,4 +1,4 @@
-"""Specification of the grouped GEMMs (kernels/grouped_gemm.py).
+"""Specification of the grouped GEMMs (kernels/grouped_gemm.py and its backends, kernels/gemm_*.py).
 
 The oracle is built here, independently of the code under test: operands quantized with
 ``format.quantize_reference``, per-group blocked scales composed from ``layouts.to_blocked`` following the layouts
@@ -17,10 +17,11 @@ import torch
 import triton
 from crosscompile import compile_ptx
 from helpers import offsets
+from mxkernels import gemm_dequant, gemm_triton
 from mxkernels import grouped_gemm as GG
 from mxkernels.cost import Cost, ceil_to
 from mxkernels.format import dequantize_reference, quantize_reference
-from mxkernels.layouts import to_blocked
+from mxkernels.layouts import blocked_3d_shape, m_groups_shape, to_blocked
 
 TRITON_BACKENDS = ["triton", "triton_fp8"]
 
@@ -60,7 +61,7 @@ def k_groups_blocked(scales, sizes):
 
 
 def mx_2d3d(a, w, sizes):
-    """Operands of out = a @ w_g^T: a (M, K), w (G, N, K) -> (kwargs of mxfp8_grouped_mm, fp32 reference)."""
+    """Operands of out = a @ w_g^T: a (M, K), w (G, N, K) -> (kwargs of mxfp8_scaled_grouped_mm, fp32 reference)."""
     a_q, a_s = quantize_reference(a)
     w_q, w_s = quantize_reference(w)
     ref = torch.zeros(a.shape[0], w.shape[1], device=a.device)
@@ -128,7 +129,7 @@ def valid(out, sizes, case):
 @pytest.mark.parametrize("case", ["2d3d", "2d2d"])
 def test_emulated_matches_fp32_reference(device, case):
     (ops, ref), sizes = small_case(case, device, torch.Generator().manual_seed(0))
-    out = GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, device), backend="emulated", out_dtype=torch.float32)
+    out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets(sizes, device), backend="emulated", out_dtype=torch.float32)
     torch.testing.assert_close(valid(out, sizes, case), valid(ref, sizes, case), rtol=1e-6, atol=1e-5)
     if case == "2d2d":
         assert not out[1].any()  # the empty group
@@ -138,7 +139,7 @@ def test_emulated_matches_fp32_reference(device, case):
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 def test_triton_backends_match_fp32_reference(device, backend, case):
     (ops, ref), sizes = small_case(case, device, torch.Generator().manual_seed(1))
-    out = GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, device), backend=backend, out_dtype=torch.float32)
+    out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets(sizes, device), backend=backend, out_dtype=torch.float32)
     torch.testing.assert_close(valid(out, sizes, case), valid(ref, sizes, case), rtol=1e-5, atol=1e-4)
     if case == "2d2d":
         assert not out[1].any()
@@ -148,8 +149,8 @@ def test_triton_backends_match_fp32_reference(device, backend, case):
 def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
     # Tiles smaller than the operands, partial edge tiles, and in 2D x 2D a band order whose last band is short.
     (ops, ref), sizes = small_case(case, device, torch.Generator().manual_seed(7))
-    config = GG.TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
-    out = GG.mxfp8_grouped_mm(
+    config = gemm_triton.TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
+    out = GG.mxfp8_scaled_grouped_mm(
         **ops, offs=offsets(sizes, device), backend="triton_fp8", out_dtype=torch.float32, config=config
     )
     torch.testing.assert_close(valid(out, sizes, case), valid(ref, sizes, case), rtol=1e-5, atol=1e-4)
@@ -169,19 +170,19 @@ def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
 )
 def test_bad_tile_config_raises_value_error(fields, error):
     with pytest.raises(ValueError, match=error):
-        GG.TileConfig(**{"block_m": 64, "block_n": 64, **fields})
+        gemm_triton.TileConfig(**{"block_m": 64, "block_n": 64, **fields})
 
 
 def test_config_must_be_a_tile_config(device):
     with pytest.raises(ValueError, match="config must be a TileConfig"):
-        GG.mxfp8_grouped_mm(**mx_operands(device), backend="triton_fp8", config=(64, 64))
+        GG.mxfp8_scaled_grouped_mm(**mx_operands(device), backend="triton_fp8", config=(64, 64))
 
 
 def test_default_configs_exist_for_every_triton_kernel():
     for case, backend in itertools.product(("2d3d", "2d2d"), TRITON_BACKENDS):
-        assert isinstance(GG.default_config(case, backend), GG.TileConfig)
+        assert isinstance(gemm_triton.default_config(case, backend), gemm_triton.TileConfig)
     with pytest.raises(ValueError, match="no Triton MXFP8 kernel"):
-        GG.default_config("2d3d", "emulated")
+        gemm_triton.default_config("2d3d", "emulated")
 
 
 def old_sm90_scale_decoder(device, backend):
@@ -201,7 +202,7 @@ def test_triton_backends_decode_extreme_scales(device, backend):
     a_s = quantize_reference(a)[1].view(torch.uint8)
     assert (a_s[3] == 0).all() and (a_s[4] == 0).all() and (a_s[6] > 200).all()
     ops, ref = mx_2d3d(a.to(device), torch.randn(2, 32, 128, generator=gen).to(device), [30, 34])
-    out = GG.mxfp8_grouped_mm(**ops, offs=offsets([30, 34], device), backend=backend, out_dtype=torch.float32)
+    out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets([30, 34], device), backend=backend, out_dtype=torch.float32)
     assert not out[4].any()
     if old_sm90_scale_decoder(device, backend):
         assert not out[3].any()  # the documented limitation: byte-0 blocks contribute nothing
@@ -221,7 +222,7 @@ def test_triton_backends_propagate_nan_blocks(device, backend):
     w = torch.randn(2, 32, 128, generator=gen)
     w[1, 7, 100] = float("nan")  # block (7, 3) of expert 1
     ops, ref = mx_2d3d(a.to(device), w.to(device), [30, 34])
-    out = GG.mxfp8_grouped_mm(**ops, offs=offsets([30, 34], device), backend=backend, out_dtype=torch.float32)
+    out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets([30, 34], device), backend=backend, out_dtype=torch.float32)
     expected_nan = torch.zeros(64, 32, dtype=torch.bool)
     expected_nan[5] = True
     expected_nan[30:, 7] = True
@@ -280,7 +281,7 @@ def test_dequantize_blocked_is_bit_exact(device, layout):
         ref[sum(sizes) :] = 0
     elif layout == "k_groups":
         ref[:, sum(sizes) :] = 0
-    out = GG.dequantize_blocked(q.to(device), blocked.to(device), offs, layout=layout)
+    out = gemm_dequant.dequantize_blocked(q.to(device), blocked.to(device), offs, layout=layout)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and out.is_contiguous()
     assert_same_bf16(out.cpu(), ref, interpreted_subnormal(device, dequantize_reference(q, s)))
 
@@ -291,7 +292,7 @@ def test_mx_to_bf16_is_exact_but_in_the_subnormal_corner(device):
     codes = torch.arange(256).to(torch.uint8)
     q = codes.repeat(256, 1).view(torch.float8_e4m3fn)  # row e: all 256 codes = 8 blocks, all with scale byte e
     scales = torch.arange(256).to(torch.uint8)[:, None].expand(256, 8).contiguous()
-    out = GG.dequantize_blocked(q[None].to(device), to_blocked(scales)[None].to(device), layout="3d")[0]
+    out = gemm_dequant.dequantize_blocked(q[None].to(device), to_blocked(scales)[None].to(device), layout="3d")[0]
     out = out.cpu().double()
     value = codes.view(torch.float8_e4m3fn).double()[None, :]
     byte = torch.arange(256)[:, None]
@@ -322,7 +323,7 @@ def test_mx_to_bf16_is_exact_but_in_the_subnormal_corner(device):
 @pytest.mark.parametrize("case", ["2d3d", "2d2d"])
 def test_triton_dequant_matches_fp32_reference(device, case):
     (ops, ref), sizes = small_case(case, device, torch.Generator().manual_seed(9))
-    out = GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, device), backend="triton_dequant")
+    out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets(sizes, device), backend="triton_dequant")
     assert out.dtype == torch.bfloat16 and out.shape == ref.shape
     # Exact bf16 operands and fp32 accumulation: what is left is the bf16 rounding of the output (half an ulp).
     torch.testing.assert_close(valid(out, sizes, case).float(), valid(ref, sizes, case), rtol=2**-8, atol=1e-5)
@@ -332,7 +333,7 @@ def test_triton_dequant_matches_fp32_reference(device, case):
 
 def test_triton_dequant_writes_bf16_only(device):
     with pytest.raises(ValueError, match="out_dtype"):
-        GG.mxfp8_grouped_mm(**mx_operands(device), backend="triton_dequant", out_dtype=torch.float32)
+        GG.mxfp8_scaled_grouped_mm(**mx_operands(device), backend="triton_dequant", out_dtype=torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -351,7 +352,7 @@ def test_bad_dequantize_input_raises_value_error(device, change, error):
     args = {"q": ops["a_q"], "scales": ops["a_sb"], "offs": ops["offs"], "layout": "m_groups", **change}
     args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     with pytest.raises(ValueError, match=error):
-        GG.dequantize_blocked(**args)
+        gemm_dequant.dequantize_blocked(**args)
 
 
 @pytest.mark.parametrize("layout", ["m_groups", "k_groups"])
@@ -361,8 +362,8 @@ def test_dequantize_moves_16_byte_vectors_on_sm90(layout):
         **{d: "i32" for d in ("R", "C", "G", "N_ROWS")},
         **{c: "constexpr" for c in ("LAYOUT", "BLOCK_R", "BLOCK_B", "BLOCK_G")},
     }
-    constexprs = {"LAYOUT": GG.DEQUANT_LAYOUTS.index(layout), "BLOCK_R": 16, "BLOCK_B": 16, "BLOCK_G": 8}
-    ptx = compile_ptx("mxkernels.grouped_gemm", "_dequant_kernel", signature, constexprs, 90,
+    constexprs = {"LAYOUT": gemm_dequant.DEQUANT_LAYOUTS.index(layout), "BLOCK_R": 16, "BLOCK_B": 16, "BLOCK_G": 8}
+    ptx = compile_ptx("mxkernels.gemm_dequant", "_dequant_kernel", signature, constexprs, 90,
                       aligned=("q_ptr", "s_ptr", "offs_ptr", "out_ptr", "R", "C"))  # fmt: skip
     assert set(re.findall(r"st\.global[\w.]*", ptx)) == {"st.global.v4.b32"}
     assert "ld.global.v4.b32" in ptx  # the e4m3 data, 16 codes a load
@@ -454,7 +455,7 @@ def test_native_mxfp8_is_refused_on_sm90(monkeypatch, device, no_torch_scaled_gr
     monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
     (ops, _), sizes = small_case("2d3d", device, torch.Generator().manual_seed(4))
     with pytest.raises(RuntimeError, match=r"compute capability 10\.x .*SM90"):
-        GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, device), backend="native")
+        GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets(sizes, device), backend="native")
     a, b, sizes = front_door_inputs("2d3d", device)
     with pytest.raises(RuntimeError, match=r"compute capability 10\.x"):
         GG.grouped_mm(a, b, offsets(sizes, device), recipe="mxfp8", backend="native")
@@ -475,16 +476,16 @@ def test_native_fp8_rowwise_shape_rules(monkeypatch, device, no_torch_scaled_gro
     a_q, b_q = torch.zeros(64, 40, device=device, dtype=e4m3), torch.zeros(2, 32, 40, device=device, dtype=e4m3)
     scales = torch.ones(64, device=device), torch.ones(2, 32, device=device)
     with pytest.raises(ValueError, match=r"contraction dim \(40\) must be a multiple of 16"):
-        GG.fp8_rowwise_grouped_mm(a_q, scales[0], b_q, scales[1], offsets([32, 32], device), backend="native")
+        GG.fp8_rowwise_scaled_grouped_mm(a_q, scales[0], b_q, scales[1], offsets([32, 32], device), backend="native")
 
 
 def mx_operands(device, K=64, N=32, G=2, M=64):
     e4m3 = torch.float8_e4m3fn
     return {
         "a_q": torch.zeros(M, K, dtype=e4m3, device=device),
-        "a_sb": torch.zeros(128 * (-(-M // 128) + G), ceil_to(K // 32, 4), dtype=torch.uint8, device=device),
+        "a_sb": torch.zeros(m_groups_shape(M, K // 32, G), dtype=torch.uint8, device=device),
         "b_q": torch.zeros(G, N, K, dtype=e4m3, device=device),
-        "b_sb": torch.zeros(G, ceil_to(N, 128), ceil_to(K // 32, 4), dtype=torch.uint8, device=device),
+        "b_sb": torch.zeros(blocked_3d_shape(G, N, K // 32), dtype=torch.uint8, device=device),
         "offs": offsets([M // 2, M // 2], device),
     }
 
@@ -507,19 +508,19 @@ def mx_operands(device, K=64, N=32, G=2, M=64):
 def test_bad_mxfp8_operands_raise_value_error(device, change, error):
     ops = mx_operands(device)
     with pytest.raises(ValueError, match=error):
-        GG.mxfp8_grouped_mm(**{**ops, **change(ops)})
+        GG.mxfp8_scaled_grouped_mm(**{**ops, **change(ops)})
 
 
 def test_wgrad_groups_must_hold_whole_mx_blocks(device):
     (ops, _), _ = small_case("2d2d", device, torch.Generator().manual_seed(6))
     with pytest.raises(ValueError, match="group 0 holds 48 rows, not a multiple of 32"):
-        GG.mxfp8_grouped_mm(**ops, offs=offsets([48, 48, 64, 32], device), backend="emulated")
+        GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets([48, 48, 64, 32], device), backend="emulated")
 
 
 def test_native_mxfp8_output_is_bf16_only(monkeypatch, device, no_torch_scaled_grouped_mm):
     monkeypatch.setattr(GG, "_capability", lambda device: (10, 0))
     with pytest.raises(ValueError, match="out_dtype"):
-        GG.mxfp8_grouped_mm(**mx_operands(device), backend="native", out_dtype=torch.float32)
+        GG.mxfp8_scaled_grouped_mm(**mx_operands(device), backend="native", out_dtype=torch.float32)
 
 
 def test_bad_front_door_input_raises_value_error(device):
@@ -535,7 +536,7 @@ def test_bad_front_door_input_raises_value_error(device):
         GG.grouped_mm(a.t(), a[:10], offs)
     with pytest.raises(ValueError, match="a_scale must have shape"):
         q = torch.zeros(8, 32, dtype=torch.float8_e4m3fn, device=device)
-        GG.fp8_rowwise_grouped_mm(q, torch.ones(4, device=device), q[None], torch.ones(1, 8, device=device),
+        GG.fp8_rowwise_scaled_grouped_mm(q, torch.ones(4, device=device), q[None], torch.ones(1, 8, device=device),
                                   offsets([8], device))  # fmt: skip
 
 
@@ -591,7 +592,7 @@ def ptx():
             constexprs["GROUP_M"], signature["GROUP_M"] = 8, "constexpr"
         # Pointers and sizes aligned as the launcher specializes real DeepSeek-V3 arguments (G = 8 is not).
         aligned = ("a_ptr", "b_ptr", "sa_ptr", "sb_ptr", "offs_ptr", "out_ptr", "M", "N", "K")
-        return compile_ptx("mxkernels.grouped_gemm", kernel, signature, constexprs, cc, aligned=aligned)
+        return compile_ptx("mxkernels.gemm_triton", kernel, signature, constexprs, cc, aligned=aligned)
 
     with ThreadPoolExecutor(max_workers=len(_BUILDS)) as pool:
         return dict(zip(_BUILDS, pool.map(build, _BUILDS.values())))
@@ -669,10 +670,10 @@ def test_gpu_every_mxfp8_backend_matches_emulated(exact_fp32_matmul, case, M, K,
     sizes = gpu_sizes(M, G, 32)
     ops, ref = gpu_case(case, M, K, N, G, sizes)
     offs = offsets(sizes, "cuda")
-    emulated = GG.mxfp8_grouped_mm(**ops, offs=offs, backend="emulated")
+    emulated = GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend="emulated")
     assert sqnr(valid(emulated, sizes, case), valid(ref, sizes, case)) >= 40  # bf16 rounding of the fp32 result
     for backend in GG.available_backends("mxfp8", "cuda"):
-        out = GG.mxfp8_grouped_mm(**ops, offs=offs, backend=backend)
+        out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend=backend)
         db = sqnr(valid(out, sizes, case), valid(emulated, sizes, case))
         print(f"mxfp8 {case} M={M} K={K} N={N} G={G} {backend}: {db:.1f} dB vs emulated")
         assert db >= 40, backend
@@ -685,7 +686,7 @@ def test_gpu_every_mxfp8_backend_matches_emulated(exact_fp32_matmul, case, M, K,
 def test_gpu_triton_rows_need_no_alignment(exact_fp32_matmul, backend):
     sizes = gpu_sizes(3001, 4, 1)
     ops, ref = gpu_case("2d3d", 3001, 1024, 512, 4, sizes)
-    out = GG.mxfp8_grouped_mm(**ops, offs=offsets(sizes, "cuda"), backend=backend, out_dtype=torch.float32)
+    out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets(sizes, "cuda"), backend=backend, out_dtype=torch.float32)
     # "triton" accumulates in fp32 (seen on an H200: over 100 dB). "triton_fp8" sums each 32-wide chunk in the fp8
     # wgmma accumulator, which keeps fewer mantissa bits than fp32 (DeepGEMM measures about 14 on Hopper, whence
     # its promotion of partial sums; 20 * log10(2**14) = 84 dB): seen 86.8 dB on an H200, so 80 dB.
@@ -743,11 +744,11 @@ def test_gpu_triton_backends_replay_in_a_cuda_graph(case, backend):
     sizes = gpu_sizes(M, G, 32)
     ops, _ = gpu_case(case, M, K, N, G, sizes, seed=3)
     offs = offsets(sizes, "cuda")
-    GG.mxfp8_grouped_mm(**ops, offs=offs, backend=backend)  # compiles: never inside a capture
+    GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend=backend)  # compiles: never inside a capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = GG.mxfp8_grouped_mm(**ops, offs=offs, backend=backend)
+        out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend=backend)
     # A new routing and new data, written into the captured tensors: the replay must find the new groups.
     new_sizes = sizes[::-1]
     new_ops, _ = gpu_case(case, M, K, N, G, new_sizes, seed=4)
@@ -755,7 +756,7 @@ def test_gpu_triton_backends_replay_in_a_cuda_graph(case, backend):
         ops[name].copy_(value)
     offs.copy_(offsets(new_sizes, "cuda"))
     graph.replay()
-    eager = GG.mxfp8_grouped_mm(**new_ops, offs=offsets(new_sizes, "cuda"), backend=backend)
+    eager = GG.mxfp8_scaled_grouped_mm(**new_ops, offs=offsets(new_sizes, "cuda"), backend=backend)
     assert torch.equal(valid(out, new_sizes, case), valid(eager, new_sizes, case))
 
 
@@ -768,8 +769,8 @@ def test_gpu_triton_dequant_matches_emulated(exact_fp32_matmul, case, M, K, N, G
     sizes = gpu_sizes(M, G, 32)
     ops, _ = gpu_case(case, M, K, N, G, sizes, seed=5)
     offs = offsets(sizes, "cuda")
-    emulated = GG.mxfp8_grouped_mm(**ops, offs=offs, backend="emulated", out_dtype=torch.float32)
-    out = GG.mxfp8_grouped_mm(**ops, offs=offs, backend="triton_dequant")
+    emulated = GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend="emulated", out_dtype=torch.float32)
+    out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend="triton_dequant")
     db = sqnr(valid(out, sizes, case), valid(emulated, sizes, case))
     print(f"triton_dequant {case} M={M} K={K} N={N} G={G}: {db:.1f} dB vs fp32 emulated")
     assert db >= 40
@@ -782,5 +783,5 @@ def test_gpu_native_mxfp8_is_refused_below_sm100():
     assert "native" not in GG.available_backends("mxfp8", "cuda")
     ops = mx_operands("cuda")
     with pytest.raises(RuntimeError, match=r"compute capability 10\.x"):
-        GG.mxfp8_grouped_mm(**ops, backend="native")
+        GG.mxfp8_scaled_grouped_mm(**ops, backend="native")
     torch.cuda.synchronize()  # the context is still alive

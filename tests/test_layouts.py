@@ -10,6 +10,7 @@ from helpers import capture, random_group_ends
 from mxkernels import layouts
 from mxkernels.format import SCALE_DTYPE
 from mxkernels.layouts import (
+    RearrangeConfig,
     from_blocked,
     rearrange_3d,
     rearrange_3d_cost,
@@ -28,6 +29,11 @@ def scale_bytes(*shape, seed=0, device="cpu"):
     """Random e8m0 scales with no zero byte, so a zero in an output is padding and never data."""
     g = torch.Generator(device).manual_seed(seed)
     return torch.randint(1, 256, shape, dtype=torch.uint8, generator=g, device=device).view(SCALE_DTYPE)
+
+
+def launch(block_cols):
+    """The launch with ``block_cols`` scale columns per program (None: the kernel's default)."""
+    return None if block_cols is None else RearrangeConfig(block_cols)
 
 
 def column_major(s):
@@ -191,7 +197,7 @@ class TestKernelsMatchReferences:
         rng = random.Random(M * 1000 + G)
         s = scale_bytes(M, C, seed=G, device=device)
         offs = random_group_ends(rng, M, G, empty=empty, end=end).to(device)
-        out = rearrange_m_groups(s, offs, block_cols=block_cols)
+        out = rearrange_m_groups(s, offs, config=launch(block_cols))
         assert_bytes_equal(out, rearrange_m_groups_reference(s, offs))
         starts = [0] + offs.tolist()[:-1]
         assert_only_group_data(out, [s[a:b] for a, b in zip(starts, offs.tolist())])
@@ -211,7 +217,7 @@ class TestKernelsMatchReferences:
         s = scale_bytes(R, tokens // 32, seed=G, device=device)
         s = column_major(s) if order == "col" else s
         offs = random_group_ends(rng, tokens, G, multiple=32, empty=empty, end=end).to(device)
-        out = rearrange_k_groups(s, offs, block_cols=block_cols)
+        out = rearrange_k_groups(s, offs, config=launch(block_cols))
         assert_bytes_equal(out, rearrange_k_groups_reference(s, offs))
         starts = [0] + offs.tolist()[:-1]
         assert_only_group_data(out, [s[:, a // 32 : b // 32] for a, b in zip(starts, offs.tolist())])
@@ -222,7 +228,7 @@ class TestKernelsMatchReferences:
     )
     def test_3d(self, shape, block_cols, device):
         s = scale_bytes(*shape, seed=sum(shape), device=device)
-        out = rearrange_3d(s, block_cols=block_cols)
+        out = rearrange_3d(s, config=launch(block_cols))
         assert_bytes_equal(out, rearrange_3d_reference(s))
         assert_only_group_data(out, [s])
 
@@ -253,9 +259,9 @@ class TestArguments:
         offs = torch.tensor([64], dtype=torch.int32, device=device)
         for bad in (2, 6, 0):
             with pytest.raises(ValueError, match="block_cols"):
-                rearrange_m_groups(s, offs, block_cols=bad)
+                rearrange_m_groups(s, offs, config=RearrangeConfig(bad))
         with pytest.raises(ValueError, match="num_warps"):
-            rearrange_3d(scale_bytes(1, 4, 4, device=device), num_warps=3)
+            rearrange_3d(scale_bytes(1, 4, 4, device=device), config=RearrangeConfig(4, num_warps=3))
 
     @pytest.mark.skipif(torch.cuda.is_available(), reason="offs values are read on the host only for CPU tensors")
     def test_host_readable_offs_are_checked(self):

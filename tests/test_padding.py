@@ -2,12 +2,14 @@
 (interpreter on CPU, DeepSeek-V3 sizes and CUDA graphs on a GPU), the round trip, argument checks and costs."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 from helpers import capture, random_group_ends
 from mxkernels.cost import Cost
 from mxkernels.padding import (
+    default_pad_config,
     pad_cost,
     pad_token_groups,
     pad_token_groups_reference,
@@ -25,6 +27,11 @@ def values(M, D, dtype, seed=0, device="cpu"):
     magnitude = torch.rand(M, D, generator=g, device=device) + 0.5
     sign = torch.where(torch.rand(M, D, generator=g, device=device) < 0.5, -1.0, 1.0)
     return (magnitude * sign).to(dtype)
+
+
+def launch(D, **fields):
+    """The default launch for bf16 rows of D elements with the given fields replaced (None: keep the default)."""
+    return replace(default_pad_config(D, 2), **{k: v for k, v in fields.items() if v is not None})
 
 
 def assert_bits_equal(actual, expected):
@@ -79,11 +86,13 @@ class TestKernelsMatchReferences:
         x = values(M, D, torch.bfloat16, seed=G, device=device)
         offs = random_group_ends(rng, M, G, empty=empty, end=end).to(device)
         block_rows = min(block_rows, alignment)
-        padded, padded_offs = pad_token_groups(x, offs, alignment, block_rows=block_rows, block_cols=block_cols)
+        padded, padded_offs = pad_token_groups(
+            x, offs, alignment, config=launch(D, block_rows=block_rows, block_cols=block_cols)
+        )
         expected, expected_offs = pad_token_groups_reference(x, offs, alignment)
         assert_bits_equal(padded, expected)
         assert torch.equal(padded_offs, expected_offs)
-        back = unpad_token_groups(padded, offs, padded_offs, M, block_cols=block_cols)
+        back = unpad_token_groups(padded, offs, padded_offs, M, config=launch(D, block_cols=block_cols))
         assert_bits_equal(back, unpad_token_groups_reference(expected, offs, expected_offs, M))
         if end is None:
             assert_bits_equal(back, x)  # the exact inverse when the groups cover every row
@@ -100,9 +109,11 @@ class TestKernelsMatchReferences:
     def test_block_rows(self, block_rows, device):
         x = values(20, 10, torch.bfloat16, seed=2, device=device)
         offs = torch.tensor([7, 7, 20], dtype=torch.int32, device=device)
-        padded, padded_offs = pad_token_groups(x, offs, 16, block_rows=block_rows)
+        padded, padded_offs = pad_token_groups(x, offs, 16, config=launch(10, block_rows=block_rows))
         assert_bits_equal(padded, pad_token_groups_reference(x, offs, 16)[0])
-        assert_bits_equal(unpad_token_groups(padded, offs, padded_offs, 20, block_rows=block_rows), x)
+        assert_bits_equal(
+            unpad_token_groups(padded, offs, padded_offs, 20, config=launch(10, block_rows=block_rows)), x
+        )
 
     def test_zero_width_rows_still_give_padded_offs(self, device):
         offs = torch.tensor([3, 3, 40], dtype=torch.int32, device=device)
@@ -143,11 +154,11 @@ class TestArguments:
         x = values(8, 4, torch.bfloat16, device=device)
         offs = torch.tensor([8], dtype=torch.int32, device=device)
         with pytest.raises(ValueError, match="block_rows"):
-            pad_token_groups(x, offs, 16, block_rows=32)  # must divide the alignment
+            pad_token_groups(x, offs, 16, config=launch(4, block_rows=32))  # must divide the alignment
         with pytest.raises(ValueError, match="block_rows"):
-            pad_token_groups(x, offs, 16, block_rows=3)
+            pad_token_groups(x, offs, 16, config=launch(4, block_rows=3))
         with pytest.raises(ValueError, match="block_cols"):
-            pad_token_groups(x, offs, 16, block_cols=12)
+            pad_token_groups(x, offs, 16, config=launch(4, block_cols=12))
 
     def test_unpad_arguments(self, device):
         x = values(8, 4, torch.bfloat16, device=device)

@@ -11,6 +11,8 @@ orientation again), quantize_3d takes t split into experts (transposed per exper
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mxkernels.runtime
 import pytest
 import torch
@@ -27,8 +29,10 @@ from mxkernels.format import (
     scale_bytes_reference,
 )
 from mxkernels.quantize import (
+    ALONG_N_COLS,
     DIM1_COLS,
-    ROWS_TILE,
+    ROWS_CONFIG,
+    RowsConfig,
     _scale_byte,
     _to_e4m3_bits,
     quantize_2d_cost,
@@ -124,23 +128,31 @@ def split_experts(n: int) -> int:
     return 3 if n % 3 == 0 else 2
 
 
-def run(kernel: str, t: torch.Tensor, mode: str, **launch) -> tuple[torch.Tensor, torch.Tensor]:
+DEFAULT_CONFIG = {"dim0": ROWS_CONFIG, "3d_K": ROWS_CONFIG, "dim1": DIM1_COLS, "3d_N": ALONG_N_COLS}
+
+
+def launch_config(kernel: str, **fields):
+    """The kernel's default launch configuration with the given fields replaced."""
+    return replace(DEFAULT_CONFIG[kernel], **fields)
+
+
+def run(kernel: str, t: torch.Tensor, mode: str, config=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``kernel`` on t's layout for it and return (q, s) bytes back in t's orientation (n, L), (n, L/32)."""
     n, L = t.shape
     if kernel == "dim0":
-        q, s = quantize_dim0(t, mode, **launch)
+        q, s = quantize_dim0(t, mode, config=config)
         assert q.shape == (n, L) and s.shape == (n, L // 32) and s.is_contiguous()
     elif kernel == "dim1":
-        q, s = quantize_dim1(t.t().contiguous(), mode, **launch)
+        q, s = quantize_dim1(t.t().contiguous(), mode, config=config)
         assert q.shape == (n, L) and q.is_contiguous() and s.shape == (n, L // 32) and s.stride() == (1, n)
     elif kernel == "3d_K":
         G = split_experts(n)
-        q, s = quantize_3d(t.view(G, n // G, L), "K", mode, **launch)
+        q, s = quantize_3d(t.view(G, n // G, L), "K", mode, config=config)
         assert q.shape == (G, n // G, L) and s.shape == (G, n // G, L // 32) and s.is_contiguous()
     else:
         G = split_experts(n)
         w = t.view(G, n // G, L).transpose(1, 2).contiguous()  # (G, N=L, K=n/G): blocks along N
-        q, s = quantize_3d(w, "N", mode, **launch)
+        q, s = quantize_3d(w, "N", mode, config=config)
         assert q.shape == (G, n // G, L) and s.shape == (G, n // G, L // 32) and s.is_contiguous()
     assert q.dtype == DATA_DTYPE and s.dtype == SCALE_DTYPE
     return q.view(torch.uint8).reshape(n, L), s.view(torch.uint8).reshape(n, L // 32)
@@ -154,8 +166,8 @@ def assert_bytes_equal(actual: torch.Tensor, wanted: torch.Tensor, what: str) ->
     raise AssertionError(f"{what}: {diff.shape[0]} bytes differ; first (index, got, expected): {first}")
 
 
-def check(kernel: str, t: torch.Tensor, mode: str, **launch) -> None:
-    q, s = run(kernel, t, mode, **launch)
+def check(kernel: str, t: torch.Tensor, mode: str, config=None) -> None:
+    q, s = run(kernel, t, mode, config)
     q_ref, s_ref = expected(t, mode)
     assert_bytes_equal(s, s_ref, f"{kernel} scales")
     assert_bytes_equal(q, q_ref, f"{kernel} data")
@@ -179,8 +191,8 @@ SHAPES = [(48, 96, False), (64, 256, True), (30, 160, True), (6, 32, False)]
 def test_bit_exact(kernel, dtype, mode, device):
     for i, (n, L, small) in enumerate(SHAPES):
         t = make_input(n, L, dtype, seed=i, device=device)
-        launch = {"tile": SMALL_TILE[kernel]} if small else {}
-        check(kernel, t, mode, **launch)
+        config = launch_config(kernel, tile=SMALL_TILE[kernel]) if small else None
+        check(kernel, t, mode, config)
 
 
 @pytest.mark.parametrize("kernel, launch", [("dim0", {"tile": (1, 32), "num_warps": 1}),
@@ -190,7 +202,8 @@ def test_bit_exact(kernel, dtype, mode, device):
                                             ("dim1", {"tile": (64, 16), "num_stages": 2}),
                                             ("3d_N", {"tile": (128, 32), "num_warps": 2, "num_stages": 3})])  # fmt: skip
 def test_other_tiles(kernel, launch, device):
-    check(kernel, make_input(30, 128, torch.bfloat16, seed=5, device=device), "rceil", **launch)
+    t = make_input(30, 128, torch.bfloat16, seed=5, device=device)
+    check(kernel, t, "rceil", launch_config(kernel, **launch))
 
 
 @pytest.mark.parametrize("group_cols", [0, 8, 32])
@@ -199,7 +212,7 @@ def test_column_groups(kernel, group_cols, device):
     """The cols kernel's program order (column tiles in groups of ``group_cols`` columns, a last partial group,
     or the whole width at 0) covers every tile exactly once. Input columns: 48 (dim1) or 30 / 3 = 10 per expert."""
     check(kernel, make_input(48 if kernel == "dim1" else 30, 96, torch.float32, seed=8, device=device), "rceil",
-          tile=(32, 8) if kernel == "dim1" else (32, 4), group_cols=group_cols)  # fmt: skip
+          launch_config(kernel, tile=(32, 8) if kernel == "dim1" else (32, 4), group_cols=group_cols))  # fmt: skip
 
 
 @pytest.mark.parametrize("along", ["K", "N"])
@@ -315,16 +328,23 @@ BAD_CALLS = [
     ("mode", lambda d: quantize_dim0(torch.zeros(4, 32, device=d), "nearest"), "mode"),
     ("mode", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), mode=None), "mode"),
     ("along", lambda d: quantize_3d(torch.zeros(1, 32, 32, device=d), along="M"), "along"),
-    ("tile", lambda d: quantize_dim0(torch.zeros(4, 32, device=d), tile=(16, 16)), "tile"),
-    ("tile", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), tile=(48, 64)), "tile"),
-    ("tile", lambda d: quantize_3d(torch.zeros(1, 32, 32, device=d), "N", tile=(16, 64)), "tile"),
-    ("tile", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), tile=(512, 32)), "tile"),  # > 8 blocks per tile
-    ("num_warps", lambda d: quantize_dim0(torch.zeros(4, 32, device=d), num_warps=3), "num_warps"),
-    ("num_stages", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), num_stages=0), "num_stages"),
-    ("num_stages", lambda d: quantize_3d(torch.zeros(1, 32, 32, device=d), "K", num_stages=2), "num_stages"),
-    ("group_cols", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), group_cols=-1), "group_cols"),
+    ("tile", lambda d: quantize_dim0(torch.zeros(4, 32, device=d), config=RowsConfig((16, 16), 8)), "tile"),
+    ("tile", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), config=launch_config("dim1", tile=(48, 64))),
+     "tile"),
+    ("tile", lambda d: quantize_3d(torch.zeros(1, 32, 32, device=d), "N",
+                                   config=launch_config("3d_N", tile=(16, 64))), "tile"),
+    ("tile", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), config=launch_config("dim1", tile=(512, 32))),
+     "tile"),  # > 8 blocks per tile
+    ("num_warps", lambda d: quantize_dim0(torch.zeros(4, 32, device=d), config=launch_config("dim0", num_warps=3)),
+     "num_warps"),
+    ("num_stages", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), config=launch_config("dim1", num_stages=0)),
+     "num_stages"),
+    ("num_stages", lambda d: quantize_3d(torch.zeros(1, 32, 32, device=d), "K",
+                                         config=launch_config("3d_N", num_stages=2)), "num_stages"),
+    ("group_cols", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), config=launch_config("dim1", group_cols=-1)),
+     "group_cols"),
     ("not a tensor", lambda d: quantize_dim0([[0.0] * 32]), "x"),
-]
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("what, call, name", BAD_CALLS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_CALLS)])
@@ -379,7 +399,7 @@ _COMMON_SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "n_rows": "i32"
 _CONSTEXPR_SIG = {name: "constexpr" for name in ("BLOCK_R", "BLOCK_C", "EVEN", "RCEIL", "EXACT")}
 _COLS_CONSTEXPR_SIG = {**_CONSTEXPR_SIG, "GROUP": "constexpr", "STAGES": "constexpr"}
 COMPILE_CASES = {
-    "_quantize_rows_kernel": ({**_COMMON_SIG, **_CONSTEXPR_SIG}, ROWS_TILE),
+    "_quantize_rows_kernel": ({**_COMMON_SIG, **_CONSTEXPR_SIG}, ROWS_CONFIG.tile),
     "_quantize_cols_kernel": (
         {**_COMMON_SIG, "s_stride_batch": "i32", "s_stride_col": "i32", "s_stride_block": "i32", **_COLS_CONSTEXPR_SIG},
         DIM1_COLS.tile,

@@ -1,0 +1,237 @@
+"""Stage specs, the implementation registry and ``check``: every implementation against the stage's oracle.
+
+The oracle of each stage is its plain-torch reference; mxkernels' own kernels must pass every rule on the checks'
+adversarial inputs, a plain-torch quantizer written from the MX spec alone (the README's example) must pass, and one
+wrong byte must fail, named by index, input, expected and got.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mxkernels.runtime import InputError
+from mxkernels.stages import BitExact, MinSQNR, Recipe, all_specs, get_spec, specs_of
+
+from mxbench import check as C
+from mxbench.registry import Deviation, Implementation, Registry, builtin_registry, load_entry_points, parse_impl
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plain_quantizer"
+SMALL = dict(M=512, N=128, K=256, G=2)
+
+
+@pytest.fixture
+def plain(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    sys.modules.pop("plain_quantizer", None)
+    import plain_quantizer
+
+    return plain_quantizer
+
+
+def run(impls, recipe="mxfp8", mode="rceil", **shape):
+    shape = {**SMALL, **shape}
+    by_stage = {}
+    for i in impls:
+        by_stage.setdefault(i.stage, []).append(i)
+    return C.check_step(recipe, shape["M"], shape["N"], shape["K"], shape["G"], by_stage, mode=mode)
+
+
+# ---- the rules -------------------------------------------------------------------------------------------------
+
+
+def test_bit_exact_names_the_first_differing_element():
+    expected = torch.tensor([[1.0, 2.0], [3.0, 4.0]]).to(torch.float8_e4m3fn)
+    got = expected.clone()
+    got.view(torch.uint8)[1, 0] ^= 1
+    m = BitExact().compare("q", got, expected)
+    assert m.index == (1, 0) and "1 of 4 elements differ" in m.message
+    assert m.expected.startswith("3.0 (byte 0x44)") and "byte 0x45" in m.got
+    assert BitExact().compare("q", expected.clone(), expected) is None
+
+
+def test_bit_exact_tells_signed_zeros_and_nan_payloads_apart_but_not_layouts():
+    expected = torch.tensor([0.0, float("nan")])
+    assert BitExact().compare("x", torch.tensor([-0.0, float("nan")]), expected).index == (0,)
+    square = torch.arange(6.0).reshape(2, 3)
+    assert BitExact().compare("x", square.t().contiguous().t(), square) is None  # column-major, same values
+    assert "shape" in BitExact().compare("x", square.t(), square).message
+    assert "dtype" in BitExact().compare("x", square.double(), square).message
+
+
+def test_sqnr_rule_requires_the_oracles_nan_pattern_and_a_floor():
+    ref = torch.linspace(-1, 1, 100)
+    noisy = ref + 1e-4 * torch.sin(torch.arange(100.0))  # ~80 dB
+    assert MinSQNR(60).compare("y", noisy, ref) is None
+    assert "SQNR" in MinSQNR(90).compare("y", noisy, ref).message
+    ref_nan = ref.clone()
+    ref_nan[5] = float("nan")
+    assert MinSQNR(60).compare("y", ref, ref_nan).index == (5,)
+
+
+def test_every_stage_declares_a_contract_an_oracle_and_a_rule():
+    specs = all_specs()
+    assert {r for r, _ in specs} == set(Recipe)
+    assert get_spec("mxfp8", "quantize_a").signature() == "quantize_a(a, *, mode) -> (a_q, a_s)"
+    assert get_spec("mxfp8", "pad_a").signature() == "pad_a(a, offs, *, alignment) -> (a_p, offs_p)"
+    for spec in specs.values():
+        assert isinstance(spec.rule, MinSQNR if spec.category == "gemm" else BitExact), spec.key
+        assert callable(spec.oracle) and callable(spec.impl) and spec.inputs and spec.outputs
+    assert [s.name for s in specs_of("bf16")][:3] == ["gemm_fwd", "gemm_dgrad", "gemm_wgrad"]
+    with pytest.raises(InputError, match="no stage 'gemm'"):
+        get_spec("mxfp8", "gemm")
+
+
+# ---- mxkernels against the oracles ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", list(Recipe))
+def test_mxkernels_passes_every_stage_on_adversarial_inputs(recipe):
+    registry = builtin_registry()
+    ours = [i for i in registry if i.recipe == recipe and i.name == "mxkernels"]
+    results = run(ours, recipe)
+    assert {r.stage for r in results} == {s.name for s in specs_of(recipe)}
+    assert [r for r in results if r.verdict != C.Verdict.PASS] == []
+
+
+def test_the_inputs_hold_an_empty_group_unaligned_groups_and_the_adversarial_blocks():
+    inputs, sizes = C.check_inputs("mxfp8", 512, 128, 256, 3, device="cpu")
+    assert sizes[0] == 0 and sum(sizes) == 512 and any(s % 32 for s in sizes)
+    a = inputs["a"].float()
+    assert torch.isnan(a).any() and torch.isinf(a).any() and (a.abs() == 448).any()
+    assert ((a != 0) & (a.abs() < 2.0**-126)).any()  # fp32 subnormals
+    finite, _ = C.check_inputs("fp8_rowwise", 512, 128, 256, 3, device="cpu")
+    assert torch.isfinite(finite["a"].float()).all()
+
+
+# ---- outside implementations --------------------------------------------------------------------------------
+
+
+def test_a_plain_torch_quantizer_written_from_the_spec_passes_in_both_modes(plain):
+    for mode in ("rceil", "floor"):
+        (result,) = run([parse_impl("quantize_a=plain_quantizer:quantize_a")], mode=mode)
+        assert result.verdict == C.Verdict.PASS, result.finding()
+
+
+def test_one_flipped_byte_fails_naming_index_input_expected_and_got(plain, monkeypatch):
+    def flipped(a, *, mode):
+        q, s = plain.quantize_a(a, mode=mode)
+        q = q.clone()
+        q.view(torch.uint8)[40, 100] ^= 0x01
+        return q, s
+
+    monkeypatch.setattr(plain, "flipped", flipped, raising=False)
+    (result,) = run([parse_impl("quantize_a=plain_quantizer:flipped")])
+    assert result.verdict == C.Verdict.FAIL
+    assert result.mismatch.index == (40, 100) and result.mismatch.output == "a_q"
+    text = result.finding()
+    assert "input a[40, 100] = " in text and "expected" in text and "got" in text
+    assert C.exit_code([result]) == 1
+
+
+def test_a_raising_or_misshapen_implementation_is_an_error_or_a_failure():
+    boom = Implementation(Recipe.MXFP8, "rearrange_w", "boom", lambda s: 1 / 0)
+    single = Implementation(Recipe.MXFP8, "quantize_a", "single", lambda a, *, mode: a)
+    results = run([boom, single])
+    verdicts = {r.impl: r for r in results}
+    assert verdicts["boom"].verdict == C.Verdict.ERROR and "ZeroDivisionError" in verdicts["boom"].detail
+    assert verdicts["single"].verdict == C.Verdict.FAIL and "tuple of 2" in verdicts["single"].detail
+
+
+def test_a_wrong_gemm_fails_its_sqnr_floor():
+    spec = get_spec("mxfp8", "gemm_fwd")
+
+    def scaled(*args):
+        (out,) = spec.oracle(*args)
+        return (out * 1.01,)
+
+    (result,) = run([Implementation(Recipe.MXFP8, "gemm_fwd", "scaled", scaled)])
+    assert result.verdict == C.Verdict.FAIL and "SQNR" in result.detail
+
+
+def test_a_declared_deviation_is_reported_not_failed():
+    """Differences only inside blocks of scale byte 0 or 255 are the implementation's declared deviation."""
+    spec = get_spec("mxfp8", "quantize_a")
+
+    def flush_special_blocks(a, *, mode):
+        q, s = spec.oracle(a, mode=mode)
+        special = torch.isin(s.view(torch.uint8), torch.tensor([0, 255], dtype=torch.uint8))
+        q = torch.where(special.repeat_interleave(32, -1), torch.zeros_like(q.view(torch.uint8)), q.view(torch.uint8))
+        return q.view(torch.float8_e4m3fn), s
+
+    deviant = Deviation("flushes special blocks", (0, 255))
+    honest = Implementation(Recipe.MXFP8, "quantize_a", "honest", flush_special_blocks)
+    declared = Implementation(Recipe.MXFP8, "quantize_a", "declared", flush_special_blocks, deviation=deviant)
+    verdicts = {r.impl: r.verdict for r in run([honest, declared])}
+    assert verdicts == {"honest": C.Verdict.FAIL, "declared": C.Verdict.DEVIATES}
+
+
+def test_unavailable_implementations_are_skipped_and_nothing_checked_is_unusable():
+    away = Implementation(Recipe.MXFP8, "quantize_a", "away", lambda a, *, mode: None, available=lambda d: "gone")
+    (result,) = run([away])
+    assert result.verdict == C.Verdict.SKIP and result.detail == "gone"
+    with pytest.raises(InputError, match="nothing was checked: quantize_a/away: gone"):
+        C.exit_code([result])
+
+
+# ---- the registry ---------------------------------------------------------------------------------------------
+
+
+def test_builtin_registry_lists_mxkernels_torchao_and_compiled_peers():
+    registry = builtin_registry()
+    names = [i.name for i in registry.of("mxfp8", "quantize_a")]
+    assert names == ["mxkernels", "torchao", "torch.compile"]
+    assert "mxkernels:triton_dequant" in [i.name for i in registry.of("mxfp8", "gemm_fwd")]
+    cpu = torch.device("cpu")
+    assert registry.get("mxfp8", "quantize_a", "torch.compile").unavailable(cpu)
+    torchao = registry.get("mxfp8", "quantize_a", "torchao").unavailable(cpu)
+    assert torchao and ("not installed" in torchao or "CUDA" in torchao)
+    native = registry.get("mxfp8", "gemm_fwd", "mxkernels:native").unavailable(cpu)
+    assert native and "CUDA" in native
+
+
+def test_registry_refuses_unknown_stages_and_duplicate_names():
+    registry = Registry()
+    registry.register("quantize_a", lambda a, *, mode: (a, a), name="mine")
+    with pytest.raises(InputError, match="already has"):
+        registry.register("quantize_a", lambda a, *, mode: (a, a), name="mine")
+    with pytest.raises(InputError, match="no stage"):
+        registry.register("quantize_z", lambda a: a, name="mine")
+    assert registry.get("mxfp8", "quantize_a", "mine").kernel.startswith("test_registry_refuses")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("quantize_a", "STAGE=module:function"),
+        ("quantize_a=nomodule_xyz:fn", "cannot import"),
+        ("quantize_a=math:nope", "has no 'nope'"),
+        ("quantize_a=math", "module:function"),
+        ("quantize_q=math:sqrt", "no stage"),
+        ("int4/quantize_a=math:sqrt", "unknown recipe"),
+        ("quantize_a=math:pi", "not callable"),
+    ],
+)
+def test_bad_impl_options_are_input_errors(text, message):
+    with pytest.raises(InputError, match=message):
+        parse_impl(text)
+
+
+def test_entry_points_register_and_a_broken_one_is_noted(monkeypatch, plain):
+    class EP:
+        def __init__(self, name, value, target):
+            self.name, self.value, self.target = name, value, target
+
+        def load(self):
+            if isinstance(self.target, Exception):
+                raise self.target
+            return self.target
+
+    eps = [EP("plain", "plain_quantizer:register", plain.register), EP("bad", "bad:register", ImportError("no bad"))]
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: eps if group == "mxbench.implementations" else [])
+    registry = Registry()
+    load_entry_points(registry)
+    assert registry.get("mxfp8", "quantize_a", "plain_quantizer").fn is plain.quantize_a
+    assert registry.load_errors == [("entry point bad (bad:register)", "ImportError: no bad")]
