@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import ep_comm, grouped_gemm, layouts, padding, quantize
+from . import ep_comm, gemm_dequant, grouped_gemm, layouts, padding, quantize
 from .cost import Cost, ceil_to
 from .format import BLOCK_SIZE, dequantize_reference
 from .pipeline import Stage, bind_stage, needs_padding, step_stages, with_impls
@@ -161,7 +161,7 @@ def _pad_mx_reference(q, s, offs, *, alignment):
 
 
 def _dequantize(q, sb, offs):
-    return (grouped_gemm.dequantize_blocked(q, sb, offs, layout="m_groups"),)
+    return (gemm_dequant.dequantize_blocked(q, sb, offs, layout="m_groups"),)
 
 
 def _dequantize_reference(q, sb, offs):

@@ -404,8 +404,3 @@ def grouped_mm_cost(M: int, N: int, K: int, G: int, recipe: str, case: str = "2d
             scales = sum(r * c for r, c in (k_groups_shape(R, M // BLOCK_SIZE, G) for R in (N, K)))
     return Cost(bytes_read=operands + scales, bytes_written=out, flops=2 * M * N * K, precision=_PRECISION[recipe])
 
-
-# Transitional, until the rename of the operand-level calls lands from the kernels work: stages.py already calls
-# them by their new names. Drop these two lines when merging that rename.
-mxfp8_scaled_grouped_mm = mxfp8_grouped_mm
-fp8_rowwise_scaled_grouped_mm = fp8_rowwise_grouped_mm
