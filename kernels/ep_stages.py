@@ -22,12 +22,14 @@ Strategies (``STRATEGIES``), which differ in where the tokens are MXFP8:
   MXFP8 operands (as torchao's EP benchmark runs it): a wgrad in MXFP8 needs blocks along the tokens, which would
   mean re-quantizing already quantized values.
 
-The EP specs are ``StageSpec``s like every other stage, declared under the recipe of the data they carry (``bf16``
-or ``mxfp8``); the all-to-alls' contract takes the host split sizes and the process group as parameters.
+The EP specs are ``StageSpec``s like every other stage (contract, oracle, comparison rule, mxkernels' implementation),
+declared under the recipe of the data they carry (``bf16`` or ``mxfp8``) in their own table, ``ep_specs()``; the
+all-to-alls' contract takes the host split sizes and the process group as parameters.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -267,9 +269,18 @@ def _mx_extras() -> list[StageSpec]:
     return specs
 
 
-def ep_specs() -> list[StageSpec]:
-    """Every EP stage spec: bf16 row movements, MXFP8 row movements, and mxfp8_a2a's own stages."""
-    return [*_moves(Recipe.BF16), *_moves(Recipe.MXFP8), *_mx_extras()]
+@functools.cache
+def ep_specs() -> dict[tuple[Recipe, str], StageSpec]:
+    """Every EP stage spec by (recipe, name): bf16 row movements, MXFP8 row movements, and mxfp8_a2a's own stages.
+
+    Kept apart from ``stages.all_specs()``, the single-GPU step's table, which ``mxbench check`` and the registry run
+    one recipe at a time outside any process group."""
+    return {s.key: s for s in (*_moves(Recipe.BF16), *_moves(Recipe.MXFP8), *_mx_extras())}
+
+
+def get_ep_spec(recipe: str, name: str) -> StageSpec:
+    """The spec of a stage an EP step runs: an EP spec, else the single-GPU step's (``stages.get_spec``)."""
+    return ep_specs().get((Recipe(recipe), name)) or get_spec(recipe, name)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,7 +296,7 @@ class _Builder:
         self.stages: list[Stage] = []
 
     def add(self, recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> None:
-        self.stages.append(bind_stage(get_spec(recipe, name), shapes, cost, inputs, outputs, params, backend))
+        self.stages.append(bind_stage(get_ep_spec(recipe, name), shapes, cost, inputs, outputs, params, backend))
 
     def gather(self, recipe, name, rows_in, rows_out, width, index, src, dst, top_k=1) -> None:
         widths = _widths(recipe, width)

@@ -544,10 +544,9 @@ def _bf16() -> list[StageSpec]:
 
 @functools.cache
 def all_specs() -> dict[tuple[Recipe, str], StageSpec]:
-    """Every stage spec by (recipe, name), the expert-parallel ones (``ep_stages``) included."""
-    from .ep_stages import ep_specs  # ep_stages builds on this module's declarations
-
-    return {s.key: s for s in (*_mxfp8(), *_fp8_rowwise(), *_bf16(), *ep_specs())}
+    """Every stage spec of the single-GPU step by (recipe, name). The expert-parallel stages are declared the same
+    way in ``ep_stages.ep_specs()``, kept apart: their collectives run only inside a process group."""
+    return {s.key: s for s in (*_mxfp8(), *_fp8_rowwise(), *_bf16())}
 
 
 def get_spec(recipe: str, name: str) -> StageSpec:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from mxkernels import ep_comm, ep_reference, ep_stages, token_permute
 from mxkernels.padding import padded_rows
-from mxkernels.stages import get_spec, sqnr_db
+from mxkernels.stages import all_specs, get_spec, sqnr_db
 
 from mxbench.ep import check as ep_check
 from mxbench.ep import launch, measure, rank_timing, tables
@@ -140,7 +140,7 @@ def test_a_swapped_permutation_fails_stage_and_layer_checks(world_of_one):
     sys.path.insert(0, str(Path(__file__).parent))
     from mxbench.registry import parse_impl
 
-    impl = parse_impl("permute=ep_broken:swapped_permute", "bf16")
+    impl = parse_impl("permute=ep_broken:swapped_permute", "bf16", ep_stages.get_ep_spec)
     stage_checks, layer_checks = ep_check.check_strategy(world_of_one, "bf16", OPTIONS, [impl])
     assert [c.stage for c in stage_checks if c.verdict == "FAIL"] == ["permute"]
     assert not all(c.ok for c in layer_checks)
@@ -277,11 +277,13 @@ def test_bad_input_exits_2_before_any_worker_starts(monkeypatch, args, message):
     assert result.exit_code == 2 and message in result.output, result.output
 
 
-def test_the_specs_of_every_ep_stage_are_registered():
-    assert get_spec("mxfp8", "dispatch").signature() == (
+def test_ep_specs_are_declared_apart_from_the_single_gpu_step():
+    assert ep_stages.get_ep_spec("mxfp8", "dispatch").signature() == (
         "dispatch(xs_q, xs_s, *, send_splits, recv_splits, group) -> (xr_q, xr_s)"
     )
-    assert get_spec("bf16", "unsort_grad").params == ("top_k",)
+    assert ep_stages.get_ep_spec("bf16", "unsort_grad").params == ("top_k",)
+    assert ep_stages.get_ep_spec("mxfp8", "gemm_fwd") is get_spec("mxfp8", "gemm_fwd")  # the step's own GEMM
+    assert not set(ep_stages.ep_specs()) & set(all_specs())
 
 
 def test_sqnr_floor_is_far_below_what_a_correct_layer_reaches_and_above_a_swapped_row():

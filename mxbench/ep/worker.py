@@ -37,7 +37,9 @@ class MeasureOptions:
 def run_worker(strategies: Sequence[str], o: EPOptions, impl_texts: Sequence[str], *, check: bool,
                measure: MeasureOptions, echo: Callable[[str], None] = click.echo) -> int:  # fmt: skip
     """The worker's exit code: 0 pass (or measured), 1 a check failed. Bad input raises ``InputError``."""
-    impls = [parse_impl(t, "bf16") for t in impl_texts]
+    from mxkernels.ep_stages import get_ep_spec
+
+    impls = [parse_impl(t, "bf16", get_ep_spec) for t in impl_texts]
     ctx, code = None, 1
     try:
         ctx = init()
