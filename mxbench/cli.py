@@ -1,8 +1,10 @@
 """The ``mxbench`` command line (click): roofline, presets, ceilings, table, plot, compare, regress, peers.
 
-Bad input exits with code 2 and a one-line message: click's own usage errors, and any ``ValueError`` raised below
-the CLI (the harness and the kernels validate their arguments with ValueErrors that name them). Heavy modules
-(torch, the kernels, NVML) are imported inside the commands, so ``--help`` stays fast.
+Bad input exits with code 2 and a one-line message: click's own usage errors, and ``mxkernels.runtime.InputError``
+raised below the CLI (the harness and the kernels validate their arguments with InputErrors that name them;
+``CompareError`` is one). Any other exception, a bare ``ValueError`` included, is a bug: it propagates with its
+traceback and exits 1. Heavy modules (torch, the kernels, NVML) are imported inside the commands, so ``--help``
+stays fast.
 """
 
 from __future__ import annotations
@@ -25,18 +27,26 @@ TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers")
 FORMATS = ("markdown", "github", "csv", "plain")
 
 
-class InputError(click.ClickException):
+class BadInput(click.ClickException):
     """Bad input found below the option parser: exit code 2 with a one-line message, as click's usage errors."""
 
     exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
 
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except ValueError as e:  # the harness's argument checks: a message, never a traceback
-            raise InputError(" ".join(str(e).split())) from None
+        except ValueError as e:
+            # imported here, not at the top: mxkernels loads torch and every kernel, and `--help` must stay fast
+            from mxkernels.runtime import InputError
+
+            if not isinstance(e, InputError):
+                raise  # a bug, not bad input: its traceback says where
+            raise BadInput(str(e)) from None
 
 
 class CommaList(click.ParamType):
@@ -64,7 +74,7 @@ def _has_gpu() -> bool:
 
 def _require_gpu(what: str) -> None:
     if not _has_gpu():
-        raise InputError(f"no CUDA GPU found: {what}")
+        raise BadInput(f"no CUDA GPU found: {what}")
 
 
 def _command_line() -> str:
@@ -153,7 +163,7 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
         for w in limits:
             controller.check_permission(w)
     except PowerError as e:  # no NVML, or no permission to set a limit: before anything runs
-        raise InputError(" ".join(str(e).split())) from None
+        raise BadInput(str(e)) from None
     return limits, controller
 
 
@@ -250,11 +260,13 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
 
 
 def _spec(key: str):
+    from mxkernels.runtime import InputError
+
     from .hardware import get_spec
 
     try:
         return get_spec(key)
-    except (KeyError, ValueError) as e:
+    except InputError as e:
         raise click.BadParameter(str(e).strip("'\""), param_hint="--hardware") from None
 
 
@@ -343,16 +355,6 @@ def ceilings(out_dir: Path) -> None:
 # ------------------------------------------------------------------------------------------- table and plot
 
 
-def _load(path: Path):
-    """A stored run; a file that is not one is bad input, named in the message."""
-    from .results import load_run
-
-    try:
-        return load_run(path)
-    except ValueError as e:
-        raise ValueError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
-
-
 @cli.command("table")
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown", show_default=True)
@@ -372,10 +374,11 @@ def _load(path: Path):
 def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominator) -> None:
     """Render stored results as tables (ready to paste into docs)."""
     from .report import header_block, render, table
+    from .results import load_run
 
     texts = []
     for path in results:
-        run = _load(path)
+        run = load_run(path)
         if card is not None and card.lower() != run.card.lower():
             continue
         if kind == "peers":
@@ -389,7 +392,7 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
         denom = _denominator(run, denominator)
         texts.append(table(run, kind, fmt, columns=columns, denominator=denom, **filters))
     if not texts:
-        raise InputError(f"no results of card {card!r}")
+        raise BadInput(f"no results of card {card!r}")
     click.echo("\n".join(texts), nl=False)
 
 
@@ -414,8 +417,9 @@ def _denominator(run, choice: str | None) -> str | None:
 def plot(results: Path, out: Path, hardware: str | None) -> None:
     """Draw the figures of stored results."""
     from .plots import plot_all
+    from .results import load_run
 
-    run = _load(results)
+    run = load_run(results)
     key = hardware or run.meta.get("hardware")
     for path in plot_all(run, out, spec=_spec(key) if key else None):
         click.echo(str(path))
@@ -432,8 +436,9 @@ def plot(results: Path, out: Path, hardware: str | None) -> None:
 def compare(base: Path, new: Path, fmt: str, force: bool) -> None:
     """Per stage: new/base ratio of medians with a bootstrap CI and a verdict. Exit 1 if anything is SLOWER."""
     from .report import compare_runs
+    from .results import load_run
 
-    cmp = compare_runs(_load(base), _load(new), force=force)
+    cmp = compare_runs(load_run(base), load_run(new), force=force)
     _echo_comparison(cmp, fmt)
     sys.exit(cmp.exit_code)
 
@@ -458,9 +463,10 @@ def regress(baseline: Path, rounds: int, fmt: str) -> None:
     """Re-measure the baseline's points on this card; exit 1 only on a confirmed regression."""
     _require_gpu("regress re-measures the baseline on a GPU")
     from .regress import regress as run_regress
+    from .results import load_run
     from .sweep import Instruments, SweepOptions, run_sweep
 
-    base = _load(baseline)
+    base = load_run(baseline)
     timing = base.meta.get("timing") or {}
     options = SweepOptions(cold_l2=timing.get("cold_l2", True), use_graph=timing.get("use_graph", True),
                            samples=timing.get("samples", 25), hardware=base.meta.get("hardware"),

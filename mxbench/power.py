@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mxkernels.runtime import InputError
+
 # pynvml constants, used where the nvml object does not define them
 _DEFAULTS = {
     "NVML_CLOCK_GRAPHICS": 0,
@@ -213,13 +215,13 @@ class PowerController:
         """Limits in watts from ``percents`` (of the default limit) or ``watts``, each checked against the card's
         settable range. Neither given (or empty): ``[None]``, the limit as found, never touched."""
         if percents and watts:
-            raise ValueError("give power limits as percents or as watts, not both")
+            raise InputError("give power limits as percents or as watts, not both")
         if not percents and not watts:
             return [None]
         limits = self.read_limits()
         if percents:
             if any(not p > 0 for p in percents):
-                raise ValueError(f"percents must be positive, got {list(percents)}")
+                raise InputError(f"percents must be positive, got {list(percents)}")
             resolved = [limits.default_w * p / 100 for p in percents]
             described = [f"{p:g}% of the default {limits.default_w:g} W = {w:g} W" for p, w in zip(percents, resolved)]
             name = "percents"
@@ -229,7 +231,7 @@ class PowerController:
             name = "watts"
         for w, text in zip(resolved, described):
             if not limits.min_w <= w <= limits.max_w:
-                raise ValueError(
+                raise InputError(
                     f"{name}: {text} is outside this card's power-limit range [{limits.min_w:g}, {limits.max_w:g}] W"
                 )
         return resolved
@@ -353,7 +355,7 @@ class TelemetrySampler:
 
     def __init__(self, device: int = 0, nvml: Any | None = None, interval_s: float = 0.02):
         if not interval_s > 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s}")
+            raise InputError(f"interval_s must be positive, got {interval_s}")
         self.device = device
         self.interval_s = interval_s
         self._nvml_arg = nvml

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from mxkernels.runtime import InputError
 from tabulate import tabulate
 
 from .results import Point, Record, Run
@@ -84,7 +85,7 @@ def select(
     passes, Ms, recipes = _as_set(passes), _as_set(M), _as_set(recipe)
     unknown = passes - set(PASS_TITLES) if passes else set()
     if unknown:
-        raise ValueError(f"passes: unknown pass {sorted(unknown)}; known: {list(PASS_TITLES)}")
+        raise InputError(f"passes: unknown pass {sorted(unknown)}; known: {list(PASS_TITLES)}")
     return [
         r
         for r in run.records
@@ -394,12 +395,12 @@ def render(rows: list[Row], fmt: str = "markdown", columns: list[str] | None = N
     change that).
     """
     if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+        raise InputError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     available = list(dict.fromkeys(c for row in rows for c in row))
     if columns is not None:
         unknown = [c for c in columns if c not in available]
         if unknown and rows:
-            raise ValueError(f"columns: unknown {unknown}; available: {available}")
+            raise InputError(f"columns: unknown {unknown}; available: {available}")
         available = list(columns)
     if fmt == "csv":
         buf = io.StringIO()
@@ -486,7 +487,7 @@ def table(
     values (speedups need none).
     """
     if kind not in TABLES:
-        raise ValueError(f"kind must be one of {list(TABLES)}, got {kind!r}")
+        raise InputError(f"kind must be one of {list(TABLES)}, got {kind!r}")
     peaks = {} if kind == "speedup" else _peaks(run, denominator, None)
     if kind != "speedup":
         filters = {**filters, "peaks": peaks}
@@ -499,7 +500,7 @@ def table(
 # ---------------------------------------------------------------------------------------------- comparison
 
 
-class CompareError(ValueError):
+class CompareError(InputError):
     """Two runs that must not be compared (different cards without ``force``)."""
 
 
@@ -732,7 +733,7 @@ def compare_runs(
             "comparable (use force=True / --force to compare anyway)"
         )
     if resamples < 100:
-        raise ValueError(f"resamples must be >= 100, got {resamples}")
+        raise InputError(f"resamples must be >= 100, got {resamples}")
     th = thresholds or Thresholds()
     b_ok, _ = _pool(base)
     n_ok, n_failed = _pool(new)

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mxkernels.runtime import InputError
+
 SCHEMA_VERSION = 1
 
 
@@ -124,7 +126,7 @@ def run_from_json(text: str) -> Run:
     payload = json.loads(text)
     schema = payload.get("schema")
     if schema != SCHEMA_VERSION:
-        raise ValueError(f"results schema {schema!r} is not supported (expected {SCHEMA_VERSION})")
+        raise InputError(f"results schema {schema!r} is not supported (expected {SCHEMA_VERSION})")
     return Run(meta=payload["meta"], records=[_record_from_dict(d) for d in payload["records"]])
 
 
@@ -162,8 +164,11 @@ def save_run(run: Run, path: str | Path) -> tuple[Path, Path]:
 
 
 def load_run(path: str | Path) -> Run:
+    """The Run stored at ``path``; a file that is not one raises ``InputError`` naming it."""
     path = Path(path)
     try:
         return run_from_json(path.read_text())
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not an mxbench results file ({e})") from None
+    except InputError as e:  # a results file of another schema
+        raise InputError(f"{path}: {e}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not an mxbench results file ({e})") from None

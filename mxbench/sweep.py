@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from mxkernels.runtime import MAX_GROUPS, InputError
 
 from . import __version__
 from .results import Point, Record, Run, save_run
@@ -30,7 +31,6 @@ from .results import Point, Record, Run, save_run
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHAPES_DIR = REPO_ROOT / "shapes"
 BLOCK = 32  # K and N must hold whole MX blocks
-MAX_GROUPS = 512
 GROUP_KINDS = ("balanced", "skewed")
 MODES = ("rceil", "floor")
 # Concentration of the skewed (router-like) split: Dirichlet(0.5) over experts gives the heavy few and the idle
@@ -72,13 +72,13 @@ def _read_preset(path: Path) -> Preset:
         keys = {f: str(d[f]["key"]) for f in PRESET_FIELDS}
         preset = Preset(d["name"], d["model"], d["source"], G_reason=str(d["G"]["reason"]), keys=keys, **values)
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path}: not a valid shape preset ({type(e).__name__}: {e})") from None
+        raise InputError(f"{path}: not a valid shape preset ({type(e).__name__}: {e})") from None
     if preset.name != path.stem:
-        raise ValueError(f"{path}: name {preset.name!r} differs from the file name")
+        raise InputError(f"{path}: name {preset.name!r} differs from the file name")
     try:
         check_shape(preset.N, preset.K, preset.G)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
     return preset
 
 
@@ -90,7 +90,7 @@ def load_presets(directory: Path = SHAPES_DIR) -> dict[str, Preset]:
 def get_preset(name: str, directory: Path = SHAPES_DIR) -> Preset:
     presets = load_presets(directory)
     if name not in presets:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(presets) or '(none found)'}")
+        raise InputError(f"unknown preset {name!r}; valid presets: {', '.join(presets) or '(none found)'}")
     return presets[name]
 
 
@@ -100,9 +100,9 @@ def get_preset(name: str, directory: Path = SHAPES_DIR) -> Preset:
 def check_shape(N: int, K: int, G: int) -> None:
     for name, value in (("N", N), ("K", K)):
         if value <= 0 or value % BLOCK:
-            raise ValueError(f"{name} must be a positive multiple of {BLOCK}, got {value}")
+            raise InputError(f"{name} must be a positive multiple of {BLOCK}, got {value}")
     if not 1 <= G <= MAX_GROUPS:
-        raise ValueError(f"G must be between 1 and {MAX_GROUPS}, got {G}")
+        raise InputError(f"G must be between 1 and {MAX_GROUPS}, got {G}")
 
 
 def _recipes() -> tuple[str, ...]:
@@ -128,16 +128,16 @@ def plan_points(
     """
     check_shape(N, K, G)
     if not Ms or any(not isinstance(M, int) or M <= 0 for M in Ms):
-        raise ValueError(f"M must be one or more positive integers, got {list(Ms)}")
+        raise InputError(f"M must be one or more positive integers, got {list(Ms)}")
     known = _recipes()
     if not recipes or any(r not in known for r in recipes):
-        raise ValueError(f"recipe must be one or more of {', '.join(known)}; got {list(recipes)}")
+        raise InputError(f"recipe must be one or more of {', '.join(known)}; got {list(recipes)}")
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        raise InputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     if groups not in GROUP_KINDS:
-        raise ValueError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {groups!r}")
+        raise InputError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {groups!r}")
     if not power_limits or any(w is not None and w <= 0 for w in power_limits):
-        raise ValueError(f"power limits must be positive watts or None, got {list(power_limits)}")
+        raise InputError(f"power limits must be positive watts or None, got {list(power_limits)}")
     points = [
         Point(M, N, K, G, recipe, mode, groups, seed, None if w is None else float(w))
         for w in power_limits
@@ -155,12 +155,12 @@ def group_sizes(M: int, G: int, kind: str = "balanced", seed: int = 0, alignment
     ``alignment``: every size a multiple of it (M must be one).
     """
     if M < 0:
-        raise ValueError(f"M must be non-negative, got {M}")
+        raise InputError(f"M must be non-negative, got {M}")
     if not 1 <= G <= MAX_GROUPS:
-        raise ValueError(f"G must be between 1 and {MAX_GROUPS}, got {G}")
+        raise InputError(f"G must be between 1 and {MAX_GROUPS}, got {G}")
     unit = alignment or 1
     if unit < 1 or M % unit:
-        raise ValueError(f"alignment {alignment} must be a positive divisor of M={M}")
+        raise InputError(f"alignment {alignment} must be a positive divisor of M={M}")
     units = M // unit
     if kind == "balanced":
         base, extra = divmod(units, G)
@@ -171,7 +171,7 @@ def group_sizes(M: int, G: int, kind: str = "balanced", seed: int = 0, alignment
         shares = np.random.default_rng(seed).dirichlet(np.full(G, SKEW_ALPHA))
         sizes = _largest_remainder([float(s) * units for s in shares], units)
     else:
-        raise ValueError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {kind!r}")
+        raise InputError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {kind!r}")
     return [s * unit for s in sizes]
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import random
+import subprocess
+import sys
+import traceback
 from importlib.metadata import version
 from pathlib import Path
 
@@ -116,10 +119,12 @@ class FakeController:
         pass
 
     def resolve(self, percents=None, watts=None):
+        from mxkernels.runtime import InputError
+
         limits = [700 * p / 100 for p in percents] if percents else list(watts)
         for w in limits:
             if not 200 <= w <= 700:
-                raise ValueError(f"{w:g} W is outside this card's power-limit range [200, 700] W")
+                raise InputError(f"{w:g} W is outside this card's power-limit range [200, 700] W")
         return limits
 
     def check_permission(self, watts):
@@ -265,6 +270,32 @@ def test_a_file_that_is_not_a_run_exits_2(tmp_path):
     bad.write_text("{}")
     result = invoke("table", bad)
     assert result.exit_code == 2 and f"{bad}: results schema None" in " ".join(result.output.split())
+
+
+def test_an_exception_that_is_not_an_input_error_is_a_bug_and_exits_1(stored, monkeypatch):
+    import mxbench.results
+
+    def broken(path):
+        raise RuntimeError("a bug, not bad input")
+
+    monkeypatch.setattr(mxbench.results, "load_run", broken)
+    result = invoke("table", stored("a", synthetic_run()))
+    assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
+    assert "broken" in "".join(traceback.format_tb(result.exc_info[2]))  # its traceback reaches where it was raised
+
+
+def test_a_bare_value_error_prints_its_traceback_and_exits_1(stored):
+    """A ValueError that is not an InputError is a bug too: the process shows the traceback, not a one-line message."""
+    code = (
+        "import mxbench.results\n"
+        "def broken(path): raise ValueError('a bug, not bad input')\n"
+        "mxbench.results.load_run = broken\n"
+        "from mxbench.cli import main\n"
+        f"main(['table', {str(stored('a', synthetic_run()))!r}])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "ValueError: a bug, not bad input" in done.stderr
 
 
 # ------------------------------------------------------------------------------------- roofline, with a GPU
