@@ -128,7 +128,8 @@ def cli() -> None:
 
 def _shape_args(K: int | None, N: int | None, G: int | None, preset: str | None) -> tuple[int, int, int, str]:
     """(K, N, G, label) from --preset or --K/--N; G defaults to the preset's, else 8."""
-    from .sweep import check_shape, get_preset
+    from .points import check_shape
+    from .presets import get_preset
 
     if preset is not None:
         if K is not None or N is not None:
@@ -225,7 +226,7 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
 def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
              plot_file, hardware, denominator, warm_l2, samples):  # fmt: skip
     """Time every stage of every pass over a sweep of M (or, without a GPU, print the analytic model)."""
-    from .sweep import plan_points
+    from .points import plan_points
 
     K, N, G, label = _shape_args(K, N, G, preset)
     if any(M <= 0 for M in Ms):
@@ -282,7 +283,9 @@ def _model(points, spec, hardware: str, power_requested, denominator: str):
 
 
 def _measure(points, hardware: str | None, denominator: str, out: Path, controller, warm_l2: bool, samples: int):
-    from .sweep import Instruments, SweepOptions, run_sweep
+    from .instruments import Instruments
+    from .measure import SweepOptions
+    from .sweep import run_sweep
 
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,
                            hardware=hardware, denominator=denominator, command=_command_line())  # fmt: skip
@@ -314,8 +317,8 @@ def _card_name(device: int = 0) -> str:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
 def presets(fmt: str) -> None:
     """List the model shape presets (shapes/*.toml) with their sources."""
+    from .presets import load_presets
     from .report import render
-    from .sweep import load_presets
 
     rows = [
         {
@@ -462,9 +465,11 @@ def _echo_comparison(cmp, fmt: str) -> None:
 def regress(baseline: Path, rounds: int, fmt: str) -> None:
     """Re-measure the baseline's points on this card; exit 1 only on a confirmed regression."""
     _require_gpu("regress re-measures the baseline on a GPU")
+    from .instruments import Instruments
+    from .measure import SweepOptions
     from .regress import regress as run_regress
     from .results import load_run
-    from .sweep import Instruments, SweepOptions, run_sweep
+    from .sweep import run_sweep
 
     base = load_run(baseline)
     timing = base.meta.get("timing") or {}
@@ -501,9 +506,9 @@ def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt) ->
     """Our quantize / rearrange / pad kernels beside torchao's Triton kernels and torch.compile of the references."""
     K, N, G, label = _shape_args(K, N, G, preset)
     _require_gpu("peers are timed on a GPU")
+    from .measure import SweepOptions
     from .peers import peer_rows, run_peers
     from .report import header_block, render
-    from .sweep import SweepOptions
 
     out = out or RESULTS_DIR / _card_dir() / f"peers-{label}-M{M}-{_stamp()}.json"
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,

@@ -25,16 +25,11 @@ from dataclasses import dataclass, replace
 import click
 from mxkernels.format import quantize_reference
 
+from .instruments import Instruments
+from .measure import StageTimer, SweepOptions, error_message, stage_record
+from .metadata import run_metadata
+from .points import point_group_sizes
 from .results import Point, Record, Run, save_run
-from .sweep import (
-    Instruments,
-    StageTimer,
-    SweepOptions,
-    error_message,
-    point_group_sizes,
-    run_metadata,
-    stage_record,
-)
 
 IMPLS = ("mxkernels", "torchao", "torch.compile")
 CATEGORIES = ("quantize", "rearrange", "pad")
