@@ -110,7 +110,7 @@ def _stamp() -> str:
 
 
 def _echo_tables(run, breakdown_M: int | None, denominator: str | None, fmt: str = "plain") -> None:
-    from .report import table
+    from .tables import table
 
     click.echo(table(run, "breakdown", fmt, M=breakdown_M, denominator=denominator))
     click.echo("Net speedup over bf16 by M")
@@ -318,7 +318,7 @@ def _card_name(device: int = 0) -> str:
 def presets(fmt: str) -> None:
     """List the model shape presets (shapes/*.toml) with their sources."""
     from .presets import load_presets
-    from .report import render
+    from .render import render
 
     rows = [
         {
@@ -376,8 +376,9 @@ def ceilings(out_dir: Path) -> None:
 )
 def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominator) -> None:
     """Render stored results as tables (ready to paste into docs)."""
-    from .report import header_block, render, table
+    from .render import header_block, render
     from .results import load_run
+    from .tables import table
 
     texts = []
     for path in results:
@@ -438,7 +439,7 @@ def plot(results: Path, out: Path, hardware: str | None) -> None:
 @click.option("--force", is_flag=True, help="Compare runs of different cards anyway.")
 def compare(base: Path, new: Path, fmt: str, force: bool) -> None:
     """Per stage: new/base ratio of medians with a bootstrap CI and a verdict. Exit 1 if anything is SLOWER."""
-    from .report import compare_runs
+    from .compare import compare_runs
     from .results import load_run
 
     cmp = compare_runs(load_run(base), load_run(new), force=force)
@@ -447,7 +448,8 @@ def compare(base: Path, new: Path, fmt: str, force: bool) -> None:
 
 
 def _echo_comparison(cmp, fmt: str) -> None:
-    from .report import comparison_rows, render
+    from .compare import comparison_rows
+    from .render import render
 
     click.echo(render(comparison_rows(cmp), fmt), nl=False)
     click.echo(cmp.summary())
@@ -508,7 +510,7 @@ def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt) ->
     _require_gpu("peers are timed on a GPU")
     from .measure import SweepOptions
     from .peers import peer_rows, run_peers
-    from .report import header_block, render
+    from .render import header_block, render
 
     out = out or RESULTS_DIR / _card_dir() / f"peers-{label}-M{M}-{_stamp()}.json"
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,

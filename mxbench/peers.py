@@ -282,8 +282,8 @@ def _time_one(timer: StageTimer, point: Point, stage, impl: str, peers, inputs: 
 def peer_rows(run: Run, *, M: int | Sequence[int] | None = None) -> list[dict]:
     """One row per stage: each implementation's median time, our bandwidth, and best peer time / ours (> 1:
     ours is faster). Cells of an implementation that failed say "error"; absent ones are empty."""
-    from .report import PASS_TITLES
     from .roofline import achieved_tbps
+    from .tables import PASS_TITLES
 
     Ms = {M} if isinstance(M, int) else (set(M) if M else None)
     table: dict[tuple, dict[str, Record]] = {}

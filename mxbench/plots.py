@@ -21,16 +21,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 from mxkernels.runtime import InputError
 
 from .hardware import HardwareSpec, Peak, datasheet_peaks
-from .report import (
-    ENERGY_KEY,
-    GEMM_SPEEDUP_COLUMNS,
-    MODEL_MARK,
-    PASS_TITLES,
-    baseline_key,
-    card_label,
-    peak_text,
-    speedups,
-)
+from .render import MODEL_MARK, card_label, peak_text
 from .results import Point, Record, Run
 from .roofline import (
     MEMORY_CATEGORIES,
@@ -41,6 +32,7 @@ from .roofline import (
     peaks_for_run,
     spec_for_run,
 )
+from .tables import ENERGY_KEY, GEMM_SPEEDUP_COLUMNS, PASS_TITLES, baseline_key, speedups
 
 PASS_SHORT = {"forward": "fwd", "backward_input": "dA", "backward_weight": "dB"}
 PASS_MARKERS = {"forward": "^", "backward_input": "v", "backward_weight": "s"}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from mxkernels.runtime import InputError
 
-from .report import Comparison, Match, MatchKey, Thresholds, compare_runs
+from .compare import Comparison, Match, MatchKey, Thresholds, compare_runs
 from .results import Point, Run
 
 Measure = Callable[[list[Point]], Run]
