@@ -127,7 +127,7 @@ class StageTimer:
             t = self.ins.time_fn(fn, cold_l2=cold, use_graph=graph, samples=o.samples, window=lambda: sampler)
             calls = len(t.samples_us) * t.calls_per_replay
             return stage_record(point, stage, **_timed_fields(t, dict(sampler.summary(calls))))
-        except Exception as e:  # a kernel that fails becomes its error row; the rest of the point goes on
+        except Exception as e:  # noqa: BLE001 -- a kernel that fails becomes its error row; the point goes on
             if eager_fallback and graph:
                 eager = self.time(point, stage, fn, use_graph=False)
                 if eager.ok:
@@ -143,19 +143,19 @@ class StageTimer:
         device = {"device": f"cuda:{self.options.device}", "seed": point.seed}
         try:
             planned = self.ins.plan_step(*args, **kw)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- a point that cannot be planned is one error row
             return [stage_record(point, end_to_end_stage(point, []), error=error_message(e))]
         records = []
         try:
             stages = self.ins.build_step(*args, **kw, **device)
             records += [self.time(point, s, s.run) for s in stages]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- no tensors for the stages: each planned stage says why
             records += [stage_record(point, s, error=error_message(e)) for s in planned]
         stages = None  # drop the tensors before the end-to-end call allocates its own
         e2e = end_to_end_stage(point, planned)
         try:
             step = self.ins.end_to_end(*args, **kw, **device)
             records.append(self.time(point, e2e, step, eager_fallback=True))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- the forward+backward that cannot be built is its error row
             records.append(stage_record(point, e2e, error=error_message(e)))
         return records

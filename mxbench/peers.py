@@ -193,7 +193,7 @@ def _torchao_status() -> str | None:
         return None
     try:
         return str(importlib.import_module("torchao").__version__)
-    except Exception as e:  # an installed but broken torchao still gets its (error) rows
+    except Exception as e:  # noqa: BLE001 -- an installed but broken torchao still gets its (error) rows
         return f"import failed: {e}"
 
 
@@ -242,7 +242,7 @@ def run_peers(
             inputs = pipeline.make_inputs(M, N, K, G, point_group_sizes(point), device=f"cuda:{options.device}",
                                           seed=seed)  # fmt: skip
             env = pipeline.run_stages(step, inputs)
-        except Exception as e:  # no inputs for these stages: every implementation's row says why
+        except Exception as e:  # noqa: BLE001 -- no inputs for these stages: every implementation's row says why
             message = f"making the stage inputs failed: {error_message(e)}"
             run.records += [stage_record(point, replace(s, name=f"{s.name}/{impl}", backend=impl), error=message)
                             for impl in impls for s in stages]  # fmt: skip
@@ -271,7 +271,7 @@ def _time_one(timer: StageTimer, point: Point, stage, impl: str, peers, inputs: 
     tagged = replace(stage, name=f"{stage.name}/{impl}", kernel=peer.kernel, backend=impl)
     try:
         fn = peer.bind(inputs, ctx)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- a peer that cannot be bound is its error row
         return stage_record(point, tagged, error=error_message(e))
     return timer.time(point, tagged, fn, use_graph=None if peer.graph_safe else False)
 

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from mxkernels.runtime import InputError
 
@@ -104,7 +104,7 @@ def _query(nvml: Any, name: str, *args) -> Any:
         return None
     try:
         value = fn(*args)
-    except Exception:
+    except Exception:  # noqa: BLE001 -- pynvml raises its own NVMLError per code: any failure means "not offered"
         return None
     return value.decode() if isinstance(value, bytes) else value
 
@@ -117,7 +117,7 @@ def _torch_uuid(device: int) -> str | None:
         if not torch.cuda.is_available():
             return None
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-    except Exception:
+    except Exception:  # noqa: BLE001 -- without a UUID the device is mapped by index instead
         return None
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
@@ -366,7 +366,7 @@ class TelemetrySampler:
         self._thread: threading.Thread | None = None
         self._power_source: str | None = None
 
-    def __enter__(self) -> TelemetrySampler:
+    def __enter__(self) -> Self:
         try:
             self._nvml, self._handle = _open(self.device, self._nvml_arg)
         except PowerError as e:

@@ -92,6 +92,6 @@ def model_run(
         try:
             stages = plan_step(p.recipe, p.M, p.N, p.K, p.G, point_group_sizes(p), mode=p.mode)
             run.records += model_records(p, stages, spec)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 -- a point the model cannot price is its error row
             run.records.append(stage_record(p, end_to_end_stage(p, []), measured=False, error=error_message(e)))
     return run
