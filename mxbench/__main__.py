@@ -1,4 +1,5 @@
-"""``python -m mxbench``: the command line, as torchrun starts it (``torchrun ... -m mxbench ep ...``)."""
+"""``python -m mxbench``: the same command line as ``mxbench`` (what ``torchrun ... -m mxbench ep ...`` starts on
+every worker)."""
 
 from .cli import main
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from mxkernels.runtime import check_tensor
+from mxkernels.runtime import InputError, check_tensor
 
 from .hardware import Peak, card_slug, device_properties
 
@@ -81,7 +81,7 @@ def _tile_sum_kernel(src_ptr, sums_ptr, n, TILE: tl.constexpr):
 
 def _check_tile(tile: int) -> None:
     if tile < 16 or tile & (tile - 1):
-        raise ValueError(f"tile must be a power of two of at least 16, got {tile}")
+        raise InputError(f"tile must be a power of two of at least 16, got {tile}")
 
 
 def stream_convert(src: torch.Tensor, dst: torch.Tensor, tile: int = 16384) -> torch.Tensor:
@@ -90,7 +90,7 @@ def stream_convert(src: torch.Tensor, dst: torch.Tensor, tile: int = 16384) -> t
     check_tensor("src", src, dtypes=(torch.bfloat16,))
     check_tensor("dst", dst, dtypes=(torch.bfloat16, torch.float8_e4m3fn))
     if dst.numel() != src.numel():
-        raise ValueError(f"dst must hold {src.numel()} elements like src, got {dst.numel()}")
+        raise InputError(f"dst must hold {src.numel()} elements like src, got {dst.numel()}")
     _check_tile(tile)
     _convert_kernel[(triton.cdiv(src.numel(), tile),)](src, dst, src.numel(), TILE=tile, num_warps=NUM_WARPS)
     return dst
@@ -104,7 +104,7 @@ def stream_tile_sums(src: torch.Tensor, sums: torch.Tensor, tile: int = 16384) -
     _check_tile(tile)
     tiles = triton.cdiv(src.numel(), tile)
     if sums.numel() != tiles:
-        raise ValueError(f"sums must hold ceil({src.numel()} / {tile}) = {tiles} elements, got {sums.numel()}")
+        raise InputError(f"sums must hold ceil({src.numel()} / {tile}) = {tiles} elements, got {sums.numel()}")
     _tile_sum_kernel[(tiles,)](src, sums, src.numel(), TILE=tile, num_warps=NUM_WARPS)
     return sums
 
@@ -157,11 +157,11 @@ def measure_ceilings(
 
     if size_bytes < 2**20 or size_bytes % 2**20:
         # whole MiB: every tile is full, and an element count divisible by 16 lets Triton issue 16-byte accesses
-        raise ValueError(f"size_bytes must be a whole number of MiB (at least 1), got {size_bytes}")
+        raise InputError(f"size_bytes must be a whole number of MiB (at least 1), got {size_bytes}")
     if gemm_n < 16 or gemm_n % 16:
-        raise ValueError(f"gemm_n must be a positive multiple of 16, got {gemm_n}")
+        raise InputError(f"gemm_n must be a positive multiple of 16, got {gemm_n}")
     if not tiles:
-        raise ValueError("tiles must name at least one tile size")
+        raise InputError("tiles must name at least one tile size")
     for tile in tiles:
         _check_tile(tile)
     if not torch.cuda.is_available():
@@ -270,7 +270,7 @@ def _read_entries(path: Path) -> list[Ceilings]:
         known = {f.name for f in fields(Ceilings)}
         return [Ceilings(**{k: v for k, v in e.items() if k in known}) for e in payload["entries"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not an mxbench ceilings file ({e})") from None
+        raise InputError(f"{path}: not an mxbench ceilings file ({e})") from None
 
 
 def save_ceilings(c: Ceilings, results_dir: str | Path) -> Path:

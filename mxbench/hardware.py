@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from mxkernels.runtime import InputError
+
 UNITS = ("TB/s", "TFLOP/s")
 _NUMBERS = ("hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w", "nvlink_gbps")
 _OPTIONAL = ("fp8_tflops", "mxfp8_tflops", "nvlink_gbps")
@@ -55,9 +57,9 @@ class Peak:
 
     def __post_init__(self):
         if self.unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+            raise InputError(f"unit must be one of {UNITS}, got {self.unit!r}")
         if not self.value > 0:
-            raise ValueError(f"value must be positive, got {self.value}")
+            raise InputError(f"value must be positive, got {self.value}")
 
 
 def _normalize(key: str) -> str:
@@ -104,13 +106,13 @@ def load_specs() -> dict[str, HardwareSpec]:
 
 def get_spec(key: str) -> HardwareSpec:
     """The spec named ``key`` or one of its aliases, case-insensitive; spaces and underscores read as '-'
-    ("b200", "H100", "h100-sxm", "H100 SXM"). Unknown keys raise ``ValueError`` listing the valid ones."""
+    ("b200", "H100", "h100-sxm", "H100 SXM"). Unknown keys raise ``InputError`` listing the valid ones."""
     specs = load_specs()
     wanted = _normalize(key)
     for spec in specs.values():
         if wanted == spec.key or wanted in (_normalize(a) for a in spec.aliases):
             return spec
-    raise ValueError(f"unknown hardware {key!r}; valid keys: {', '.join(specs)}")
+    raise InputError(f"unknown hardware {key!r}; valid keys: {', '.join(specs)}")
 
 
 def match_spec(device_name: str, memory_bytes: int | None, specs: dict[str, HardwareSpec]) -> HardwareSpec | None:
@@ -176,7 +178,7 @@ def card_slug(card: str) -> str:
     ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3")."""
     slug = re.sub(r"[^a-z0-9]+", "-", card.lower()).strip("-")
     if not slug:
-        raise ValueError(f"card must contain letters or digits, got {card!r}")
+        raise InputError(f"card must contain letters or digits, got {card!r}")
     return slug
 
 

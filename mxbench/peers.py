@@ -25,16 +25,11 @@ from dataclasses import dataclass, replace
 import click
 from mxkernels.format import quantize_reference
 
+from .instruments import Instruments
+from .measure import StageTimer, SweepOptions, error_message, stage_record
+from .metadata import run_metadata
+from .points import point_group_sizes
 from .results import Point, Record, Run, save_run
-from .sweep import (
-    Instruments,
-    StageTimer,
-    SweepOptions,
-    error_message,
-    point_group_sizes,
-    run_metadata,
-    stage_record,
-)
 
 IMPLS = ("mxkernels", "torchao", "torch.compile")
 CATEGORIES = ("quantize", "rearrange", "pad")
@@ -198,7 +193,7 @@ def _torchao_status() -> str | None:
         return None
     try:
         return str(importlib.import_module("torchao").__version__)
-    except Exception as e:  # an installed but broken torchao still gets its (error) rows
+    except Exception as e:  # noqa: BLE001 -- an installed but broken torchao still gets its (error) rows
         return f"import failed: {e}"
 
 
@@ -247,7 +242,7 @@ def run_peers(
             inputs = pipeline.make_inputs(M, N, K, G, point_group_sizes(point), device=f"cuda:{options.device}",
                                           seed=seed)  # fmt: skip
             env = pipeline.run_stages(step, inputs)
-        except Exception as e:  # no inputs for these stages: every implementation's row says why
+        except Exception as e:  # noqa: BLE001 -- no inputs for these stages: every implementation's row says why
             message = f"making the stage inputs failed: {error_message(e)}"
             run.records += [stage_record(point, replace(s, name=f"{s.name}/{impl}", backend=impl), error=message)
                             for impl in impls for s in stages]  # fmt: skip
@@ -276,7 +271,7 @@ def _time_one(timer: StageTimer, point: Point, stage, impl: str, peers, inputs: 
     tagged = replace(stage, name=f"{stage.name}/{impl}", kernel=peer.kernel, backend=impl)
     try:
         fn = peer.bind(inputs, ctx)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- a peer that cannot be bound is its error row
         return stage_record(point, tagged, error=error_message(e))
     return timer.time(point, tagged, fn, use_graph=None if peer.graph_safe else False)
 
@@ -287,8 +282,8 @@ def _time_one(timer: StageTimer, point: Point, stage, impl: str, peers, inputs: 
 def peer_rows(run: Run, *, M: int | Sequence[int] | None = None) -> list[dict]:
     """One row per stage: each implementation's median time, our bandwidth, and best peer time / ours (> 1:
     ours is faster). Cells of an implementation that failed say "error"; absent ones are empty."""
-    from .report import PASS_TITLES
     from .roofline import achieved_tbps
+    from .tables import PASS_TITLES
 
     Ms = {M} if isinstance(M, int) else (set(M) if M else None)
     table: dict[tuple, dict[str, Record]] = {}

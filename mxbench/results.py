@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mxkernels.runtime import InputError
 from mxkernels.stages import format_shapes
 
 SCHEMA_VERSION = 2
@@ -163,7 +164,7 @@ def run_from_json(text: str) -> Run:
     payload = json.loads(text)
     schema = payload.get("schema")
     if schema not in READABLE_SCHEMAS:
-        raise ValueError(f"results schema {schema!r} is not supported (readable: {READABLE_SCHEMAS})")
+        raise InputError(f"results schema {schema!r} is not supported (readable: {READABLE_SCHEMAS})")
     records = payload["records"]
     if schema == 1:
         records = [_migrate_v1(d) for d in records]
@@ -204,8 +205,11 @@ def save_run(run: Run, path: str | Path) -> tuple[Path, Path]:
 
 
 def load_run(path: str | Path) -> Run:
+    """The Run stored at ``path``; a file that is not one raises ``InputError`` naming it."""
     path = Path(path)
     try:
         return run_from_json(path.read_text())
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not an mxbench results file ({e})") from None
+    except InputError as e:  # a results file of another schema
+        raise InputError(f"{path}: {e}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not an mxbench results file ({e})") from None

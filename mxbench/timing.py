@@ -45,6 +45,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import astuple, dataclass
 
 import torch
+from mxkernels.runtime import InputError
 
 METHODS = ("graph-cold", "graph-warm", "events-cold")
 MAX_CALLS_PER_REPLAY = 1000
@@ -151,7 +152,7 @@ def flush_size(l2_bytes: int, flush_bytes: int | None = None) -> int:
     if flush_bytes is None:
         return minimum
     if flush_bytes < minimum:
-        raise ValueError(f"flush_bytes must be at least twice the L2 size ({minimum} bytes), got {flush_bytes}")
+        raise InputError(f"flush_bytes must be at least twice the L2 size ({minimum} bytes), got {flush_bytes}")
     return flush_bytes
 
 
@@ -238,13 +239,13 @@ def time_fn(
 
 def _check_options(cold_l2: bool, use_graph: bool, samples: int, target_replay_ms: float, warmup: int) -> None:
     if samples < 1:
-        raise ValueError(f"samples must be at least 1, got {samples}")
+        raise InputError(f"samples must be at least 1, got {samples}")
     if not target_replay_ms > 0:
-        raise ValueError(f"target_replay_ms must be positive, got {target_replay_ms}")
+        raise InputError(f"target_replay_ms must be positive, got {target_replay_ms}")
     if warmup < 0:
-        raise ValueError(f"warmup must be non-negative, got {warmup}")
+        raise InputError(f"warmup must be non-negative, got {warmup}")
     if not use_graph and not cold_l2:
-        raise ValueError("use_graph=False times cold calls only ('events-cold'); pass cold_l2=True")
+        raise InputError("use_graph=False times cold calls only ('events-cold'); pass cold_l2=True")
 
 
 class _Flush:

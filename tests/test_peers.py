@@ -10,9 +10,10 @@ from mxkernels.cost import Cost
 from mxkernels.pipeline import Stage
 
 from mxbench import peers
+from mxbench.instruments import Instruments
+from mxbench.measure import SweepOptions
 from mxbench.peers import IMPLS, peer_rows, run_peers
 from mxbench.results import Point, Record, Run, load_run
-from mxbench.sweep import Instruments, SweepOptions
 
 COST = Cost(300, 100)
 

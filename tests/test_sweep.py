@@ -17,17 +17,13 @@ from helpers import FakePower, FakeTelemetry, FakeTiming
 from mxkernels.cost import Cost
 from mxkernels.pipeline import Stage
 
-from mxbench import sweep
+import mxbench.points
+from mxbench import metadata
+from mxbench.instruments import Instruments
+from mxbench.measure import SweepOptions
+from mxbench.points import group_sizes, plan_points, with_baselines
 from mxbench.results import Point, load_run
-from mxbench.sweep import (
-    Instruments,
-    SweepOptions,
-    group_sizes,
-    model_run,
-    plan_points,
-    run_sweep,
-    with_baselines,
-)
+from mxbench.sweep import model_run, run_sweep
 
 # ------------------------------------------------------------------------------------------------ planning
 
@@ -98,8 +94,8 @@ class TestGroupSizes:
 
     def test_largest_remainder_rounding(self):
         # floors 1 + 2 + 3 = 6; the one unit left goes to the largest fraction (a tie: the first group)
-        assert sweep._largest_remainder([1.5, 2.5, 3.0], 7) == [2, 2, 3]
-        assert sweep._largest_remainder([0.2, 0.9, 1.9], 3) == [0, 1, 2]
+        assert mxbench.points._largest_remainder([1.5, 2.5, 3.0], 7) == [2, 2, 3]
+        assert mxbench.points._largest_remainder([0.2, 0.9, 1.9], 3) == [0, 1, 2]
 
     @pytest.mark.parametrize(
         "args, match",
@@ -406,8 +402,8 @@ def test_git_commit_without_a_checkout_comes_from_the_environment(monkeypatch):
     def no_git(*args):
         raise subprocess.CalledProcessError(128, ["git", *args])
 
-    monkeypatch.setattr(sweep, "_git", no_git)
+    monkeypatch.setattr(metadata, "_git", no_git)
     monkeypatch.delenv("MXBENCH_GIT_COMMIT", raising=False)
-    assert sweep.git_commit() is None
+    assert metadata.git_commit() is None
     monkeypatch.setenv("MXBENCH_GIT_COMMIT", "abc123")
-    assert sweep.git_commit() == "abc123"
+    assert metadata.git_commit() == "abc123"

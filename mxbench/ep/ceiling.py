@@ -95,3 +95,22 @@ def alltoall_peak(entry: dict[str, Any]) -> Peak:
     label = (f"measured all-to-all ceiling {gbps:.0f} GB/s (both directions; {entry['card']}, {entry['world_size']} "
              f"ranks, NCCL {entry.get('nccl') or '?'})")  # fmt: skip
     return Peak(gbps / 1000.0, "TB/s", label)
+
+
+def run_alltoall_ceiling(results_dir: str | Path, echo=print) -> int:
+    """``mxbench ceilings`` on every process of a torchrun: measure, store (rank 0), leave. Returns the exit code."""
+    from .dist import init, leave
+
+    ctx = None
+    try:
+        ctx = init()
+        entry = measure_alltoall_ceiling(ctx)
+        if entry is not None:
+            path = save_alltoall_ceiling(entry, results_dir)
+            echo(f"all-to-all ceiling: {entry['bidirectional_gbps']:.0f} GB/s both directions "
+                 f"({entry['one_way_gbps']:.0f} GB/s each way), {entry['world_size']} ranks, {entry['size_bytes']} "
+                 f"bytes per rank, NCCL {entry['nccl']}")  # fmt: skip
+            echo(f"stored: {path}")
+    finally:
+        code = leave(ctx, 0)
+    return code

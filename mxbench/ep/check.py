@@ -151,7 +151,7 @@ def check_strategy(ctx: Context, strategy: str, o: EPOptions, impls: Sequence = 
 
 def run_check(ctx: Context, strategies: Sequence[str], o: EPOptions, impls: Sequence = (), echo=print) -> int:
     """Check every strategy; rank 0 prints the verdicts with ``echo``. Returns the exit code on every rank."""
-    from ..report import render
+    from ..render import render
 
     failed = False
     for strategy in strategies:

@@ -17,33 +17,11 @@ import shlex
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 
-from ..cli import RESULTS_DIR, CommaList, cli
+from ..cli.common import CommaList, command_words
+from ..cli.run_commands import RESULTS_DIR
 
 DEFAULT_STRATEGIES = "bf16,mxfp8,mxfp8_a2a"
-
-
-def _word(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(_word(v) for v in value)
-    return str(value)
-
-
-def worker_words(ctx: click.Context) -> list[str]:
-    """The options given on this command line, as words (``--nproc`` and the launcher's options left out)."""
-    words = [ctx.info_name]
-    for param in ctx.command.params:
-        if param.name == "nproc" or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
-            continue
-        value, opt = ctx.params[param.name], param.opts[0]
-        if getattr(param, "is_flag", False):
-            words.append(opt)
-        elif getattr(param, "multiple", False):
-            words += [w for v in value for w in (opt, _word(v))]
-        else:
-            words += [opt, _word(value)]
-    return words
 
 
 def _launcher_args(extra: list[str]) -> list[str]:
@@ -64,7 +42,7 @@ def _launcher_args(extra: list[str]) -> list[str]:
 
 
 def _layer(K, N, preset) -> tuple[int, int, str]:
-    from ..sweep import get_preset
+    from ..presets import get_preset
 
     if preset is not None:
         if K is not None or N is not None:
@@ -76,7 +54,7 @@ def _layer(K, N, preset) -> tuple[int, int, str]:
     return K, N, f"{K}x{N}"
 
 
-@cli.command("ep", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.command("ep", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--K", "K", type=int, help="Model dim (the dispatched tokens' width); multiple of 32.")
 @click.option("--N", "N", type=int, help="Expert hidden dim (the combined outputs' width); multiple of 32.")
 @click.option("--preset", help="Shapes of a model (see `mxbench presets`) instead of --K/--N.")
@@ -131,7 +109,7 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, groups, seed, strategies, mode
     check_layer(tokens, K, N, experts, top_k if world else 1, world or 1)
     if not check and not has_gpu:
         raise InputError("no CUDA GPU found: timing needs a GPU per rank; `mxbench ep --check` runs on CPUs")
-    words = worker_words(ctx)
+    words = command_words(ctx, skip=("nproc",))
     if launching:
         from .launch import launch
 

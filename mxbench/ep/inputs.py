@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sweep import GROUP_KINDS, SKEW_ALPHA
+from ..points import GROUP_KINDS, SKEW_ALPHA
 
 ROUTING_METHOD = {
     "balanced": "copy c of rank r -> expert (c + r*top_k) mod (W*E), tokens shuffled (torch.randperm, seed*1000003+rank)",

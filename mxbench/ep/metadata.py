@@ -54,7 +54,7 @@ def rank_info(ctx: Context) -> dict[str, Any]:
 def ep_metadata(ctx: Context, ranks: list[dict[str, Any]], layer: dict[str, Any], routing: dict[str, Any],
                 strategies: list[str], timing: dict[str, Any], command: str) -> dict[str, Any]:  # fmt: skip
     """Run metadata (module doc), made on rank 0 from every rank's ``rank_info``."""
-    from ..sweep import _versions  # the versions every run records
+    from ..metadata import now, versions  # what every run records
 
     names = [r["device_properties"].get("name") for r in ranks]
     first = ranks[0]
@@ -64,9 +64,9 @@ def ep_metadata(ctx: Context, ranks: list[dict[str, Any]], layer: dict[str, Any]
         "cards": sorted({str(n) for n in names}),
         "hardware": first["hardware"],
         "device_properties": first["device_properties"],
-        "date": _now(),
+        "date": now(),
         "command": command,
-        **_versions(),
+        **versions(),
         "world_size": ctx.world,
         "backend": ctx.backend,
         "nccl": nccl_version() if ctx.backend == "nccl" else None,
@@ -80,9 +80,3 @@ def ep_metadata(ctx: Context, ranks: list[dict[str, Any]], layer: dict[str, Any]
         "timing": timing,
         "measured": True,
     }
-
-
-def _now() -> str:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC).isoformat(timespec="seconds")

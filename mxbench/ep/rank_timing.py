@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..sweep import error_message
+from ..measure import error_message
 from ..timing import Timing, summarize, time_fn
 from .dist import Context, agree_max, any_rank
 

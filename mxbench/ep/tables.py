@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..hardware import Peak, get_spec, link_peak
-from ..report import MISSING, Row, header_block, peak_text
+from ..render import MISSING, Row, header_block, peak_text
 from ..results import Record, Run
 from ..roofline import MEMORY_CATEGORIES, achieved_tbps, efficiency, peaks_for_run
 from .ceiling import alltoall_peak
@@ -149,3 +149,24 @@ def ep_header(run: Run, peaks: dict[str, Peak], fmt: str) -> str:
     prefix = "- " if fmt in ("markdown", "github") else ""
     extra = [*lines, *(f"{k}: {peak_text(p)}" for k, p in denominators.items())]
     return text + "".join(f"{prefix}{line}\n" for line in extra)
+
+
+def ep_table(run: Run, kind: str = "ep", fmt: str = "markdown", *, columns: list[str] | None = None,
+             strategies: list[str] | None = None) -> str:  # fmt: skip
+    """``table --kind ep`` (per stage) or ``--kind ep-summary`` (per strategy) of a stored EP run, after its header
+    (except in csv). ``strategies``: only these (``--recipe``)."""
+    from mxkernels.runtime import InputError
+
+    from ..render import render
+
+    if run.meta.get("kind") != "ep":
+        raise InputError(f"--kind {kind} needs a run of `mxbench ep`; this run of {run.card} is not one")
+    peaks = ep_peaks(run)
+    if kind == "ep-summary":
+        rows = summary_rows(run, peaks=peaks)
+    else:
+        rows = ep_rows(run, peaks=peaks)
+    if strategies:
+        rows = [r for r in rows if r["Strategy"] in strategies]
+    text = render(rows, fmt, columns)
+    return text if fmt == "csv" else ep_header(run, peaks, fmt) + "\n" + text

@@ -7,7 +7,7 @@ happens, the worker leaves through ``dist.leave``: explicit, bounded teardown.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from mxkernels.runtime import InputError
 
 from ..hardware import card_slug
 from ..registry import parse_impl
-from ..report import render
+from ..render import render
 from ..results import Run, save_run
 from .check import EPOptions, run_check
 from .dist import Context, gather, init, leave
@@ -80,7 +80,8 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
     timing = {"samples": m.samples, "method": "graph-cold per record (events-cold where a collective could not be "
               "captured: the record's method says which)", "requested": "graph" if m.graph else "events"}  # fmt: skip
     meta = ep_metadata(ctx, ranks, layer, routing, list(strategies), timing, m.command)
-    meta["ceilings"] = _plain(load_ceilings(m.results_dir, meta["card"]))
+    stored = load_ceilings(m.results_dir, meta["card"])
+    meta["ceilings"] = asdict(stored) if stored is not None else None
     meta["alltoall_ceiling"] = load_alltoall_ceiling(m.results_dir, meta["card"], ctx.world)
     run = Run(meta, records)
     out = m.out or m.results_dir / card_slug(meta["card"]) / f"ep-{m.label}-{o.groups}-ep{ctx.world}-{_stamp()}.json"
@@ -103,12 +104,6 @@ def _send_counts(ctx: Context, o: EPOptions) -> list[list[int]]:
 
     experts = routing(o.T, o.top_k, ctx.world * o.E, o.groups, o.seed, ctx.rank)
     return route(experts, ctx.world * o.E)["counts"].view(ctx.world, o.E).tolist()
-
-
-def _plain(value):
-    import dataclasses
-
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def _stamp() -> str:
