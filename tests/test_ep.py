@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import FakeTiming
 from mxkernels import ep_comm, ep_reference, ep_stages, token_permute
 from mxkernels.padding import padded_rows
 from mxkernels.stages import all_specs, get_spec, sqnr_db
@@ -191,7 +192,8 @@ def _plan_shape(ctx):
     return plan_routing(experts, experts_per_rank=OPTIONS.E, K=OPTIONS.K, N=OPTIONS.N).shape
 
 
-def test_all_to_all_rows_read_against_both_link_roofs():
+def synthetic_ep_run() -> Run:
+    """A stored EP run by hand: one dispatch of 0.45 GB each way in 2 ms, and the steps of two strategies."""
     from mxbench.results import Point, Record
 
     record = Record(Point(64, 64, 64, 2, "bf16"), "forward", "dispatch", "a2a", "all_to_all", bytes_read=450_000_000,
@@ -199,14 +201,33 @@ def test_all_to_all_rows_read_against_both_link_roofs():
     steps = [Record(Point(64, 64, 64, 2, s), "end_to_end", "fwd+bwd", "", "end_to_end", samples_us=[us])
              for s, us in (("bf16", 3000.0), ("mxfp8_a2a", 2400.0))]  # fmt: skip
     ceiling = {"card": "NVIDIA H100 80GB HBM3", "world_size": 2, "bidirectional_gbps": 600.0, "nccl": "2.28.9"}
-    run = Run({"card": "NVIDIA H100 80GB HBM3", "hardware": "h100-sxm", "alltoall_ceiling": ceiling},
-              [record, *steps])  # fmt: skip
+    meta = {"kind": "ep", "card": "NVIDIA H100 80GB HBM3", "hardware": "h100-sxm", "alltoall_ceiling": ceiling,
+            "world_size": 2, "layer": {"K": 64, "N": 64}, "routing": {"groups": "balanced", "seed": 0}}  # fmt: skip
+    return Run(meta, [record, *steps])
+
+
+def test_all_to_all_rows_read_against_both_link_roofs():
+    run = synthetic_ep_run()
     row = tables.ep_rows(run)[0]
     # 0.9 GB over 2 ms = 450 GB/s both directions: 50% of 900 GB/s NVLink, 75% of the measured 600 GB/s
     assert (row["Achieved"], row["% datasheet"], row["% measured"]) == ("450 GB/s", "50.0%", "75.0%")
     assert tables.ep_rows(run)[-1]["Speedup vs bf16"] == "1.250x"
     summary = {r["Strategy"]: r for r in tables.summary_rows(run)}
     assert summary["bf16"]["All-to-all GB/s (both dirs)"] == "450" and summary["mxfp8_a2a"]["Speedup vs bf16"]
+
+
+def test_table_kinds_ep_render_stored_ep_runs_only(tmp_path):
+    from click.testing import CliRunner
+
+    from mxbench.cli import cli
+    from mxbench.results import save_run
+
+    path, _ = save_run(synthetic_ep_run(), tmp_path / "ep.json")
+    result = CliRunner().invoke(cli, ["table", str(path), "--kind", "ep-summary", "--format", "plain"])
+    assert result.exit_code == 0 and "1.250x" in result.output and "NVLink 900 GB/s" in result.output, result.output
+    other, _ = save_run(Run({"card": "x"}, []), tmp_path / "roofline.json")
+    result = CliRunner().invoke(cli, ["table", str(other), "--kind", "ep"])
+    assert result.exit_code == 2 and "needs a run of `mxbench ep`" in result.output
 
 
 # ---- the launcher ------------------------------------------------------------------------------------------------
@@ -292,3 +313,60 @@ def test_sqnr_floor_is_far_below_what_a_correct_layer_reaches_and_above_a_swappe
     swapped = y.clone()
     swapped[[0, 1]] = swapped[[1, 0]]
     assert sqnr_db(swapped, y) < ep_check.LAYER_FLOOR_DB < sqnr_db(y.bfloat16().double(), y)
+
+
+# ---- timing in step across ranks (the logic; the GPU work is faked) ---------------------------------------------
+
+
+@pytest.fixture
+def cuda_context(world_of_one):
+    """The one-process group, posing as a rank with a GPU so that ``time_on_ranks`` takes its GPU path."""
+    return Context(0, 1, 0, "nccl", torch.device("cuda", 0), world_of_one.control)
+
+
+def fake_time_fn(log, fail_graph=False):
+    def time_fn(fn, *, cold_l2, use_graph, samples, agree=None):
+        log.append(("graph" if use_graph else "events", agree(5.0) if agree else None))
+        if use_graph and fail_graph:
+            raise RuntimeError("captured nothing")
+        return FakeTiming([1.0, 2.0, 3.0], "graph-cold" if use_graph else "events-cold", 4 if use_graph else 1)
+
+    return time_fn
+
+
+def test_ranks_agree_on_calls_per_replay_when_graphs_capture(cuda_context, monkeypatch):
+    log = []
+    monkeypatch.setattr(rank_timing, "_probe_capture", lambda fn: None)
+    monkeypatch.setattr(rank_timing, "time_fn", fake_time_fn(log))
+    t = rank_timing.time_on_ranks(cuda_context, lambda: None, graph=True, samples=3)
+    assert log == [("graph", 5.0)] and t.method == "graph" and t.summary()["median_us"] == 2.0
+
+
+def test_every_rank_times_with_events_when_a_capture_fails(cuda_context, monkeypatch):
+    log = []
+    monkeypatch.setattr(rank_timing, "_probe_capture", lambda fn: "RuntimeError: operation not permitted")
+    monkeypatch.setattr(rank_timing, "time_fn", fake_time_fn(log))
+    t = rank_timing.time_on_ranks(cuda_context, lambda: None, graph=True, samples=3)
+    assert log == [("events", None)] and t.method == "events" and "not permitted" in t.details["graph_error"]
+
+
+def test_a_graph_timing_that_fails_after_capture_is_retried_with_events(cuda_context, monkeypatch):
+    log = []
+    monkeypatch.setattr(rank_timing, "_probe_capture", lambda fn: None)
+    monkeypatch.setattr(rank_timing, "time_fn", fake_time_fn(log, fail_graph=True))
+    t = rank_timing.time_on_ranks(cuda_context, lambda: None, graph=True, samples=3)
+    assert [m for m, _ in log] == ["graph", "events"] and t.method == "events" and t.error is None
+    assert "captured nothing" in t.details["graph_error"]
+
+
+def test_alltoall_ceilings_are_stored_per_card_and_world_size(tmp_path):
+    from mxbench.ep import ceiling
+
+    entry = {"card": "NVIDIA H200", "world_size": 2, "bidirectional_gbps": 660.0, "nccl": "2.28.9"}
+    ceiling.save_alltoall_ceiling(entry, tmp_path)
+    ceiling.save_alltoall_ceiling({**entry, "world_size": 4, "bidirectional_gbps": 700.0}, tmp_path)
+    ceiling.save_alltoall_ceiling({**entry, "bidirectional_gbps": 670.0}, tmp_path)  # replaces the 2-rank entry
+    assert ceiling.load_alltoall_ceiling(tmp_path, "NVIDIA H200", 2)["bidirectional_gbps"] == 670.0
+    assert ceiling.load_alltoall_ceiling(tmp_path, "nvidia-h200", 4)["bidirectional_gbps"] == 700.0
+    assert ceiling.load_alltoall_ceiling(tmp_path, "NVIDIA H200", 8) is None
+    assert ceiling.alltoall_peak(entry).value == 0.66

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
+from ..ep import TABLE_KINDS as EP_TABLE_KINDS
 from .common import FORMATS, BadInput, CommaList, echo_comparison, hardware_spec, peer_table
 
-TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", "ep", "ep-summary")
+TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS)
 
 
 # ------------------------------------------------------------------------------------------------- presets
@@ -70,7 +71,7 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
         if kind == "peers":
             texts.append(peer_table(run, fmt, Ms, columns))
             continue
-        if kind.startswith("ep"):
+        if kind in EP_TABLE_KINDS:
             from ..ep.tables import ep_table
 
             texts.append(ep_table(run, kind, fmt, columns=columns, strategies=recipes))

@@ -6,3 +6,6 @@ groups, gathering to rank 0, bounded teardown), ``inputs`` (seeded routing and l
 (the records of a run), ``metadata``, ``tables``, ``figure``, ``ceiling`` (the measured all-to-all ceiling) and
 ``command`` (the click command). The layer itself and its stages live in the kernel package (``mxkernels.ep``).
 """
+
+TABLE_KINDS = ("ep", "ep-summary")
+"""The ``table --kind`` values of an EP run: per stage, and per strategy (``tables``)."""

@@ -107,9 +107,11 @@ def run_alltoall_ceiling(results_dir: str | Path, echo=print) -> int:
         entry = measure_alltoall_ceiling(ctx)
         if entry is not None:
             path = save_alltoall_ceiling(entry, results_dir)
+            first = entry["ranks"][0]
             echo(f"all-to-all ceiling: {entry['bidirectional_gbps']:.0f} GB/s both directions "
                  f"({entry['one_way_gbps']:.0f} GB/s each way), {entry['world_size']} ranks, {entry['size_bytes']} "
-                 f"bytes per rank, NCCL {entry['nccl']}")  # fmt: skip
+                 f"bytes per rank, NCCL {entry['nccl']}, timed with {first.get('method')}"
+                 + (f" (graph capture failed: {first['graph_error']})" if first.get("graph_error") else ""))  # fmt: skip
             echo(f"stored: {path}")
     finally:
         code = leave(ctx, 0)

@@ -102,13 +102,20 @@ def barrier(ctx: Context, timeout_s: float = 600.0) -> None:
     dist.monitored_barrier(group=ctx.control, timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
 
 
-def teardown(ctx: Context, timeout_s: float = 60.0) -> bool:
-    """Leave the run (module doc); True when ``destroy_process_group`` returned within ``timeout_s``."""
+BARRIER_TIMEOUT_S = 30.0
+"""How long the last barrier waits for the other ranks (they finish the same work at about the same time)."""
+DESTROY_TIMEOUT_S = 10.0
+"""How long ``destroy_process_group`` may take before the process exits without it (it returns in well under a
+second when it returns at all)."""
+
+
+def teardown(ctx: Context, barrier_s: float = BARRIER_TIMEOUT_S, destroy_s: float = DESTROY_TIMEOUT_S) -> bool:
+    """Leave the run (module doc); True when ``destroy_process_group`` returned within ``destroy_s``."""
     gc.collect()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     try:
-        barrier(ctx, timeout_s)
+        barrier(ctx, barrier_s)
     except RuntimeError as e:  # a rank that died already: say so, and still leave
         print(f"rank {ctx.rank}: teardown barrier failed: {' '.join(str(e).split())[:200]}", file=sys.stderr)
     finished = threading.Event()
@@ -118,13 +125,14 @@ def teardown(ctx: Context, timeout_s: float = 60.0) -> bool:
         finished.set()
 
     threading.Thread(target=destroy, name="destroy_process_group", daemon=True).start()
-    return finished.wait(timeout_s)
+    return finished.wait(destroy_s)
 
 
-def leave(ctx: Context | None, code: int, timeout_s: float = 60.0) -> int:
+def leave(ctx: Context | None, code: int) -> int:
     """Tear down (if a group was joined) and return ``code``; exits the process at once when teardown hangs."""
-    if ctx is not None and dist.is_initialized() and not teardown(ctx, timeout_s):
-        print(f"rank {ctx.rank}: destroy_process_group did not return in {timeout_s:g} s; exiting", file=sys.stderr)
+    if ctx is not None and dist.is_initialized() and not teardown(ctx):
+        print(f"rank {ctx.rank}: destroy_process_group did not return in {DESTROY_TIMEOUT_S:g} s; exiting",
+              file=sys.stderr)  # fmt: skip
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

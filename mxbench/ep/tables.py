@@ -20,6 +20,7 @@ from ..hardware import Peak, get_spec, link_peak
 from ..render import MISSING, Row, header_block, peak_text
 from ..results import Record, Run
 from ..roofline import MEMORY_CATEGORIES, achieved_tbps, efficiency, peaks_for_run
+from . import TABLE_KINDS
 from .ceiling import alltoall_peak
 
 A2A = "all_to_all"
@@ -159,6 +160,8 @@ def ep_table(run: Run, kind: str = "ep", fmt: str = "markdown", *, columns: list
 
     from ..render import render
 
+    if kind not in TABLE_KINDS:
+        raise InputError(f"kind must be one of {', '.join(TABLE_KINDS)}, got {kind!r}")
     if run.meta.get("kind") != "ep":
         raise InputError(f"--kind {kind} needs a run of `mxbench ep`; this run of {run.card} is not one")
     peaks = ep_peaks(run)
