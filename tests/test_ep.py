@@ -127,14 +127,14 @@ def world_of_one():
 OPTIONS = ep_check.EPOptions(K=64, N=96, E=3, T=40, top_k=2, groups="skewed", seed=3)
 
 
-@pytest.mark.parametrize("strategy", ep_stages.STRATEGIES)
-def test_every_stage_matches_its_oracle_and_the_layer_its_reference(world_of_one, strategy):
-    stage_checks, layer_checks = ep_check.check_strategy(world_of_one, strategy, OPTIONS)
+def test_every_stage_matches_its_oracle_and_the_layer_its_reference(world_of_one):
+    # in one process (the all-to-alls copy locally); every strategy runs on 2 and 4 processes below
+    stage_checks, layer_checks = ep_check.check_strategy(world_of_one, "mxfp8_a2a", OPTIONS)
     assert [c for c in stage_checks if c.verdict != "PASS"] == []
-    assert {c.stage for c in stage_checks} >= {"dispatch", "permute", "combine", "unsort_grad"}
+    assert {c.stage for c in stage_checks} >= {"dispatch", "permute", "pad_a_mx", "combine", "dequantize_a"}
     assert all(c.ok for c in layer_checks), layer_checks
-    if strategy != "bf16":  # MXFP8 is ~28 dB from bf16: the references really differ
-        assert all(20 < c.vs_bf16_db < 35 for c in layer_checks), layer_checks
+    # MXFP8 is ~28 dB from bf16: the MXFP8 reference is not the bf16 one under another name
+    assert all(20 < c.vs_bf16_db < 35 for c in layer_checks), layer_checks
 
 
 def test_a_swapped_permutation_fails_stage_and_layer_checks(world_of_one):
