@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .autograd import run_saved_stages, save_for_stages
 from .ep_comm import exchange_counts
 from .ep_stages import EPShape, check_layer, ep_step_stages
 from .pipeline import Stage, run_stages
@@ -79,17 +80,12 @@ class EPExpertProjection(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, routing, forward_stages, backward_stages):
         env = run_stages(forward_stages, {"x": x, "w": w, **routing})
-        produced = {o for s in backward_stages for o in s.outputs} | {"dy"}
-        ctx.keys = sorted({i for s in backward_stages for i in s.inputs} - produced)
-        ctx.save_for_backward(*[env[k] for k in ctx.keys])
-        ctx.backward_stages = backward_stages
+        save_for_stages(ctx, env, backward_stages, "dy")
         return env["y"]
 
     @staticmethod
     def backward(ctx, dy):
-        env = dict(zip(ctx.keys, ctx.saved_tensors, strict=True))
-        env["dy"] = dy.contiguous()
-        run_stages(ctx.backward_stages, env)
+        env = run_saved_stages(ctx, dy)
         return env["grad_x"], env["grad_w"], None, None, None
 
 

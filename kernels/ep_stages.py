@@ -365,67 +365,80 @@ def _dispatch_side_backward(b: _Builder) -> None:
     b.gather(BF, "unsort_grad", s.S, s.T, s.K, "pos", ("grad_xs",), ("grad_x",), top_k=s.top_k)
 
 
+@dataclass(frozen=True)
+class _MxPass:
+    """One MXFP8 path of mxfp8_a2a, from the bf16 rows where they are made to the GEMM on the expert's rank:
+    quantize ``src`` (``rows`` x ``width``), sort by expert (``sort`` with ``index``), all-to-all (``a2a``),
+    permute to ``act``, pad, rearrange its scales, and the GEMM against weights quantized along ``width``."""
+
+    quantize: str
+    src: str
+    rows: int
+    width: int
+    sort: str
+    index: str
+    a2a: str
+    permute: str
+    act: str
+    pad: str
+    rearrange: str
+    quantize_w: str
+    w: str
+    rearrange_w: str
+    w_rows: int  # the weights' rows in the GEMM's layout (G, w_rows, width)
+    gemm: str
+    out: str
+    unpad: str
+
+
+def _mx_pass(b: _Builder, mp: _MxPass, pad: bool) -> None:
+    s, MX = b.s, Recipe.MXFP8
+    bf16, align, md, width, blocks = torch.bfloat16, padding_alignment(MX), {"mode": b.mode}, mp.width, mp.width // BLOCK_SIZE
+    R, Rp = s.R, padding.padded_rows(s.R, s.E, align) if pad else s.R
+    p, offs = ("_p", "offs_p") if pad else ("", "offs")
+    q = lambda name: (f"{name}_q", f"{name}_s")  # data and scale names of one MXFP8 tensor
+    b.add(MX, mp.quantize, [(mp.rows, width)], quantize.quantize_2d_cost(mp.rows, width, bf16), (mp.src,), q(mp.src),
+          md)  # fmt: skip
+    b.gather(MX, mp.sort, s.T if mp.index == "token_of" else s.S, s.S, width, mp.index, q(mp.src), q(mp.src + "s"))
+    b.a2a(MX, mp.a2a, width, q(mp.src + "s"), q(mp.src + "r"), forward=True)
+    b.permute(MX, mp.permute, width, q(mp.src + "r"), (*q(mp.act), "offs"))
+    if pad:
+        cost = sum((padding.pad_cost(R, w, s.E, align, 1) for w in (width, blocks)), Cost(0, 0))
+        b.add(MX, mp.pad, [(R, width), (R, blocks)], cost, (*q(mp.act), "offs"), (f"{mp.act}_q_p", f"{mp.act}_s_p", "offs_p"),
+              {"alignment": align})  # fmt: skip
+    b.add(MX, mp.rearrange, [(Rp, blocks)], layouts.rearrange_m_groups_cost(Rp, blocks, s.E), (f"{mp.act}_s{p}", offs),
+          (f"{mp.act}_sb",))  # fmt: skip
+    b.add(MX, mp.quantize_w, [(s.E, s.N, s.K)], quantize.quantize_3d_cost(s.E, s.N, s.K, bf16), ("w",), q(mp.w), md)
+    b.add(MX, mp.rearrange_w, [(s.E, mp.w_rows, blocks)], layouts.rearrange_3d_cost(s.E, mp.w_rows, blocks),
+          (f"{mp.w}_s",), (f"{mp.w}_sb",))  # fmt: skip
+    b.add(MX, mp.gemm, [(Rp, width), (s.E, width, mp.w_rows)],
+          grouped_gemm.grouped_mm_cost(Rp, mp.w_rows, width, s.E, MX, "2d3d"),
+          (f"{mp.act}_q{p}", f"{mp.act}_sb", f"{mp.w}_q", f"{mp.w}_sb", offs), (f"{mp.out}{p}",), backend=b.backend)
+    if pad:
+        b.add(MX, mp.unpad, [(Rp, mp.w_rows)], padding.unpad_cost(R, mp.w_rows, s.E, align, 2),
+              (f"{mp.out}_p", "offs", "offs_p"), (mp.out,), {"num_tokens": R})  # fmt: skip
+
+
 def _mxfp8_a2a_strategy(b: _Builder) -> None:
     """MXFP8 rows through sort, dispatch and permute (and the mirror of the combine in the backward)."""
     s, MX, BF = b.s, Recipe.MXFP8, Recipe.BF16
-    bf16, align, md = torch.bfloat16, padding_alignment(MX), {"mode": b.mode}
     pad = needs_padding(MX, s.group_sizes)
-    R, Rp = s.R, padding.padded_rows(s.R, s.E, align) if pad else s.R
-    Kb, Nb = s.K // BLOCK_SIZE, s.N // BLOCK_SIZE
-    mm, m_groups, blocked_3d = grouped_gemm.grouped_mm_cost, layouts.rearrange_m_groups_cost, layouts.rearrange_3d_cost
-    p = "_p" if pad else ""
-    offs = "offs_p" if pad else "offs"
-
-    def pad_mx(name, src, width):
-        cost = sum((padding.pad_cost(R, w, s.E, align, 1) for w in (width, width // BLOCK_SIZE)), Cost(0, 0))
-        b.add(MX, name, [(R, width), (R, width // BLOCK_SIZE)], cost, (f"{src}_q", f"{src}_s", "offs"),
-              (f"{src}_q_p", f"{src}_s_p", "offs_p"), {"alignment": align})  # fmt: skip
-
-    def unpad(name, src, dst, width):
-        b.add(MX, name, [(Rp, width)], padding.unpad_cost(R, width, s.E, align, 2), (src, "offs", "offs_p"), (dst,),
-              {"num_tokens": R})  # fmt: skip
-
-    def dequantize(name, src, width):
-        rows, cols = layouts.m_groups_shape(Rp, width // BLOCK_SIZE, s.E)
-        cost = Cost(Rp * width + rows * cols, 2 * Rp * width)
-        b.add(MX, name, [(Rp, width)], cost, (f"{src}_q{p}", f"{src}_sb", offs), (f"{src}_bf",))
-
-    gemm = {"backend": b.backend}
-    b.add(MX, "quantize_a", [(s.T, s.K)], quantize.quantize_2d_cost(s.T, s.K, bf16), ("x",), ("x_q", "x_s"), md)
-    b.gather(MX, "sort_tokens", s.T, s.S, s.K, "token_of", ("x_q", "x_s"), ("xs_q", "xs_s"))
-    b.a2a(MX, "dispatch", s.K, ("xs_q", "xs_s"), ("xr_q", "xr_s"), forward=True)
-    b.permute(MX, "permute", s.K, ("xr_q", "xr_s"), ("a_q", "a_s", "offs"))
-    if pad:
-        pad_mx("pad_a_mx", "a", s.K)
-    b.add(MX, "rearrange_a", [(Rp, Kb)], m_groups(Rp, Kb, s.E), (f"a_s{p}", offs), ("a_sb",))
-    b.add(MX, "quantize_w", [(s.E, s.N, s.K)], quantize.quantize_3d_cost(s.E, s.N, s.K, bf16), ("w",), ("w_q", "w_s"),
-          md)  # fmt: skip
-    b.add(MX, "rearrange_w", [(s.E, s.N, Kb)], blocked_3d(s.E, s.N, Kb), ("w_s",), ("w_sb",))
-    b.add(MX, "gemm_fwd", [(Rp, s.K), (s.E, s.K, s.N)], mm(Rp, s.N, s.K, s.E, MX, "2d3d"),
-          (f"a_q{p}", "a_sb", "w_q", "w_sb", offs), (f"out{p}",), **gemm)  # fmt: skip
-    if pad:
-        unpad("unpad_out", "out_p", "out", s.N)
+    Rp = padding.padded_rows(s.R, s.E, padding_alignment(MX)) if pad else s.R
+    p, offs = ("_p", "offs_p") if pad else ("", "offs")
+    _mx_pass(b, _MxPass("quantize_a", "x", s.T, s.K, "sort_tokens", "token_of", "dispatch", "permute", "a",
+                        "pad_a_mx", "rearrange_a", "quantize_w", "w", "rearrange_w", s.N, "gemm_fwd", "out",
+                        "unpad_out"), pad)  # fmt: skip
     _combine_side_forward(b)
-    b.add(MX, "quantize_grad_out", [(s.S, s.N)], quantize.quantize_2d_cost(s.S, s.N, bf16), ("dy",),
-          ("g_q", "g_s"), md)  # fmt: skip
-    b.gather(MX, "sort_grad", s.S, s.S, s.N, "order", ("g_q", "g_s"), ("gs_q", "gs_s"))
-    b.a2a(MX, "combine_grad", s.N, ("gs_q", "gs_s"), ("gr_q", "gr_s"), forward=True)
-    b.permute(MX, "permute_grad", s.N, ("gr_q", "gr_s"), ("grad_out_q", "grad_out_s", "offs"))
-    if pad:
-        pad_mx("pad_grad_out_mx", "grad_out", s.N)
-    b.add(MX, "rearrange_grad_out", [(Rp, Nb)], m_groups(Rp, Nb, s.E), (f"grad_out_s{p}", offs), ("grad_out_sb",))
-    b.add(MX, "quantize_w_t", [(s.E, s.N, s.K)], quantize.quantize_3d_cost(s.E, s.N, s.K, bf16), ("w",),
-          ("wt_q", "wt_s"), md)  # fmt: skip
-    b.add(MX, "rearrange_w_t", [(s.E, s.K, Nb)], blocked_3d(s.E, s.K, Nb), ("wt_s",), ("wt_sb",))
-    b.add(MX, "gemm_dgrad", [(Rp, s.N), (s.E, s.N, s.K)], mm(Rp, s.K, s.N, s.E, MX, "2d3d"),
-          (f"grad_out_q{p}", "grad_out_sb", "wt_q", "wt_sb", offs), (f"grad_a{p}",), **gemm)  # fmt: skip
-    if pad:
-        unpad("unpad_grad_a", "grad_a_p", "grad_a", s.K)
+    _mx_pass(b, _MxPass("quantize_grad_out", "dy", s.S, s.N, "sort_grad", "order", "combine_grad", "permute_grad",
+                        "grad_out", "pad_grad_out_mx", "rearrange_grad_out", "quantize_w_t", "wt", "rearrange_w_t",
+                        s.K, "gemm_dgrad", "grad_a", "unpad_grad_a"), pad)  # fmt: skip
     _dispatch_side_backward(b)
-    dequantize("dequantize_grad_out", "grad_out", s.N)
-    dequantize("dequantize_a", "a", s.K)
-    b.add(BF, "gemm_wgrad", [(s.N, Rp), (Rp, s.K)], mm(Rp, s.N, s.K, s.E, BF, "2d2d"), ("grad_out_bf", "a_bf", offs),
-          ("grad_w",))  # fmt: skip
+    for name, src, width in (("dequantize_grad_out", "grad_out", s.N), ("dequantize_a", "a", s.K)):
+        rows, cols = layouts.m_groups_shape(Rp, width // BLOCK_SIZE, s.E)
+        b.add(MX, name, [(Rp, width)], Cost(Rp * width + rows * cols, 2 * Rp * width), (f"{src}_q{p}", f"{src}_sb", offs),
+              (f"{src}_bf",))  # fmt: skip
+    b.add(BF, "gemm_wgrad", [(s.N, Rp), (Rp, s.K)], grouped_gemm.grouped_mm_cost(Rp, s.N, s.K, s.E, BF, "2d2d"),
+          ("grad_out_bf", "a_bf", offs), ("grad_w",))  # fmt: skip
     b.stages[-1] = replace(b.stages[-1], backend="bf16")
 
 

@@ -10,7 +10,6 @@ denominator that EP tables name "measured all-to-all ceiling".
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..ceilings import read_entries, write_entries
 from ..hardware import Peak, card_slug
 from .dist import Context, gather
 from .metadata import nccl_version
@@ -65,24 +65,11 @@ def save_alltoall_ceiling(entry: dict[str, Any], results_dir: str | Path) -> Pat
     """Write ``entry`` into its card's file, replacing the entry of the same world size. Returns the path."""
     path = _path(results_dir, entry["card"])
     entries = [e for e in _read(path) if e["world_size"] != entry["world_size"]] + [entry]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    payload = {"schema": SCHEMA_VERSION, "card": entry["card"], "entries": sorted(entries, key=lambda e: e["world_size"])}
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
-    return path
+    return write_entries(path, SCHEMA_VERSION, entry["card"], sorted(entries, key=lambda e: e["world_size"]))
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    try:
-        payload = json.loads(path.read_text())
-        if payload.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"schema {payload.get('schema')!r} is not {SCHEMA_VERSION}")
-        return list(payload["entries"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not an mxbench all-to-all ceilings file ({e})") from None
+    return read_entries(path, SCHEMA_VERSION, "all-to-all ceilings")
 
 
 def load_alltoall_ceiling(results_dir: str | Path, card: str, world: int) -> dict[str, Any] | None:
