@@ -178,8 +178,15 @@ def test_measured_records_carry_costs_and_per_rank_statistics(world_of_one, monk
     # the GEMM runs on the padded buffer (skewed groups are not multiples of 32), whose rows it is charged for
     rows = padded_rows(OPTIONS.T * OPTIONS.top_k, OPTIONS.E, 32)
     assert gemm.flops == 2 * rows * OPTIONS.N * OPTIONS.K and gemm.shapes[0] == (rows, OPTIONS.K)
-    run = Run({"card": "cpu", "world_size": 1, "layer": {}, "routing": {}}, records)
+    from mxbench.ep.metadata import ep_metadata, rank_info
+
+    layer = {"tokens_per_rank": OPTIONS.T, "K": OPTIONS.K, "N": OPTIONS.N, "experts_per_rank": OPTIONS.E, "top_k": 2}
+    meta = ep_metadata(world_of_one, [rank_info(world_of_one)], layer, {"groups": "skewed", "seed": 3},
+                       ["mxfp8_a2a"], {"samples": 3}, "mxbench ep --check")  # fmt: skip
+    assert (meta["kind"], meta["world_size"], meta["backend"], meta["card"]) == ("ep", 1, "gloo", "cpu")
+    run = Run(meta, records)
     assert {r["Stage"] for r in tables.ep_rows(run)} >= {"route", "exchange_counts", "dispatch", "pad_a_mx", "fwd+bwd"}
+    assert "EP degree 1 (gloo" in tables.ep_table(run, "ep-summary", "plain")
     from mxbench.ep.figure import plot_ep
 
     assert plot_ep(run, tmp_path / "ep.png").stat().st_size > 0

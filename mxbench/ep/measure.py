@@ -108,10 +108,7 @@ def measure_strategy(ctx: Context, strategy: str, o: EPOptions, *, graph: bool, 
     env = run_stages(stages, {**inputs, **plan.tensors})
     for stage in stages:
         progress(f"{strategy}/{stage.name}")
-        args, params, fn = [env[n] for n in stage.inputs], dict(stage.params), stage.fn
-        timing = time_on_ranks(ctx, lambda fn=fn, args=args, params=params: fn(*args, **params), graph=graph,
-                               samples=samples)  # fmt: skip
-        entries.append(_entry(Timed.of(stage), timing))
+        entries.append(_entry(Timed.of(stage), _time_stage(ctx, stage, env, graph, samples)))
     env = None  # drop every intermediate before the step allocates its own
     _release(ctx)
     progress(f"{strategy}/{END_TO_END_STAGE}")
@@ -121,6 +118,12 @@ def measure_strategy(ctx: Context, strategy: str, o: EPOptions, *, graph: bool, 
     if not ctx.root:
         return None
     return [_record(point, [rank[i] for rank in every]) for i in range(len(entries))]
+
+
+def _time_stage(ctx: Context, stage, env, graph: bool, samples: int):
+    """One stage alone on its inputs from ``env`` (a function of its own, so no reference to them outlives it)."""
+    args, params, fn = [env[n] for n in stage.inputs], dict(stage.params), stage.fn
+    return time_on_ranks(ctx, lambda: fn(*args, **params), graph=graph, samples=samples)
 
 
 def _step_timed(strategy: str, stages, o: EPOptions) -> Timed:
