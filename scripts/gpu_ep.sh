@@ -29,8 +29,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 python -m pip install --no-deps --no-build-isolation -q -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-RES=$OUT/results  # stored ceilings are the runs' denominators; the all-to-all ceiling is written here too
-[ -d "$RES" ] || cp -r results "$RES"
+RES=$OUT/results  # the committed per-card ceilings (the runs' denominators); the all-to-all ceiling is added here
+for f in results/*/ceilings.json results/*/alltoall_ceilings.json; do
+  [ -f "$f" ] && [ ! -f "$RES/${f#results/}" ] && mkdir -p "$RES/$(dirname "${f#results/}")" && cp "$f" "$RES/${f#results/}"
+done
 
 run() {  # run NAME SECONDS CMD...: time-limited, output to $OUT/NAME.log, status line in $OUT/summary.txt
   local name=$1 limit=$2 t0=$SECONDS; shift 2

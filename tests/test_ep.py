@@ -291,6 +291,8 @@ def test_four_processes_check_the_world_size_four_paths():
         (["--nproc", "2", *TINY], "no CUDA GPU"),
         (["--check", *TINY, "--tokns", "3"], "no such option"),
         (["--check", *TINY, "--master-port", "29600"], "go with --nproc"),
+        (["--nproc", "2", "--check", *TINY, "--impl", "permute=no_such_module:f"], "cannot import"),
+        (["--nproc", "2", "--check", *TINY, "--impl", "bf16/no_such_stage=ep_broken:swapped_permute"], "no stage"),
     ],
 )
 def test_bad_input_exits_2_before_any_worker_starts(monkeypatch, args, message):

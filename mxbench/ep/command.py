@@ -91,8 +91,10 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, groups, seed, strategies, mode
     has_gpu = torch.cuda.is_available()
     if not has_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before mxkernels is imported below
-    from mxkernels.ep_stages import check_layer, check_strategy
+    from mxkernels.ep_stages import check_layer, check_strategy, get_ep_spec
     from mxkernels.runtime import InputError
+
+    from ..registry import parse_impl
 
     K, N, label = _layer(K, N, preset)
     for s in strategies:
@@ -109,6 +111,8 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, groups, seed, strategies, mode
     check_layer(tokens, K, N, experts, top_k if world else 1, world or 1)
     if not check and not has_gpu:
         raise InputError("no CUDA GPU found: timing needs a GPU per rank; `mxbench ep --check` runs on CPUs")
+    for text in impls:  # here too, so that a bad one exits 2 before any worker starts
+        parse_impl(text, "bf16", get_ep_spec)
     words = command_words(ctx, skip=("nproc",))
     if launching:
         from .launch import launch
