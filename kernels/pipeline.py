@@ -147,7 +147,8 @@ def _mxfp8_stages(M, N, K, G, mode, backend, pad) -> list[Stage]:
     bf16, R = torch.bfloat16, Recipe.MXFP8
     Kb, Nb = K // BLOCK_SIZE, N // BLOCK_SIZE
     q2, q3 = quantize.quantize_2d_cost, quantize.quantize_3d_cost
-    m_groups, k_groups, blocked_3d = layouts.rearrange_m_groups_cost, layouts.rearrange_k_groups_cost, layouts.rearrange_3d_cost
+    m_groups, k_groups = layouts.rearrange_m_groups_cost, layouts.rearrange_k_groups_cost
+    blocked_3d = layouts.rearrange_3d_cost
     mm = grouped_gemm.grouped_mm_cost
     md = {"mode": mode}
 

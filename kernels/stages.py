@@ -205,6 +205,14 @@ Rule = BitExact | MinSQNR
 # ---------------------------------------------------------------------------------------------------------------
 
 
+PARAM_DOCS = {
+    "mode": "the MX scale mode, 'rceil' or 'floor' (str)",
+    "alignment": "the token-group alignment the GEMM needs, 16 or 32 (int)",
+    "num_tokens": "rows of the unpadded output, M (int)",
+}
+"""What each keyword parameter of a calling contract holds."""
+
+
 @dataclass(frozen=True)
 class Port:
     """A named tensor of a stage's contract and what it holds."""
@@ -439,7 +447,7 @@ def _mxfp8() -> list[StageSpec]:
     dim0, dim1 = quantize.quantize_dim0, quantize.quantize_dim1
     along_k = functools.partial(quantize.quantize_3d, along="K")
     along_n = functools.partial(quantize.quantize_3d, along="N")
-    mx = lambda q, s, what: (Port(q, f"{_E4M3} {what}, K contiguous"), Port(s, f"{_E8M0} blocked scales"))  # noqa: E731
+    mx = lambda q, s, what: (Port(q, f"{_E4M3} {what}, K contiguous"), Port(s, f"{_E8M0} blocked scales"))
     return [
         _mx_quantize("quantize_a", F, "Quantize A (activations) along K", "a", "a", "rows", dim0, "quantize_dim0",
                      "(M, K)", "(M, K)", "(M, K/32), row-major"),
@@ -489,10 +497,10 @@ def _fp8_rowwise() -> list[StageSpec]:
         return _gemm(R, name, pass_, purpose, ins, out, _fp8_gemm_emulated, _fp8_gemm_impl, "fp8_rowwise_scaled_grouped_mm",
                      _FP8_GEMM_FLOOR_DB, two_d_three_d)  # fmt: skip
 
-    k_groups_ins = lambda src, shape: (Port(src, f"{_BF16} {shape}"), _OFFS)  # noqa: E731
-    k_groups_regions = lambda out: {f"{out}_q": _cols_until_last_offset}  # noqa: E731
-    along_k = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="K")  # noqa: E731
-    along_n = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="N")  # noqa: E731
+    k_groups_ins = lambda src, shape: (Port(src, f"{_BF16} {shape}"), _OFFS)
+    k_groups_regions = lambda out: {f"{out}_q": _cols_until_last_offset}
+    along_k = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="K")
+    along_n = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="N")
     return [
         quant("quantize_a", F, "Quantize A rowwise along K", "a", "a", fp8_rowwise.quantize_fp8_rowwise, ref, k,
               "(M, K)", "(M, K)", "(M,)", locate=_rowwise_locate),

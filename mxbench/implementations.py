@@ -83,7 +83,7 @@ def torchao_version() -> str | None:
         return None
     try:
         return str(importlib.import_module("torchao").__version__)
-    except Exception as e:  # an installed but broken torchao still gets its rows, each with the reason
+    except Exception as e:  # noqa: BLE001 -- an installed but broken torchao still gets its rows, each with the reason
         return f"import failed: {e}"
 
 

@@ -19,7 +19,7 @@ from mxbench import check as C
 from mxbench.registry import Deviation, Implementation, Registry, builtin_registry, load_entry_points, parse_impl
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plain_quantizer"
-SMALL = dict(M=512, N=128, K=256, G=2)
+SMALL = {"M": 512, "N": 128, "K": 256, "G": 2}
 
 
 @pytest.fixture
