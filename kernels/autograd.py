@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from .names import PASSES, Pass
 from .pipeline import check_recipe, make_inputs, needs_padding, run_stages, step_stages
 from .runtime import InputError
-from .stages import PASSES, Pass, StageImpl
+from .stages import StageImpl
 
 
 class StagedGroupedMM(torch.autograd.Function):

@@ -27,22 +27,11 @@ import torch
 from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize
 from .cost import Cost
 from .format import BLOCK_SIZE, ScaleMode
+from .names import OURS, PASSES, Category, Pass, Recipe, format_shapes
 from .runtime import MAX_GROUPS, InputError
-from .stages import (
-    PASSES,
-    Category,
-    Pass,
-    Recipe,
-    StageImpl,
-    StageSpec,
-    format_shapes,
-    get_spec,
-    padding_alignment,
-)
+from .stages import StageImpl, StageSpec, get_spec, padding_alignment
 
 RECIPES = tuple(Recipe)
-OURS = "mxkernels"
-"""The implementation name of this package's own kernels."""
 
 
 @dataclass(frozen=True)

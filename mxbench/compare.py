@@ -8,7 +8,7 @@ import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
-from mxkernels.runtime import InputError
+from mxkernels.errors import InputError
 
 from .render import Row, card_label
 from .results import Point, Record, Run

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import torch
 from mxkernels import grouped_gemm
+from mxkernels.names import MEMORY_CATEGORIES, Category, Recipe
 from mxkernels.runtime import INTERPRET
-from mxkernels.stages import MEMORY_CATEGORIES, Category, Recipe, all_specs
+from mxkernels.stages import all_specs
 
 from .registry import OURS, Deviation, Implementation, Registry, always
 

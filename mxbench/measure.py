@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mxkernels.cost import Cost
-from mxkernels.stages import END_TO_END_STAGE, Category, Pass, end_to_end_kernel, end_to_end_purpose
+from mxkernels.names import END_TO_END_STAGE, Category, Pass, end_to_end_kernel, end_to_end_purpose
 
 from .instruments import Instruments
 from .points import BASELINE, point_group_sizes

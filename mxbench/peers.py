@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import click
-from mxkernels.stages import MEMORY_CATEGORIES, Category, Recipe
+from mxkernels.names import MEMORY_CATEGORIES, Category, Recipe
 
 from .implementations import COMPILED, TORCHAO, torchao_version
 from .instruments import Instruments

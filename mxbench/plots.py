@@ -18,7 +18,7 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
-from mxkernels.runtime import InputError
+from mxkernels.errors import InputError
 
 from .hardware import HardwareSpec, Peak, datasheet_peaks
 from .render import MODEL_MARK, card_label, peak_text

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from mxkernels.runtime import InputError
-from mxkernels.stages import Recipe, StageSpec, get_spec
+from mxkernels.errors import InputError
+from mxkernels.names import OURS, Recipe
+from mxkernels.stages import StageSpec, get_spec
 
 ENTRY_POINT_GROUP = "mxbench.implementations"
-OURS = "mxkernels"
 
 Availability = Callable[[torch.device], "str | None"]
 

@@ -14,13 +14,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mxkernels.runtime import InputError
-from mxkernels.stages import format_shapes
+from mxkernels.errors import InputError
+from mxkernels.names import OURS, format_shapes
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 """Schema 1 (before implementations were declarations) is read and migrated on load: see ``_migrate_v1``."""
-OURS = "mxkernels"
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mxkernels.cost import Cost
-from mxkernels.runtime import InputError
-from mxkernels.stages import END_TO_END_STAGE, MEMORY_CATEGORIES, Category, Pass
+from mxkernels.errors import InputError
+from mxkernels.names import END_TO_END_STAGE, MEMORY_CATEGORIES, Category, Pass
 
 from .hardware import HardwareSpec, Peak, datasheet_peaks, get_spec
 from .results import OURS, Point, Record, Run

@@ -10,8 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from mxkernels.names import Category, Pass, Recipe
 from mxkernels.pipeline import Stage
-from mxkernels.stages import BitExact, Category, Pass, Port, Recipe, StageSpec
+from mxkernels.stages import BitExact, Port, StageSpec
 
 # ---- bits and token groups ----------------------------------------------------------------------------------
 

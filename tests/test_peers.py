@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import FakePower, FakeTelemetry, FakeTiming, fake_stage
 from mxkernels.cost import Cost
-from mxkernels.stages import Recipe
+from mxkernels.names import Recipe
 
 from mxbench import implementations
 from mxbench.instruments import Instruments
@@ -189,7 +189,8 @@ def test_real_pipeline_ours_and_the_oracles_agree_on_every_data_movement_stage()
     from types import SimpleNamespace
 
     from mxkernels import pipeline
-    from mxkernels.stages import MEMORY_CATEGORIES, all_specs
+    from mxkernels.names import MEMORY_CATEGORIES
+    from mxkernels.stages import all_specs
 
     registry = Registry()
     for spec in all_specs().values():
