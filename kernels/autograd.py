@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from .names import PASSES, Pass
 from .pipeline import check_recipe, make_inputs, needs_padding, run_stages, step_stages
 from .runtime import InputError
-from .stages import PASSES, Pass, StageImpl
+from .stages import StageImpl
 
 
 def save_for_stages(ctx, env: Mapping[str, torch.Tensor], backward_stages, grad_name: str) -> None:

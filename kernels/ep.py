@@ -26,9 +26,10 @@ import torch.distributed as dist
 from .autograd import run_saved_stages, save_for_stages
 from .ep_comm import exchange_counts
 from .ep_stages import EPShape, check_layer, ep_step_stages
+from .names import Pass
 from .pipeline import Stage, run_stages
 from .runtime import InputError
-from .stages import Pass, StageImpl
+from .stages import StageImpl
 from .token_permute import route
 
 

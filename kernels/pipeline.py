@@ -27,22 +27,11 @@ import torch
 from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize
 from .cost import Cost
 from .format import BLOCK_SIZE, ScaleMode
+from .names import OURS, PASSES, Category, Pass, Recipe, format_shapes
 from .runtime import MAX_GROUPS, InputError
-from .stages import (
-    PASSES,
-    Category,
-    Pass,
-    Recipe,
-    StageImpl,
-    StageSpec,
-    format_shapes,
-    get_spec,
-    padding_alignment,
-)
+from .stages import StageImpl, StageSpec, get_spec, padding_alignment
 
 RECIPES = tuple(Recipe)
-OURS = "mxkernels"
-"""The implementation name of this package's own kernels."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +141,8 @@ def _mxfp8_stages(M, N, K, G, mode, backend, pad) -> list[Stage]:
     bf16, R = torch.bfloat16, Recipe.MXFP8
     Kb, Nb = K // BLOCK_SIZE, N // BLOCK_SIZE
     q2, q3 = quantize.quantize_2d_cost, quantize.quantize_3d_cost
-    m_groups, k_groups, blocked_3d = layouts.rearrange_m_groups_cost, layouts.rearrange_k_groups_cost, layouts.rearrange_3d_cost
+    m_groups, k_groups = layouts.rearrange_m_groups_cost, layouts.rearrange_k_groups_cost
+    blocked_3d = layouts.rearrange_3d_cost
     mm = grouped_gemm.grouped_mm_cost
     md = {"mode": mode}
 

@@ -20,67 +20,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
 import torch
 
 from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize
 from .format import BLOCK_SIZE, quantize_reference
-
-
-class Recipe(StrEnum):
-    """The precision a step runs its GEMMs in."""
-
-    MXFP8 = "mxfp8"
-    FP8_ROWWISE = "fp8_rowwise"
-    BF16 = "bf16"
-
-
-BASELINE = Recipe.BF16
-"""The recipe every other recipe's speedup is measured against."""
-
-
-class Pass(StrEnum):
-    FORWARD = "forward"
-    BACKWARD_INPUT = "backward_input"
-    BACKWARD_WEIGHT = "backward_weight"
-    END_TO_END = "end_to_end"
-
-
-PASSES = (Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT)
-"""The passes of a step, in execution order (END_TO_END is the pseudo-pass of the whole step)."""
-
-
-class Category(StrEnum):
-    QUANTIZE = "quantize"
-    REARRANGE = "rearrange"
-    PAD = "pad"
-    GEMM = "gemm"
-    ALL_TO_ALL = "all_to_all"  # expert parallelism: rows exchanged between ranks (roof: the interconnect)
-    PERMUTE = "permute"  # expert parallelism: rows reordered within a rank (roof: memory bandwidth)
-    END_TO_END = "end_to_end"
-
-
-MEMORY_CATEGORIES = (Category.QUANTIZE, Category.REARRANGE, Category.PAD)
-"""Categories whose roof is memory bandwidth (they do no arithmetic worth counting)."""
-
-END_TO_END_STAGE = "fwd+bwd"
-"""Name of the end-to-end pseudo-stage: one forward + backward of a recipe's autograd function."""
-
-
-def format_shapes(shapes: Sequence[Sequence[int]]) -> str:
-    """Display form of a stage's input shapes: "(M, K)", or "(M, K) @ (G, K, N)" for a GEMM's two operands."""
-    return " @ ".join("(" + ", ".join(str(d) for d in shape) + ")" for shape in shapes)
-
-
-def end_to_end_kernel(recipe: str) -> str:
-    return f"{recipe} autograd (forward + backward)"
-
-
-def end_to_end_purpose(recipe: str) -> str:
-    return f"One forward + backward of the {recipe} grouped GEMM autograd function"
-
+from .names import (
+    Category,
+    Pass,
+    Recipe,
+)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Comparing an implementation's outputs with the oracle's
@@ -205,6 +155,14 @@ Rule = BitExact | MinSQNR
 # ---------------------------------------------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------------------------------------------
+
+
+PARAM_DOCS = {
+    "mode": "the MX scale mode, 'rceil' or 'floor' (str)",
+    "alignment": "the token-group alignment the GEMM needs, 16 or 32 (int)",
+    "num_tokens": "rows of the unpadded output, M (int)",
+}
+"""What each keyword parameter of a calling contract holds."""
 
 
 @dataclass(frozen=True)
@@ -441,7 +399,7 @@ def _mxfp8() -> list[StageSpec]:
     dim0, dim1 = quantize.quantize_dim0, quantize.quantize_dim1
     along_k = functools.partial(quantize.quantize_3d, along="K")
     along_n = functools.partial(quantize.quantize_3d, along="N")
-    mx = lambda q, s, what: (Port(q, f"{_E4M3} {what}, K contiguous"), Port(s, f"{_E8M0} blocked scales"))  # noqa: E731
+    mx = lambda q, s, what: (Port(q, f"{_E4M3} {what}, K contiguous"), Port(s, f"{_E8M0} blocked scales"))
     return [
         _mx_quantize("quantize_a", F, "Quantize A (activations) along K", "a", "a", "rows", dim0, "quantize_dim0",
                      "(M, K)", "(M, K)", "(M, K/32), row-major"),
@@ -491,10 +449,10 @@ def _fp8_rowwise() -> list[StageSpec]:
         return _gemm(R, name, pass_, purpose, ins, out, _fp8_gemm_emulated, _fp8_gemm_impl, "fp8_rowwise_scaled_grouped_mm",
                      _FP8_GEMM_FLOOR_DB, two_d_three_d)  # fmt: skip
 
-    k_groups_ins = lambda src, shape: (Port(src, f"{_BF16} {shape}"), _OFFS)  # noqa: E731
-    k_groups_regions = lambda out: {f"{out}_q": _cols_until_last_offset}  # noqa: E731
-    along_k = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="K")  # noqa: E731
-    along_n = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="N")  # noqa: E731
+    k_groups_ins = lambda src, shape: (Port(src, f"{_BF16} {shape}"), _OFFS)
+    k_groups_regions = lambda out: {f"{out}_q": _cols_until_last_offset}
+    along_k = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="K")
+    along_n = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="N")
     return [
         quant("quantize_a", F, "Quantize A rowwise along K", "a", "a", fp8_rowwise.quantize_fp8_rowwise, ref, k,
               "(M, K)", "(M, K)", "(M,)", locate=_rowwise_locate),

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from mxkernels.runtime import InputError, check_tensor
+from mxkernels.errors import InputError
+from mxkernels.runtime import check_tensor
 
 from .hardware import Peak, card_slug, device_properties
 

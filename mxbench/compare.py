@@ -8,7 +8,7 @@ import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
-from mxkernels.runtime import InputError
+from mxkernels.errors import InputError
 
 from .render import Row, card_label
 from .results import Point, Record, Run
@@ -43,7 +43,8 @@ _KEY_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w")
 
 @dataclass(frozen=True)
 class MatchKey:
-    """What pairs a record of one run with a record of another: the point without its seed, pass and stage."""
+    """What pairs a record of one run with a record of another: the point without its seed, pass and stage, and in
+    a peers run (several implementations of each stage) the implementation."""
 
     M: int
     N: int
@@ -55,10 +56,14 @@ class MatchKey:
     power_limit_w: float | None
     pass_name: str
     stage: str
+    impl: str | None = None
 
     @classmethod
-    def of(cls, r: Record) -> MatchKey:
-        return cls(*(getattr(r.point, f) for f in _KEY_FIELDS), r.pass_name, r.stage)
+    def of(cls, r: Record, by_impl: bool = False) -> MatchKey:
+        return cls(*(getattr(r.point, f) for f in _KEY_FIELDS), r.pass_name, r.stage, r.impl if by_impl else None)
+
+    def stage_label(self) -> str:
+        return self.stage if self.impl is None else f"{self.stage} [{self.impl}]"
 
     def point_label(self) -> str:
         """The label of the point the key names (a point's label leaves out its seed, as the key does)."""
@@ -140,8 +145,11 @@ def _pool(run: Run) -> tuple[dict[MatchKey, _Side], set[MatchKey]]:
     """Completed records by key, and the keys that only errored."""
     ok: dict[MatchKey, _Side] = {}
     failed: set[MatchKey] = set()
+    by_impl = run.meta.get("kind") == "peers"
     for r in run.records:
-        key = MatchKey.of(r)
+        if r.skipped:
+            continue  # it never ran: neither a result nor a failure
+        key = MatchKey.of(r, by_impl)
         if r.ok:
             ok.setdefault(key, _Side([])).records.append(r)
         else:
@@ -271,7 +279,7 @@ def comparison_rows(cmp: Comparison) -> list[Row]:
         {
             "Point": m.key.point_label(),
             "Pass": PASS_TITLES.get(m.key.pass_name, m.key.pass_name),
-            "Stage": m.key.stage,
+            "Stage": m.key.stage_label(),
             "Base (us)": f"{m.base_us:.1f}",
             "New (us)": f"{m.new_us:.1f}",
             "New/base": f"{m.ratio:.3f}",
@@ -285,7 +293,7 @@ def comparison_rows(cmp: Comparison) -> list[Row]:
         {
             "Point": k.point_label(),
             "Pass": PASS_TITLES.get(k.pass_name, k.pass_name),
-            "Stage": k.stage,
+            "Stage": k.stage_label(),
             "Verdict": "BROKEN",
             "Why": "ran in base, only errors in new",
         }

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from mxkernels.cost import Cost
+from mxkernels.names import END_TO_END_STAGE, Category, Pass, end_to_end_kernel, end_to_end_purpose
 
 from .instruments import Instruments
 from .points import BASELINE, point_group_sizes
-from .results import Point, Record
+from .results import OURS, Point, Record
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class SweepOptions:
     """How ``run_sweep`` measures, and what it records beside the measurements.
 
     ``out``: results file, rewritten after every point so an interrupted sweep keeps what it measured.
+    ``impls``: implementations (``registry.Implementation``) that run their stage in place of mxkernels' in the
+    points of their recipe, in every stage timing and in the forward+backward.
     """
 
     cold_l2: bool = True
@@ -37,6 +40,11 @@ class SweepOptions:
     hardware: str | None = "b200"
     denominator: str = "datasheet"
     command: str = ""
+    impls: tuple = ()
+
+    def impls_for(self, recipe: str) -> dict[str, Any]:
+        """Stage name -> implementation replacing mxkernels' at points of ``recipe``."""
+        return {i.stage: i for i in self.impls if i.recipe == recipe}
 
     def timing(self) -> dict[str, Any]:
         return {"cold_l2": self.cold_l2, "use_graph": self.use_graph, "samples": self.samples}
@@ -58,8 +66,9 @@ def _cost_fields(stage) -> dict[str, Any]:
 def stage_record(point: Point, stage, **fields) -> Record:
     """A Record of ``stage`` at ``point`` with the stage's own cost (copied, never recomputed) and ``fields``."""
     return Record(
-        point=point, pass_name=stage.pass_name, stage=stage.name, kernel=stage.kernel, category=stage.category,
-        purpose=stage.purpose, shape=str(stage.shape), backend=stage.backend, **_cost_fields(stage), **fields,
+        point=point, pass_name=str(stage.pass_name), stage=stage.name, kernel=stage.kernel,
+        category=str(stage.category), purpose=stage.purpose, shapes=stage.shapes, backend=stage.backend,
+        impl=getattr(stage, "impl", OURS), **_cost_fields(stage), **fields,
     )  # fmt: skip
 
 
@@ -74,32 +83,34 @@ def _timed_fields(t, telemetry: dict) -> dict[str, Any]:
     return {"method": t.method, "samples_us": list(t.samples_us), "telemetry": {**telemetry, **details}}
 
 
-@dataclass
-class _EndToEnd:
+@dataclass(frozen=True)
+class EndToEnd:
     """The forward+backward of a recipe's autograd function as a pseudo-stage. Its cost is the sum of the costs
-    its stages declare (zero when they could not be planned)."""
+    its stages declare (zero when they could not be planned); ``impl`` names the implementations it ran."""
 
     recipe: str
-    shape: str
-    cost: Any
-    pass_name: str = "end_to_end"
-    name: str = "fwd+bwd"
-    category: str = "end_to_end"
+    shapes: tuple[tuple[int, ...], ...]
+    cost: Cost
+    impl: str = OURS
+    pass_name: str = Pass.END_TO_END
+    name: str = END_TO_END_STAGE
+    category: str = Category.END_TO_END
     backend: str | None = None
 
     @property
     def kernel(self) -> str:
-        return f"{self.recipe} autograd (forward + backward)"
+        return end_to_end_kernel(self.recipe)
 
     @property
     def purpose(self) -> str:
-        return f"One forward + backward of the {self.recipe} grouped GEMM autograd function"
+        return end_to_end_purpose(self.recipe)
 
 
-def end_to_end_stage(point: Point, stages: Sequence) -> _EndToEnd:
+def end_to_end_stage(point: Point, stages: Sequence) -> EndToEnd:
     """The forward+backward of ``point``'s recipe as a pseudo-stage costing what ``stages`` declare together."""
     total = sum((s.cost for s in stages), Cost(0, 0))
-    return _EndToEnd(point.recipe, f"({point.M}, {point.K}) @ ({point.G}, {point.K}, {point.N})", total)
+    impls = sorted({s.impl for s in stages if getattr(s, "impl", OURS) != OURS})
+    return EndToEnd(point.recipe, ((point.M, point.K), (point.G, point.K, point.N)), total, "+".join([OURS, *impls]))
 
 
 class StageTimer:
@@ -140,6 +151,9 @@ class StageTimer:
         sizes = point_group_sizes(point)
         args = (point.recipe, point.M, point.N, point.K, point.G, sizes)
         kw = {"mode": point.mode, "backend": None if point.recipe == BASELINE else self.options.backend}
+        impls = self.options.impls_for(point.recipe)
+        if impls:
+            kw["impls"] = impls
         device = {"device": f"cuda:{self.options.device}", "seed": point.seed}
         try:
             planned = self.ins.plan_step(*args, **kw)

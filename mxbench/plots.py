@@ -18,7 +18,7 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
-from mxkernels.runtime import InputError
+from mxkernels.errors import InputError
 
 from .hardware import HardwareSpec, Peak, datasheet_peaks
 from .render import MODEL_MARK, card_label, peak_text
@@ -163,10 +163,9 @@ def _model_net_speedups(ctx: _Context, points: list[Point]) -> list[tuple[int, f
     return out
 
 
-def _input_dims(shape: str) -> int:
-    """Dimensions of the first tensor in a stored shape string: "(8, 2048, 7168)" -> 3."""
-    head = shape.split("@")[0].strip().strip("()")
-    return len([d for d in head.split(",") if d.strip()])
+def _input_dims(r: Record) -> int:
+    """Dimensions of a record's first input: 2 for a token matrix, 3 for expert weights."""
+    return len(r.shapes[0]) if r.shapes else 0
 
 
 def _draw_bandwidth(ax: Axes, ctx: _Context, dims: int) -> bool:
@@ -175,7 +174,7 @@ def _draw_bandwidth(ax: Axes, ctx: _Context, dims: int) -> bool:
     rows = [
         r
         for r in ctx.records
-        if r.point.recipe == ctx.recipe and r.category in MEMORY_CATEGORIES and _input_dims(r.shape) == dims
+        if r.point.recipe == ctx.recipe and r.category in MEMORY_CATEGORIES and _input_dims(r) == dims
     ]
     if peak is None or not rows:
         return False

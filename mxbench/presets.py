@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxkernels.runtime import InputError
+from mxkernels.errors import InputError
 
 from . import REPO_ROOT
 from .points import check_shape

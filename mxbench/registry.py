@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from mxkernels.runtime import InputError
-from mxkernels.stages import Recipe, StageSpec, get_spec
+from mxkernels.errors import InputError
+from mxkernels.names import OURS, Recipe
+from mxkernels.stages import StageSpec, get_spec
 
 ENTRY_POINT_GROUP = "mxbench.implementations"
-OURS = "mxkernels"
 
 Availability = Callable[[torch.device], "str | None"]
 
@@ -84,7 +84,7 @@ class Implementation:
         """Why this implementation cannot run on ``device``, or None. A check that raises is a reason too."""
         try:
             return self.available(torch.device(device))
-        except Exception as e:  # an availability check is third-party code: its failure is its reason
+        except Exception as e:  # noqa: BLE001 -- an availability check is third-party code: its failure is its reason
             return f"availability check failed: {type(e).__name__}: {e}"
 
     def bind(self, inputs: Sequence[torch.Tensor], params: Mapping[str, Any]) -> Callable[[], object]:
@@ -171,7 +171,7 @@ def load_entry_points(registry: Registry, group: str = ENTRY_POINT_GROUP) -> Non
             target = ep.load()
             if callable(target):
                 target(registry)
-        except Exception as e:  # a broken plugin must not take the harness down
+        except Exception as e:  # noqa: BLE001 -- a broken plugin must not take the harness down
             registry.load_errors.append((origin, f"{type(e).__name__}: {e}"))
 
 
@@ -232,7 +232,7 @@ def load_callable(target: str, option: str = "--impl") -> Any:
         raise InputError(f"{option}: {target!r} must be module:function")
     try:
         obj = importlib.import_module(module_name)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- any import failure of a user module is bad input, named
         raise InputError(f"{option}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from mxkernels.runtime import InputError
+from mxkernels.errors import InputError
 from tabulate import tabulate
 
 from .results import Run

@@ -17,10 +17,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mxkernels.cost import Cost
-from mxkernels.runtime import InputError
+from mxkernels.errors import InputError
+from mxkernels.names import END_TO_END_STAGE, MEMORY_CATEGORIES, Category, Pass
 
 from .hardware import HardwareSpec, Peak, datasheet_peaks, get_spec
-from .results import Point, Record, Run
+from .results import OURS, Point, Record, Run
 
 if TYPE_CHECKING:
     from mxkernels.pipeline import Stage
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 LAUNCH_FLOOR_US = 2.0
 """Added to every modelled stage: the launch overhead no kernel avoids (torchao uses the same 2 us)."""
 
-MEMORY_CATEGORIES = ("quantize", "rearrange", "pad", "permute")
 DENOMINATORS = ("datasheet", "measured")
 
 
@@ -156,14 +156,16 @@ def model_records(
     """
     records = [
         _priced(
-            Record(point, s.pass_name, s.name, s.kernel, s.category, s.purpose, str(s.shape)), s.cost, spec, s.backend
+            Record(point, str(s.pass_name), s.name, s.kernel, str(s.category), s.purpose, s.shapes,
+                   impl=getattr(s, "impl", OURS)),
+            s.cost, spec, s.backend,
         )
         for s in stages
     ]
     if end_to_end and records:
         total = sum((s.cost for s in stages), Cost(0, 0))
         purpose = "forward + backward, stages back to back"
-        step = Record(point, "end_to_end", "fwd+bwd", "all stages", "end_to_end", purpose)
+        step = Record(point, Pass.END_TO_END, END_TO_END_STAGE, "all stages", Category.END_TO_END, purpose)
         records.append(replace(_priced(step, total, spec), model_us=sum(r.model_us for r in records)))
     return records
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mxkernels.runtime import InputError
+from mxkernels.errors import InputError
 
 from .render import MODEL_MARK, Row, header_block, render
 from .results import Point, Record, Run

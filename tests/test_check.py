@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from mxkernels.names import Recipe
 from mxkernels.runtime import InputError
-from mxkernels.stages import BitExact, MinSQNR, Recipe, all_specs, get_spec, specs_of
+from mxkernels.stages import BitExact, MinSQNR, all_specs, get_spec, specs_of
 
 from mxbench import check as C
 from mxbench.registry import Deviation, Implementation, Registry, builtin_registry, load_entry_points, parse_impl
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plain_quantizer"
-SMALL = dict(M=512, N=128, K=256, G=2)
+SMALL = {"M": 512, "N": 128, "K": 256, "G": 2}
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_roofline_without_a_gpu_prints_the_labelled_model(no_gpu, tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.startswith("no CUDA GPU found")
     assert "model, not measured" in result.output
-    for kernel in ("quantize_dim0", "rearrange_m_groups", "rearrange_k_groups", "mxfp8_grouped_mm"):
+    for kernel in ("quantize_dim0", "rearrange_m_groups", "rearrange_k_groups", "mxfp8_scaled_grouped_mm"):
         assert kernel in result.output
     assert "Net speedup" in result.output and "131072" in result.output
     stored = load_run(out)

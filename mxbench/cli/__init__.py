@@ -1,4 +1,5 @@
-"""The ``mxbench`` command line (click): roofline, presets, ceilings, table, plot, compare, regress, peers, ep.
+"""The ``mxbench`` command line (click): roofline, presets, ceilings, table, plot, compare, regress, peers, impls,
+check, ep.
 
 Bad input exits with code 2 and a one-line message: click's own usage errors, and ``mxkernels.runtime.InputError``
 raised below the CLI (the harness and the kernels validate their arguments with InputErrors that name them;
@@ -7,8 +8,8 @@ traceback and exits 1. Heavy modules (torch, the kernels, NVML) are imported ins
 stays fast.
 
 ``run_commands`` holds the commands that measure (roofline, ceilings, regress, peers), ``report_commands`` those
-that read stored results (table, plot, compare, presets), ``common`` what they share; ``mxbench.ep.command`` the
-expert-parallel pipeline (``ep``).
+that read stored results (table, plot, compare, presets), ``registry_commands`` those about implementations
+(impls, check), ``common`` what they share; ``mxbench.ep.command`` the expert-parallel pipeline (``ep``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import click
 
 from .. import __version__
 from ..ep import command as ep_command
-from . import report_commands, run_commands
+from . import registry_commands, report_commands, run_commands
 from .common import Group
 
 
@@ -38,6 +39,8 @@ for _command in (
     report_commands.compare,
     run_commands.regress,
     run_commands.peers,
+    registry_commands.impls,
+    registry_commands.check,
     ep_command.ep,
 ):
     cli.add_command(_command)

@@ -13,6 +13,8 @@ import click
 from .common import FORMATS, BadInput, CommaList, command_line, echo_comparison, hardware_spec, peer_table, shape_args
 
 DEFAULT_MS = "16384,32768,65536,131072"
+CHECK_M = 256
+"""Tokens per expert of the check an ``--impl`` passes before it is timed: small, so it costs seconds."""
 RESULTS_DIR = Path("results")
 
 
@@ -142,12 +144,21 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
 )
 @click.option("--warm-l2", is_flag=True, help="Time with a warm L2 (default: cold, flushed).")
 @click.option("--samples", type=click.IntRange(min=1), default=25, show_default=True, help="Samples per stage.")
+@click.option(
+    "--impl",
+    "impl_texts",
+    multiple=True,
+    metavar="STAGE=module:function",
+    help="Run this implementation of STAGE (or RECIPE/STAGE) in place of mxkernels' in the whole step; repeatable. "
+    "It is checked against the stage's oracle first (`mxbench check`) and not timed if it fails.",
+)
 def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
-             plot_file, hardware, denominator, warm_l2, samples):  # fmt: skip
+             plot_file, hardware, denominator, warm_l2, samples, impl_texts):  # fmt: skip
     """Time every stage of every pass over a sweep of M (or, without a GPU, print the analytic model)."""
     from ..points import plan_points
 
     K, N, G, label = shape_args(K, N, G, preset)
+    impls = _checked_impls(impl_texts, recipes, K, N, G, mode)
     if any(M <= 0 for M in Ms):
         raise click.BadParameter(f"every M must be positive, got {Ms}", param_hint="--M")
     if breakdown_M is not None and breakdown_M not in Ms:
@@ -159,7 +170,7 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits)
     if gpu:
         out = out or RESULTS_DIR / _card_dir() / f"roofline-{label}-{_stamp()}.json"
-        run = _measure(points, hardware, denominator, out, controller, warm_l2, samples)
+        run = _measure(points, hardware, denominator, out, controller, warm_l2, samples, impls)
     else:
         run = _model(points, spec, hardware, power_percent or power_watts, denominator)
         if out is not None:
@@ -190,13 +201,39 @@ def _model(points, spec, hardware: str, power_requested, denominator: str):
     return model_run(points, spec=spec, hardware=hardware, command=command_line())
 
 
-def _measure(points, hardware: str | None, denominator: str, out: Path, controller, warm_l2: bool, samples: int):
+def _checked_impls(texts: Sequence[str], recipes: Sequence[str], K: int, N: int, G: int, mode: str) -> tuple:
+    """The ``--impl`` implementations, each checked against its stage's oracle on this machine first (at a small M,
+    the run's K, N, G). A failing check exits 1 with its finding; one that cannot run here is bad input."""
+    if not texts:
+        return ()
+    from ..check import Verdict, check_step
+    from ..registry import default_registry, with_cli_impls
+
+    impls = with_cli_impls(default_registry(), texts, recipes[0] if recipes else "mxfp8")
+    keys = [(i.recipe, i.stage) for i in impls]
+    twice = sorted({f"{r}/{s}" for r, s in keys if keys.count((r, s)) > 1})
+    if twice:
+        raise BadInput(f"--impl: one implementation per stage in a step; given twice: {', '.join(twice)}")
+    device = "cuda" if _has_gpu() else "cpu"
+    for recipe in dict.fromkeys(i.recipe for i in impls):
+        mine = {i.stage: [i] for i in impls if i.recipe == recipe}
+        for r in check_step(recipe, CHECK_M * G, N, K, G, mine, mode=mode, device=device):
+            click.echo(f"check {r.recipe}/{r.stage} [{r.impl}]: {r.verdict} {r.finding()}", err=True)
+            if r.verdict == Verdict.SKIP:
+                raise BadInput(f"--impl {r.impl} cannot run here: {r.detail}")
+            if r.verdict not in (Verdict.PASS, Verdict.DEVIATES):
+                click.echo(f"--impl {r.impl} failed its check against the {r.stage} oracle: not timed", err=True)
+                sys.exit(1)
+    return tuple(impls)
+
+
+def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2: bool, samples: int, impls=()):
     from ..instruments import Instruments
     from ..measure import SweepOptions
     from ..sweep import run_sweep
 
-    options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,
-                           hardware=hardware, denominator=denominator, command=command_line())  # fmt: skip
+    options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR, hardware=hardware,
+                           denominator=denominator, command=command_line(), impls=impls)  # fmt: skip
     instruments = Instruments.real(0, RESULTS_DIR, power=controller)
     if denominator == "measured" and not instruments.ceilings(_card_name()):
         raise click.BadParameter("no measured ceilings stored for this card: run `mxbench ceilings` first",

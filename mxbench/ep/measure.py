@@ -20,8 +20,8 @@ import torch
 from mxkernels.cost import Cost
 from mxkernels.ep import ep_expert_projection, exchange_split_counts, plan_routing
 from mxkernels.ep_comm import exchange_counts_cost
+from mxkernels.names import END_TO_END_STAGE, Category, Pass
 from mxkernels.pipeline import run_stages
-from mxkernels.stages import END_TO_END_STAGE, Category, Pass
 from mxkernels.token_permute import route
 
 from ..results import Point, Record
