@@ -234,7 +234,8 @@ def test_entry_points_register_and_a_broken_one_is_noted(monkeypatch, plain):
     monkeypatch.setattr("importlib.metadata.entry_points", lambda group: eps if group == "mxbench.implementations" else [])
     registry = Registry()
     load_entry_points(registry)
-    assert registry.get("mxfp8", "quantize_a", "plain_quantizer").fn is plain.quantize_a
+    impl = registry.get("mxfp8", "quantize_a", "plain_quantizer")
+    assert impl.fn is plain.quantize_a and impl.origin == "entry point plain"
     assert registry.load_errors == [("entry point bad (bad:register)", "ImportError: no bad")]
 
 
