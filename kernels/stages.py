@@ -123,9 +123,12 @@ def _value_class(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class MinSQNR:
     """Non-finite elements where the oracle has them (the same NaN / +-Inf pattern), and an SQNR over the finite
-    ones of at least ``floor_db``."""
+    ones of at least ``floor_db``. ``per_slice``: the floor holds for every slice along the first dim on its own
+    (each expert of a weight gradient), and a slice the oracle gives as all zeros (an empty expert) must be all
+    zeros: one SQNR over the whole output would let a small expert's garbage hide under a large one's signal."""
 
     floor_db: float
+    per_slice: bool = False
 
     def compare(self, name: str, got: object, expected: torch.Tensor) -> Mismatch | None:
         wrong = _check_like(name, got, expected)
@@ -137,6 +140,25 @@ class MinSQNR:
             index = _unravel(int((~same_class).reshape(-1).nonzero()[0]), g.shape)
             return Mismatch(name, "NaN / Inf where the oracle has none, or the reverse", index, repr(e[index].item()),
                             repr(g[index].item()))  # fmt: skip
+        slices = [(i, g[i], e[i]) for i in range(g.shape[0])] if self.per_slice and g.dim() > 1 else [(None, g, e)]
+        for i, gs, es in slices:
+            wrong = self._compare_slice(name, gs, es)
+            if wrong is not None:
+                prefix = () if i is None else (i,)
+                where = "" if i is None else f" in slice {i}"
+                index = None if wrong.index is None else prefix + wrong.index
+                return Mismatch(name, wrong.message + where, index, wrong.expected, wrong.got)
+        return None
+
+    def _compare_slice(self, name: str, g: torch.Tensor, e: torch.Tensor) -> Mismatch | None:
+        finite = torch.isfinite(e)
+        if self.per_slice and not bool(e[finite].ne(0).any()):
+            nonzero = (g.nan_to_num(0.0) != 0) & finite
+            if bool(nonzero.any()):
+                index = _unravel(int(nonzero.reshape(-1).nonzero()[0]), g.shape)
+                return Mismatch(name, "nonzero where the oracle is all zero (an empty group?)", index,
+                                repr(e[index].item()), repr(g[index].item()))  # fmt: skip
+            return None
         db = sqnr_db(g, e)
         if db >= self.floor_db:
             return None
@@ -146,7 +168,7 @@ class MinSQNR:
                         repr(e[index].item()), repr(g[index].item()))  # fmt: skip
 
     def describe(self) -> str:
-        return f"SQNR >= {self.floor_db:g} dB"
+        return f"SQNR >= {self.floor_db:g} dB" + (" per expert" if self.per_slice else "")
 
 
 Rule = BitExact | MinSQNR
@@ -382,7 +404,8 @@ def _mx_rearrange(name, pass_, purpose, src, layout) -> StageSpec:
 
 def _gemm(recipe, name, pass_, purpose, ins, out, oracle, impl, kernel, floor, two_d_three_d=True) -> StageSpec:
     regions = {out.name: _rows_until_last_offset} if two_d_three_d else {}
-    return StageSpec(recipe, name, pass_, Category.GEMM, purpose, ins, (out,), oracle, MinSQNR(floor), impl, kernel,
+    rule = MinSQNR(floor, per_slice=not two_d_three_d)  # 2D x 2D: (G, N, K), one weight gradient per expert
+    return StageSpec(recipe, name, pass_, Category.GEMM, purpose, ins, (out,), oracle, rule, impl, kernel,
                      regions=regions)  # fmt: skip
 
 

@@ -18,6 +18,7 @@ as a tuple in the listed order.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -167,10 +168,13 @@ def load_entry_points(registry: Registry, group: str = ENTRY_POINT_GROUP) -> Non
     noted in ``registry.load_errors``, never fatal: the other implementations still run."""
     for ep in importlib.metadata.entry_points(group=group):
         origin = f"entry point {ep.name} ({ep.value})"
+        before = set(registry.impls)
         try:
             target = ep.load()
             if callable(target):
                 target(registry)
+            for key in set(registry.impls) - before:  # say where each came from
+                registry.impls[key] = dataclasses.replace(registry.impls[key], origin=f"entry point {ep.name}")
         except Exception as e:  # noqa: BLE001 -- a broken plugin must not take the harness down
             registry.load_errors.append((origin, f"{type(e).__name__}: {e}"))
 

@@ -383,11 +383,9 @@ def test_the_first_run_check_passes_the_guarded_native_backend(sm100):
     assert set(results) == {"gemm_fwd", "gemm_dgrad", "gemm_wgrad"}
 
 
-@pytest.mark.xfail(strict=True, reason="mxbench check compares a GEMM by one SQNR over its whole output; its "
-                   "adversarial blocks (values near 1e30) drown an empty expert left full of finite garbage")  # fmt: skip
-def test_the_first_run_check_would_catch_an_unwritten_empty_group(sm100, monkeypatch):
+def test_the_first_run_check_catches_an_unwritten_empty_group(sm100, monkeypatch):
     """Without the empty-group guard the wgrad of the check's empty group is the double's garbage (~1.5e16 where
-    the oracle has 0): a per-group rule would fail it; today's rule does not, so the guard must not rely on it."""
+    the oracle has 0): the per-expert rule of the 2D x 2D GEMMs fails it, however large the other experts are."""
     monkeypatch.setattr(gemm_native, "fix_output", lambda out, checked, zero_empty: out)
     assert first_run_check()["gemm_wgrad"][0] == "FAIL"
 

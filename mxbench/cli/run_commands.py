@@ -214,7 +214,9 @@ def _checked_impls(texts: Sequence[str], recipes: Sequence[str], K: int, N: int,
     twice = sorted({f"{r}/{s}" for r, s in keys if keys.count((r, s)) > 1})
     if twice:
         raise BadInput(f"--impl: one implementation per stage in a step; given twice: {', '.join(twice)}")
-    device = "cuda" if _has_gpu() else "cpu"
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     for recipe in dict.fromkeys(i.recipe for i in impls):
         mine = {i.stage: [i] for i in impls if i.recipe == recipe}
         for r in check_step(recipe, CHECK_M * G, N, K, G, mine, mode=mode, device=device):
