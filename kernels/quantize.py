@@ -212,18 +212,25 @@ def _to_e4m3_bits(y, EXACT: tl.constexpr):
 
 
 @triton.jit
+def _abs_max_bits(x, AXIS: tl.constexpr):
+    """fp32 bit pattern (int32) of max |x| along AXIS of a bf16/fp32 tile: the integer max of the magnitudes' bits,
+    so a NaN (bits above +Inf) wins like +Inf. bf16 is reduced on its 16-bit patterns, so fp32 values exist only at
+    the multiply that follows (fewer live registers)."""
+    if x.dtype == tl.bfloat16:
+        bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
+    else:
+        bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
+    return bits
+
+
+@triton.jit
 def _quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr):
     """Quantize a 3D fp32 tile whose dim ``AXIS`` (length 32) runs along one block.
 
     Returns (data bytes uint8, same shape as x; scale bytes uint8, x's shape without AXIS). A block holding a NaN or
     an Inf gets scale 255 and data 0x7F.
     """
-    # bf16 amax is taken on the 16-bit patterns, so fp32 values exist only at the multiply (fewer live registers).
-    if x.dtype == tl.bfloat16:
-        amax_bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
-    else:
-        amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
-    byte = _scale_byte(amax_bits, RCEIL)
+    byte = _scale_byte(_abs_max_bits(x, AXIS), RCEIL)
     # A NaN/Inf block's reciprocal scale is NaN, so all its products are NaN and the cast writes 0x7F: no
     # per-element select.
     q = _to_e4m3_bits(_to_fp32(x) * tl.expand_dims(_reciprocal_scale(byte), AXIS), EXACT)

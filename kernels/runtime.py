@@ -97,10 +97,12 @@ def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return value
 
 
-def check_config(name: str, config: object, kind: type, why: str = "") -> None:
-    """``config`` must be None (the measured default) or a ``kind`` launch configuration; ``why`` says more."""
+def check_config(name: str, config: object, kind: type | tuple[type, ...], why: str = "") -> None:
+    """``config`` must be None (the measured default) or a ``kind`` launch configuration (one of them, for a
+    tuple); ``why`` says more."""
     if config is not None and not isinstance(config, kind):
-        raise InputError(f"{name} must be a {kind.__name__} or None{why}, got {config!r}")
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise InputError(f"{name} must be a {kinds} or None{why}, got {config!r}")
 
 
 def check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
