@@ -60,10 +60,8 @@ from .runtime import (
     InputError,
     check_config,
     check_fields_power_of_two,
-    check_host_offsets,
+    check_group_offsets,
     check_int,
-    check_offsets,
-    check_same_device,
     check_tensor,
 )
 
@@ -493,9 +491,7 @@ def quantize_fp8_rowwise_k_groups(
     ``Fp8RowwiseConfig`` (the two-pass colwise kernel).
     """
     check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2, contiguous=False)
-    check_offsets(offs)
-    check_same_device("offs", offs, x)
-    check_host_offsets(offs, x.shape[0])
+    check_group_offsets(offs, x, x.shape[0])
     check_config("config", config, (ColwiseConfig, Fp8RowwiseConfig))
     M, R = x.shape
     G = offs.numel()

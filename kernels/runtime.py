@@ -123,6 +123,15 @@ def check_offsets(offs: object, name: str = "offs") -> torch.Tensor:
     return offs
 
 
+def check_group_offsets(offs: object, like: torch.Tensor, total: int, multiple: int = 1) -> torch.Tensor:
+    """``offs`` for token groups of ``like``'s ``total`` rows: ``check_offsets``, on ``like``'s device, and its
+    values checked by ``check_host_offsets`` where that costs no sync. Returns offs."""
+    offs = check_offsets(offs)
+    check_same_device("offs", offs, like)
+    check_host_offsets(offs, total, multiple)
+    return offs
+
+
 def check_host_offsets(offs: torch.Tensor, total: int, multiple: int = 1, name: str = "offs") -> None:
     """Check the values of ``offs`` where reading them costs no sync (CPU tensors, interpreter runs).
 

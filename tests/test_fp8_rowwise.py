@@ -9,6 +9,7 @@ kernels under the interpreter on small shapes; the ``gpu`` tests repeat the chec
 
 import pytest
 import torch
+from crosscompile import compile_ptx
 from helpers import offsets
 from mxkernels import fp8_rowwise as F
 from mxkernels.cost import Cost
@@ -268,6 +269,54 @@ def test_bad_input_names_the_argument(device):
     if device == "cpu":  # CUDA offsets are never read on the host
         with pytest.raises(ValueError, match="non-decreasing group ends within"):
             F.quantize_fp8_rowwise_k_groups(torch.ones(4, 4), torch.tensor([3, 2], dtype=torch.int32))
+
+
+# ---- cross-compilation (no GPU needed) ------------------------------------------------------------------------
+
+_ROWWISE_SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "scale_ptr": "*fp32", "rows": "i32", "cols": "i32",
+                **{c: "constexpr" for c in ("BLOCK_R", "BLOCK_C", "SINGLE", "EVEN", "EXACT")}}  # fmt: skip
+_STRIPS_SIG = {"x_ptr": "*bf16", "offs_ptr": "*i32", "q_ptr": "*u8", "scale_ptr": "*fp32", "work_ptr": "*i32",
+               **{a: "i32" for a in ("rows", "cols", "G", "stride_xg", "stride_xm", "stride_xc", "stride_qg",
+                                     "stride_qc")},
+               **{c: "constexpr" for c in ("HAS_OFFS", "CHUNK", "STRIP", "STEP", "GROUP", "PHASE", "STAGES",
+                                           "PREFETCH", "BLOCK_G", "EXACT")}}  # fmt: skip
+
+
+@pytest.mark.parametrize("cc", [90, 100])
+def test_rows_kernel_reads_a_row_once_in_16_byte_vectors(cc):
+    """A 7168-long row in one 8192-wide step: one load per element (16-byte vectors, masked past 7168), one store."""
+    constexprs = {"BLOCK_R": 1, "BLOCK_C": 8192, "SINGLE": True, "EVEN": False, "EXACT": False}
+    ptx = compile_ptx("mxkernels.fp8_rowwise", "_rowwise_kernel", _ROWWISE_SIG, constexprs, cc,
+                      ("x_ptr", "q_ptr", "cols"))  # fmt: skip
+    # 16 bytes in, 8 bytes of it out: twice the loads of the stores, none of them scalar.
+    assert ptx.count("ld.global.v4.b32") == 2 * ptx.count("st.global.v4.b32") > 0 and "ld.global.b16" not in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+@pytest.mark.parametrize("cc", [90, 100])
+def test_strips_kernel_orders_its_count_after_the_amaxes(cc):
+    """The one-launch strips kernel: each amax atomic returns (it is waited for, not fire-and-forget), the count is
+    an acq_rel atomic, the pass-2 amax is read back with an atomic, and the aligned pass 2 stores 16-byte vectors."""
+    constexprs = {"HAS_OFFS": True, "CHUNK": 512, "STRIP": 16, "STEP": 512, "GROUP": 4, "PHASE": 0, "STAGES": 1,
+                  "PREFETCH": True, "BLOCK_G": 8, "EXACT": False, "stride_xc": 1}  # fmt: skip
+    signature = {**_STRIPS_SIG, "stride_xc": "constexpr"}
+    # What the launcher sees at DeepSeek-V3 sizes: 16-divisible pointers, sizes and strides (0 included).
+    aligned = (
+        "x_ptr",
+        "q_ptr",
+        "scale_ptr",
+        "work_ptr",
+        "rows",
+        "cols",
+        "stride_xg",
+        "stride_xm",
+        "stride_qg",
+        "stride_qc",
+    )
+    ptx = compile_ptx("mxkernels.fp8_rowwise", "_strips_kernel", signature, constexprs, cc, aligned)
+    assert "atom.global.gpu.relaxed.max.s32" in ptx and "red.global" not in ptx
+    assert "atom.global.gpu.acq_rel.add.u32" in ptx and "atom.global.gpu.relaxed.add.u32" in ptx
+    assert "st.global.v4.b32" in ptx
 
 
 # ---- GPU: DeepSeek-V3 sizes ---------------------------------------------------------------------------------
