@@ -4,6 +4,7 @@ Depends on torch and triton only; knows nothing of the mxbench harness. Modules,
 
 * ``format``: the MX format, scale modes, and the quantize / dequantize references (the oracle of every test);
 * ``quantize``: Triton MXFP8 quantizers (dim0, dim1 transposed, 3D expert weights along K or N);
+* ``quantize_blocked``: the same quantizers writing the grouped GEMMs' blocked scales themselves (fused scales);
 * ``fp8_rowwise``: the FP8 rowwise recipe's quantizers;
 * ``layouts``: the blocked scale layout and its per-group rearrangements;
 * ``padding``: token-group padding and unpadding;
@@ -24,6 +25,7 @@ from .layouts import from_blocked, rearrange_3d, rearrange_k_groups, rearrange_m
 from .padding import pad_token_groups, unpad_token_groups
 from .pipeline import build_step, plan_step
 from .quantize import quantize_3d, quantize_dim0, quantize_dim1
+from .quantize_blocked import quantize_3d_blocked, quantize_dim0_blocked, quantize_dim1_blocked
 from .runtime import InputError
 from .stages import Category, Pass, Recipe, StageSpec, all_specs, get_spec
 

@@ -389,8 +389,7 @@ class ColwiseConfig:
 
 
 # The rows kernel's default holds rows of up to SINGLE_PASS_MAX elements in registers (one read) and gives each
-# program at least ROWS_TILE elements; not measured yet (docs/perf-log.md has the predictions). Under the interpreter
-# the rows kernel takes fewer and larger tiles: the interpreter pays per program and per op, not per element.
+# program at least ROWS_TILE elements; not measured yet (docs/perf-log.md has the predictions).
 SINGLE_PASS_MAX = 16384
 ROWS_TILE = 8192
 # The old default, kept as the two-pass control of the tuning script.
@@ -402,9 +401,8 @@ TWO_PASS_COLWISE_CONFIG = Fp8RowwiseConfig(64, 64, num_warps=4)
 
 def default_rowwise_config(cols: int) -> Fp8RowwiseConfig:
     """The rows kernel's launch for rows of ``cols`` elements when none is given: whole rows (one read) up to
-    SINGLE_PASS_MAX elements, ROWS_TILE elements per program at least; longer rows in two passes of 4096 columns."""
-    if INTERPRET:
-        return Fp8RowwiseConfig(16, 128)
+    SINGLE_PASS_MAX elements, ROWS_TILE elements per program at least; longer rows in two passes of 4096 columns.
+    (The interpreter runs the same launch: its cost is per program and per op, and these tiles are large.)"""
     width = max(triton.next_power_of_2(max(cols, 1)), 16)
     if width > SINGLE_PASS_MAX:
         return Fp8RowwiseConfig(1, 4096, num_warps=8)

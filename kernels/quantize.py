@@ -10,8 +10,11 @@ Two kernels cover the four quantizers of an MoE training step:
   so both the loads (along C) and the stores (along R) are coalesced.
 
 A rows program streams one (rows, cols) tile with no loop; a cols program walks its tile 32 rows at a time (one
-block per column per step) and stores the tile's scale bytes once at the end. The GPU keeps several tiles in flight
-per SM through occupancy. Each kernel's launch is a frozen config passed as ``config=`` (``RowsConfig``,
+block per column per step) and stores the tile's scale bytes once at the end, a column's bytes as one word where they
+are contiguous. The GPU keeps several tiles in flight per SM through occupancy. Both kernels can also write their
+scales straight into the blocked layouts of ``layouts`` (M-groups and 3D for the rows kernel, 3D and K-groups for the
+cols kernel; the ``quantize_blocked`` wrappers), their programs then walking the blocked buffer so that its padding
+and tail are written too. Each kernel's launch is a frozen config passed as ``config=`` (``RowsConfig``,
 ``ColsConfig``; None: the measured default), never autotuned: callers capture CUDA graphs. Offsets are 64-bit, so
 tensors may pass 2**31 elements.
 

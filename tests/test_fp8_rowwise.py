@@ -162,8 +162,7 @@ def test_rowwise_one_read_or_two_is_bit_exact(device, name, K, poisoned_empty):
     assert torch.equal(scale, scale_ref)
 
 
-def test_default_rows_launch_reads_once_up_to_the_register_limit(monkeypatch):
-    monkeypatch.setattr(F, "INTERPRET", False)
+def test_default_rows_launch_reads_once_up_to_the_register_limit():
     for K in (2048, 7168, F.SINGLE_PASS_MAX):
         config = F.default_rowwise_config(K)
         assert not F._takes_two_passes(config, K) and config.block_rows * config.block_cols >= F.ROWS_TILE
