@@ -362,7 +362,8 @@ class ColwiseConfig:
     step_rows: int
     # Width in input columns of the strip groups the launch runs through (all chunks of a group's strips before the
     # next group's), a multiple of strip_cols: neighbouring strips of one chunk run side by side, so their pass 1
-    # reads together cover whole 128-byte lines of each row (for bf16, 64 columns).
+    # reads together cover whole 128-byte lines of each row (for bf16, 64 columns) or longer runs of it, as the
+    # MX dim1 kernel's column groups do; wider groups spread a strip's chunks over more programs (longer in L2).
     group_cols: int
     # Warps per program.
     num_warps: int = 4
@@ -394,7 +395,7 @@ SINGLE_PASS_MAX = 16384
 ROWS_TILE = 8192
 # The old default, kept as the two-pass control of the tuning script.
 TWO_PASS_ROWS_CONFIG = Fp8RowwiseConfig(4, 1024, num_warps=4)
-COLWISE_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=64, num_warps=8)
+COLWISE_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8)
 # The old colwise default: the two-pass kernel, both reads from device memory.
 TWO_PASS_COLWISE_CONFIG = Fp8RowwiseConfig(64, 64, num_warps=4)
 

@@ -175,23 +175,24 @@ def fused_case(name: str, kind: str, cols: int, launches: list[tuple[str, str, o
     return Case(name, "fused", cost.bytes, setup)
 
 
-def strips(strip, chunk, step, warps=8, **kw) -> F.ColwiseConfig:
-    return F.ColwiseConfig(strip_cols=strip, chunk_rows=chunk, step_rows=step, group_cols=64, num_warps=warps, **kw)
+def strips(strip, chunk, step, group=256, warps=8, **kw) -> F.ColwiseConfig:
+    return F.ColwiseConfig(strip_cols=strip, chunk_rows=chunk, step_rows=step, group_cols=group, num_warps=warps, **kw)
 
 
 def cases() -> list[Case]:
     old_rows, old_cols = F.TWO_PASS_ROWS_CONFIG, F.TWO_PASS_COLWISE_CONFIG
-    k_groups = [("old: two-pass colwise (64, 64) w4", "old", old_cols), ("new: strips 16 x 512, w8", "new", None),
+    k_groups = [("old: two-pass colwise (64, 64) w4", "old", old_cols), ("new: strips 16 x 512 g256 w8", "new", None),
                 ("strips, split (two launches)", "candidate", replace(F.COLWISE_CONFIG, split=True)),
-                ("strips 32 x 256, step 256, w8", "candidate", strips(32, 256, 256)),
-                ("strips 8 x 1024, step 1024, w8", "candidate", strips(8, 1024, 1024))]  # fmt: skip
+                ("strips 16 x 512 g64 w8", "candidate", strips(16, 512, 512, group=64)),
+                ("strips 32 x 256 g256, step 256, w8", "candidate", strips(32, 256, 256)),
+                ("strips 8 x 1024 g256, step 1024, w8", "candidate", strips(8, 1024, 1024))]  # fmt: skip
     old_n = replace(Q.ALONG_N_COLS, scale_words=False)
     return [
         fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
             ("one read (2, 8192) w16", "candidate", F.Fp8RowwiseConfig(2, 8192, 16)),
         ]),
-        fp8_cols_case("fp8 k_groups A (131072, 7168) -> (7168, 131072)", k_groups[:3], (K, BALANCED)),
+        fp8_cols_case("fp8 k_groups A (131072, 7168) -> (7168, 131072)", k_groups[:4], (K, BALANCED)),
         fp8_cols_case("fp8 k_groups grad_out (131072, 2048) -> (2048, 131072)", k_groups, (N, BALANCED)),
         fp8_rows_case("fp8 rowwise grad_out (131072, 2048)", (M, N), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (4, 2048) w8", "new", None),
