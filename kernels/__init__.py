@@ -4,6 +4,7 @@ Depends on torch and triton only; knows nothing of the mxbench harness. Modules,
 
 * ``format``: the MX format, scale modes, and the quantize / dequantize references (the oracle of every test);
 * ``quantize``: Triton MXFP8 quantizers (dim0, dim1 transposed, 3D expert weights along K or N);
+* ``quantize_blocked``: the same quantizers writing the grouped GEMMs' blocked scales themselves (fused scales);
 * ``fp8_rowwise``: the FP8 rowwise recipe's quantizers;
 * ``layouts``: the blocked scale layout and its per-group rearrangements;
 * ``padding``: token-group padding and unpadding;
@@ -50,6 +51,9 @@ _EXPORTS = {
     "quantize_3d": "quantize",
     "quantize_dim0": "quantize",
     "quantize_dim1": "quantize",
+    "quantize_3d_blocked": "quantize_blocked",
+    "quantize_dim0_blocked": "quantize_blocked",
+    "quantize_dim1_blocked": "quantize_blocked",
     "InputError": "runtime",
     "Category": "names",
     "Pass": "names",

@@ -37,9 +37,10 @@ class StagedGroupedMM(torch.autograd.Function):
     """Forward runs the ``forward`` stages; backward runs ``backward_input`` then ``backward_weight``."""
 
     @staticmethod
-    def forward(ctx, a, b_t, offs, recipe, mode, backend, pad, impls):
+    def forward(ctx, a, b_t, offs, recipe, mode, backend, pad, impls, fuse_scales):
         G, K, N = b_t.shape
-        stages = step_stages(recipe, a.shape[0], N, K, G, mode=mode, backend=backend, pad=pad, impls=impls)
+        stages = step_stages(recipe, a.shape[0], N, K, G, mode=mode, backend=backend, pad=pad, impls=impls,
+                             fuse_scales=fuse_scales)  # fmt: skip
         by_pass = {p: [s for s in stages if s.pass_name == p] for p in PASSES}
         # w (G, N, K) with K contiguous: free when b_t is the usual transposed view of contiguous weights.
         w = b_t.transpose(-2, -1).contiguous()
@@ -50,28 +51,39 @@ class StagedGroupedMM(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         env = run_saved_stages(ctx, grad_out)
-        return env["grad_a"], env["grad_w"].transpose(-2, -1), None, None, None, None, None, None
+        return env["grad_a"], env["grad_w"].transpose(-2, -1), None, None, None, None, None, None, None
 
 
-def _staged(recipe: str, a, b_t, offs, *, mode="rceil", backend=None, pad: bool = True, impls=None) -> torch.Tensor:
+def _staged(
+    recipe: str, a, b_t, offs, *, mode="rceil", backend=None, pad: bool = True, impls=None, fuse_scales: bool = False
+) -> torch.Tensor:
     if a.dim() != 2 or b_t.dim() != 3 or a.shape[1] != b_t.shape[1]:
         raise InputError(f"a (M, K) and b_t (G, K, N) must agree on K; got {tuple(a.shape)} and {tuple(b_t.shape)}")
     if offs.dim() != 1 or offs.shape[0] != b_t.shape[0]:
         raise InputError(f"offs must hold one group end per expert ({b_t.shape[0]}), got shape {tuple(offs.shape)}")
-    return StagedGroupedMM.apply(a, b_t, offs, recipe, mode, backend, pad, impls)
+    return StagedGroupedMM.apply(a, b_t, offs, recipe, mode, backend, pad, impls, fuse_scales)
 
 
 def mxfp8_grouped_mm(
-    a, b_t, offs, mode="rceil", *, backend=None, pad: bool = True, impls: Mapping[str, StageImpl] | None = None
+    a,
+    b_t,
+    offs,
+    mode="rceil",
+    *,
+    backend=None,
+    pad: bool = True,
+    impls: Mapping[str, StageImpl] | None = None,
+    fuse_scales: bool = False,
 ) -> torch.Tensor:
     """Drop-in for ``torch._grouped_mm(a, b_t, offs=offs)`` that runs the forward and both backward GEMMs in MXFP8.
 
     a (M, K) bf16 row-major; b_t (G, K, N) bf16, ideally a transposed view of contiguous weights (G, N, K);
     offs int32 (G,) cumulative group ends. Returns (M, N) bf16. ``pad=True`` (default) pads the token groups to
     multiples of 32 itself, which any router's group sizes need; pass ``pad=False`` only when every group is
-    already a multiple of 32 (saves two copies per pass).
+    already a multiple of 32 (saves two copies per pass). ``fuse_scales=True`` quantizes with the fused-scale
+    quantizers, which write the GEMMs' blocked scales themselves (no rearrange stages; see ``pipeline.step_stages``).
     """
-    return _staged("mxfp8", a, b_t, offs, mode=mode, backend=backend, pad=pad, impls=impls)
+    return _staged("mxfp8", a, b_t, offs, mode=mode, backend=backend, pad=pad, impls=impls, fuse_scales=fuse_scales)
 
 
 def fp8_rowwise_grouped_mm(a, b_t, offs, *, pad: bool = True, impls=None) -> torch.Tensor:
@@ -88,15 +100,16 @@ _AUTOGRAD = {"mxfp8": mxfp8_grouped_mm, "fp8_rowwise": fp8_rowwise_grouped_mm, "
 
 
 def end_to_end(
-    recipe, M, N, K, G, group_sizes, *, mode="rceil", backend=None, device="cuda", seed=0, impls=None
+    recipe, M, N, K, G, group_sizes, *, mode="rceil", backend=None, device="cuda", seed=0, impls=None, fuse_scales=False
 ) -> Callable[[], object]:
-    """A zero-argument call running one forward + backward of the recipe's autograd function on fixed inputs."""
+    """A zero-argument call running one forward + backward of the recipe's autograd function on fixed inputs.
+    ``fuse_scales``: MXFP8 with the fused-scale quantizers (ignored by the other recipes)."""
     recipe = check_recipe(recipe)
     t = make_inputs(M, N, K, G, group_sizes, device=device, seed=seed)
     a = t["a"].requires_grad_()
     b_t = t["w"].transpose(-2, -1).requires_grad_()
     pad = needs_padding(recipe, group_sizes)
-    kwargs = {"mode": mode, "backend": backend} if recipe == "mxfp8" else {}
+    kwargs = {"mode": mode, "backend": backend, "fuse_scales": fuse_scales} if recipe == "mxfp8" else {}
     op = _AUTOGRAD[recipe]
 
     def step():

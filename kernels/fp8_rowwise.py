@@ -24,8 +24,22 @@ The last one serves the 2D x 2D weight-gradient GEMM, which contracts over the t
 its own GEMM, so every (group, row) pair gets its own scale, and ``_scaled_grouped_mm`` reads them as the flat
 (G * R,) vector ``scale.reshape(-1)`` (group-major).
 
-The two kernels take their launch as ``config=`` (a ``Fp8RowwiseConfig``; None: ``ROWWISE_CONFIG`` or
-``COLWISE_CONFIG``).
+Kernels, each launched from a frozen config passed as ``config=`` (None: the default, see each wrapper):
+
+* rows (``Fp8RowwiseConfig``), for the first two: a row whose length fits one step of the config
+  (``next_pow2(K) <= block_cols``) is loaded once, held in registers while its amax is reduced, then scaled and
+  cast: one read. Longer rows take two passes (amax, then scale and cast) in steps of ``block_cols``; the second
+  read is real traffic, and ``quantize_fp8_rowwise_cost`` counts it.
+* strips (``ColwiseConfig``), for the last two, whose scale spans a whole column of a group (2048 to ~16k rows x 2
+  bytes: no program can hold it): a column strip (``strip_cols`` wide) of a group is cut into chunks of
+  ``chunk_rows`` rows, one program each. A program reads its chunk once (pass 1), folds its column amax into a
+  workspace with atomics and counts itself done; the program that finishes a strip's last chunk scales, casts and
+  writes the whole strip transposed (pass 2), reading it again while it is still in L2 (it was read moments before
+  by the chunks of that strip, which run side by side). So device memory sees one read; the cost counts one.
+  ``ColwiseConfig(split=True)`` runs the two passes as two launches instead (the second read from device memory,
+  counted by the cost), the fallback where L2 cannot hold the strips in flight.
+* the two-pass colwise kernel (``Fp8RowwiseConfig``): one program per column block of a group reads its columns
+  twice (amax, then scale and cast); both reads come from device memory at these sizes, and the cost counts them.
 """
 
 from __future__ import annotations
@@ -38,21 +52,24 @@ import triton.language as tl
 
 from .cost import Cost
 from .format import DATA_DTYPE, E4M3_MAX
-from .quantize import _to_e4m3_bits, _to_fp32
+from .padding import group_bounds, locate, pick
+from .quantize import _abs_max_bits, _load, _store, _to_e4m3_bits, _to_fp32
 from .runtime import (
     INTERPRET,
+    MAX_GROUPS,
     InputError,
     check_config,
     check_fields_power_of_two,
-    check_host_offsets,
-    check_offsets,
-    check_same_device,
+    check_group_offsets,
+    check_int,
     check_tensor,
 )
 
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
 AMAX_FLOOR = 2.0**-112
 _AMAX_FLOOR: tl.constexpr = tl.constexpr(AMAX_FLOOR)
+# Rows per step of the strips kernel's pass 2 where a group is not on 16-row boundaries (byte stores).
+_UNALIGNED_STEP: tl.constexpr = tl.constexpr(64)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -112,28 +129,37 @@ def _scale_and_reciprocal(amax):
 @triton.jit
 def _rowwise_kernel(
     x_ptr, q_ptr, scale_ptr, rows, cols,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, EXACT: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SINGLE: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
-    """One program quantizes BLOCK_R rows of row-major x (rows, cols): an amax pass, then a scale-and-cast pass."""
+    """One program quantizes BLOCK_R rows of row-major x (rows, cols).
+
+    SINGLE (BLOCK_C >= cols): each row is loaded once, whole, and held in registers through its amax, scale and
+    cast. Otherwise two passes in BLOCK_C steps: the amax, then the scale and cast. EVEN: the tile divides x (no
+    masks)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = r < rows
     x_rows = x_ptr + r.to(tl.int64)[:, None] * cols
     q_rows = q_ptr + r.to(tl.int64)[:, None] * cols
-
-    amax = tl.zeros((BLOCK_R,), tl.float32)
-    for c0 in range(0, cols, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
+    if SINGLE:
+        c = tl.arange(0, BLOCK_C)
         mask = row_ok[:, None] & (c < cols)[None, :]
-        x = _to_fp32(tl.load(x_rows + c[None, :], mask=mask, other=0.0))
-        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-    scale, recip = _scale_and_reciprocal(amax)
-    tl.store(scale_ptr + r, scale, mask=row_ok)
-
-    for c0 in range(0, cols, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        mask = row_ok[:, None] & (c < cols)[None, :]
-        x = _to_fp32(tl.load(x_rows + c[None, :], mask=mask, other=0.0))
-        tl.store(q_rows + c[None, :], _to_e4m3_bits(x * recip[:, None], EXACT), mask=mask)
+        x = _load(x_rows + c[None, :], mask, EVEN)
+        scale, recip = _scale_and_reciprocal(_abs_max_bits(x, 1).to(tl.float32, bitcast=True))
+        _store(scale_ptr + r, scale, row_ok, EVEN)
+        _store(q_rows + c[None, :], _to_e4m3_bits(_to_fp32(x) * recip[:, None], EXACT), mask, EVEN)
+    else:
+        amax = tl.zeros((BLOCK_R,), tl.int32)
+        for c0 in range(0, cols, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            mask = row_ok[:, None] & (c < cols)[None, :]
+            amax = tl.maximum(amax, _abs_max_bits(_load(x_rows + c[None, :], mask, EVEN), 1))
+        scale, recip = _scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
+        _store(scale_ptr + r, scale, row_ok, EVEN)
+        for c0 in range(0, cols, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            mask = row_ok[:, None] & (c < cols)[None, :]
+            x = _to_fp32(_load(x_rows + c[None, :], mask, EVEN))
+            _store(q_rows + c[None, :], _to_e4m3_bits(x * recip[:, None], EXACT), mask, EVEN)
 
 
 @triton.jit
@@ -147,6 +173,7 @@ def _colwise_kernel(
     Program (i, g): group g is rows [start, end) of the matrix at x + g * stride_xg, where start/end come from
     ``offs`` (HAS_OFFS) or are [0, rows). Column c's scale goes to scale[g * cols + c] and element (m, c) to
     q[g * stride_qg + c * stride_qc + m], so the output has the row dim (the next GEMM's contraction dim) contiguous.
+    Two passes over the program's columns: the amax, then the scale and cast.
     """
     g = tl.program_id(1)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -177,6 +204,123 @@ def _colwise_kernel(
         tl.store(q_cols + m[:, None], _to_e4m3_bits(x * recip[None, :], EXACT), mask=mask)
 
 
+@triton.jit
+def _strip_scale_pass(
+    x_cols, q_cols, scale_ptr, amax_ptr, c, limit, scale_limit, lo, hi, stride_xm, STEP: tl.constexpr,
+    STAGES: tl.constexpr, PREFETCH: tl.constexpr, FROM_ATOMICS: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    """Pass 2 of the strips kernel over rows [lo, hi) of a strip's columns c (those below ``limit`` exist): the
+    amax from the workspace (read with atomics where other programs of this launch wrote it), the scale of the
+    columns below ``scale_limit``, then each STEP-row tile scaled, cast and stored transposed (q_cols + m: the row
+    dim contiguous). Masks are built from limits, not scalar flags: the interpreter widens a scalar bool broadcast
+    against a tensor to int32, which its loads reject as a mask."""
+    col_ok = c < limit
+    if FROM_ATOMICS:
+        amax_bits = tl.atomic_add(amax_ptr, 0, mask=col_ok, sem="relaxed", scope="gpu")
+    else:
+        amax_bits = tl.load(amax_ptr, mask=col_ok, other=0)
+    scale, recip = _scale_and_reciprocal(amax_bits.to(tl.float32, bitcast=True))
+    tl.store(scale_ptr, scale, mask=c < scale_limit)
+    # Rows [lo, hi) on 16-row boundaries (every group of a 16-aligned padding, every 3D shape with N % 16 == 0):
+    # said so, the transposed store goes out as 16-byte vectors; otherwise byte by byte, in steps small enough that
+    # the byte stores' addresses do not set the kernel's register count. (Said by rounding, which here changes
+    # nothing: triton 3.6 drops tl.multiple_of on a scalar.)
+    if (lo % 16 == 0) & (hi % 16 == 0):
+        _strip_scale_steps(x_cols, q_cols, recip, col_ok, lo // 16 * 16, hi // 16 * 16, stride_xm, STEP, STAGES,
+                           PREFETCH, EXACT)  # fmt: skip
+    else:
+        _strip_scale_steps(x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, _UNALIGNED_STEP, 1, False, EXACT)
+
+
+@triton.jit
+def _strip_scale_steps(
+    x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    """Scale, cast and store transposed rows [lo, hi) of a strip, STEP rows at a time. PREFETCH: the next step's
+    load is issued before this step's work (a register double buffer: two steps in flight); else STAGES > 1 lets
+    Triton pipeline the loads through shared memory. The rows' alignment follows from lo's (a loop variable
+    starting at lo would hide it)."""
+    if PREFETCH:
+        m = lo + tl.arange(0, STEP)
+        x = tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=(m < hi)[:, None] & col_ok[None, :], other=0.0)
+        for _ in range(tl.cdiv(hi - lo, STEP)):
+            m_next = m + STEP
+            mask_next = (m_next < hi)[:, None] & col_ok[None, :]
+            x_next = tl.load(x_cols + m_next.to(tl.int64)[:, None] * stride_xm, mask=mask_next, other=0.0)
+            q = _to_e4m3_bits(_to_fp32(x) * recip[None, :], EXACT)
+            tl.store(q_cols + m.to(tl.int64)[:, None], q, mask=(m < hi)[:, None] & col_ok[None, :])
+            x, m = x_next, m_next
+    else:
+        for i in tl.range(0, tl.cdiv(hi - lo, STEP), num_stages=STAGES):
+            m = lo + i * STEP + tl.arange(0, STEP)
+            mask = (m < hi)[:, None] & col_ok[None, :]
+            x = _to_fp32(tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0))
+            tl.store(q_cols + m.to(tl.int64)[:, None], _to_e4m3_bits(x * recip[None, :], EXACT), mask=mask)
+
+
+@triton.jit
+def _strips_kernel(
+    x_ptr, offs_ptr, q_ptr, scale_ptr, work_ptr, rows, cols, G,
+    stride_xg, stride_xm, stride_xc, stride_qg, stride_qc,
+    HAS_OFFS: tl.constexpr, CHUNK: tl.constexpr, STRIP: tl.constexpr, STEP: tl.constexpr, GROUP: tl.constexpr,
+    PHASE: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_G: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    """Per-group column scales of x, the output written transposed; the matrix of group g and its rows as in
+    ``_colwise_kernel`` (offs: group ends; else G matrices of ``rows`` rows at x + g * stride_xg).
+
+    Program (p, s): strip ``s * GROUP + p % GROUP`` (STRIP columns) of chunk ``p // GROUP`` (CHUNK rows of one
+    group; groups counted back to back, an empty group as one empty chunk). The GROUP strips of one chunk are
+    neighbours in launch order, so together they read whole lines of each row. ``work`` holds the amax bits
+    (G, cols) int32 and a counter (G, cols / STRIP) of finished chunks per strip, zero at launch.
+
+    PHASE 0, one launch: pass 1 (read the chunk, atomic max of its column amax into work, count the chunk) and,
+    in the program that counts a strip's last chunk, pass 2 over the whole strip. PHASE 1 / 2: pass 1 / pass 2 of
+    each program's own chunk, as two launches (the second sees the first's amax complete; chunk 0 writes the scale).
+    """
+    strip = tl.program_id(1) * GROUP + tl.program_id(0) % GROUP
+    chunk = tl.program_id(0) // GROUP
+    n_strips = tl.cdiv(cols, STRIP)
+    if HAS_OFFS:
+        starts, sizes = group_bounds(offs_ptr, G, rows, BLOCK_G)
+        lane = tl.arange(0, BLOCK_G)
+        n_chunks = tl.where(lane < G, tl.maximum(tl.cdiv(sizes, CHUNK), 1), 0)
+        g, local = locate(n_chunks, chunk, BLOCK_G)
+        start, size, chunks = pick(starts, g, BLOCK_G), pick(sizes, g, BLOCK_G), pick(n_chunks, g, BLOCK_G)
+    else:
+        chunks = tl.maximum(tl.cdiv(rows, CHUNK), 1)
+        g, local = chunk // chunks, chunk % chunks
+        start, size = 0, rows
+    live = (g < G) & (strip < n_strips)
+    c = strip * STRIP + tl.arange(0, STRIP)
+    limit = tl.where(live, cols, 0)
+    col_ok = c < limit
+    lo = start + local * CHUNK
+    hi = tl.minimum(lo + CHUNK, start + size)
+    x_cols = x_ptr + g.to(tl.int64) * stride_xg + c.to(tl.int64)[None, :] * stride_xc
+    q_cols = q_ptr + g.to(tl.int64) * stride_qg + c.to(tl.int64)[None, :] * stride_qc
+    amax_ptr = work_ptr + g * cols + c
+    scale_ptr = scale_ptr + g * cols + c
+    if PHASE == 2:
+        _strip_scale_pass(x_cols, q_cols, scale_ptr, amax_ptr, c, limit, tl.where(local == 0, limit, 0), lo, hi,
+                          stride_xm, STEP, STAGES, PREFETCH, False, EXACT)  # fmt: skip
+    else:
+        m = lo + tl.arange(0, CHUNK)
+        mask = (m < hi)[:, None] & col_ok[None, :]
+        x = tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0)
+        seen = tl.atomic_max(amax_ptr, _abs_max_bits(x, 0), mask=col_ok, sem="relaxed", scope="gpu")
+        if PHASE == 0:
+            # The count must follow every thread's atomic max. The increment is computed from their results (always
+            # 1: amax bits are >= 0, which the compiler cannot know), so no thread's max is still in flight, unlike a
+            # fire-and-forget reduction, when the count is made; the count is a release, the last one's an acquire.
+            one = 1 + (tl.min(tl.where(col_ok, seen, 0), 0) < 0).to(tl.int32)
+            counter = work_ptr + G * cols + g * n_strips + strip
+            done = tl.atomic_add(counter, one, mask=live, sem="acq_rel", scope="gpu")
+            if live & (done == chunks - 1):
+                _strip_scale_pass(x_cols, q_cols, scale_ptr, amax_ptr, c, limit, limit, start, start + size,
+                                  stride_xm, STEP, STAGES, PREFETCH, True, EXACT)  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Launch configurations
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,14 +328,16 @@ def _colwise_kernel(
 
 @dataclass(frozen=True)
 class Fp8RowwiseConfig:
-    """One launch of the rowwise kernel (``quantize_fp8_rowwise``, ``quantize_fp8_rowwise_3d(along="K")``) or the
-    colwise kernel (``quantize_fp8_rowwise_3d(along="N")``, ``quantize_fp8_rowwise_k_groups``). A program owns whole
-    rows (rowwise) or whole columns of one group (colwise), so it finds their amax alone, with no second launch or
-    atomics, then scales and casts them in a second pass."""
+    """One launch of the rows kernel (``quantize_fp8_rowwise``, ``quantize_fp8_rowwise_3d(along="K")``) or of the
+    two-pass colwise kernel (``quantize_fp8_rowwise_3d(along="N")``, ``quantize_fp8_rowwise_k_groups``). A program
+    owns whole rows (rows kernel) or whole columns of one group (colwise), so it finds their amax alone, with no
+    second launch or atomics."""
 
-    # Rows per program (rowwise), or per step of the two passes down the columns (colwise); a power of two.
+    # Rows per program (rows kernel), or per step of the two passes down the columns (colwise); a power of two.
     block_rows: int
-    # Columns per step of the two passes along the rows (rowwise), or per program (colwise); a power of two.
+    # Rows kernel: the longest row held whole in registers and read once (rows of K <= block_cols take one step of
+    # next_pow2(K) columns); longer rows take two passes in steps of block_cols columns. Colwise: columns per
+    # program. A power of two.
     block_cols: int
     # Warps per program.
     num_warps: int = 4
@@ -200,10 +346,72 @@ class Fp8RowwiseConfig:
         check_fields_power_of_two(self, "block_rows", "block_cols", "num_warps")
 
 
-# The defaults (config=None); not tuned yet (docs/perf-log.md). Under the interpreter the rowwise kernel takes fewer
-# and larger tiles: the interpreter pays per program and per op, not per element.
-ROWWISE_CONFIG = Fp8RowwiseConfig(16, 128) if INTERPRET else Fp8RowwiseConfig(4, 1024, num_warps=4)
-COLWISE_CONFIG = Fp8RowwiseConfig(64, 64, num_warps=4)
+@dataclass(frozen=True)
+class ColwiseConfig:
+    """One launch of the strips kernel (``quantize_fp8_rowwise_3d(along="N")``, ``quantize_fp8_rowwise_k_groups``)."""
+
+    # Columns of a strip, a power of two: the columns one program scales in pass 2. The strip (a group's rows x
+    # strip_cols) is what L2 must hold from its chunks' reads until pass 2 reads it again, for as long as that pass
+    # takes: narrow strips keep the data in flight small.
+    strip_cols: int
+    # Rows of a chunk (what one program reads in pass 1), a power of two: chunk_rows x strip_cols elements in
+    # registers at once.
+    chunk_rows: int
+    # Rows per step of the pass 2 loop down a strip, a power of two; each step is transposed on chip, so its store
+    # runs along the output rows.
+    step_rows: int
+    # Width in input columns of the strip groups the launch runs through (all chunks of a group's strips before the
+    # next group's), a multiple of strip_cols: neighbouring strips of one chunk run side by side, so their pass 1
+    # reads together cover whole 128-byte lines of each row (for bf16, 64 columns) or longer runs of it, as the
+    # MX dim1 kernel's column groups do; wider groups spread a strip's chunks over more programs (longer in L2).
+    group_cols: int
+    # Warps per program.
+    num_warps: int = 4
+    # Pass 2 streams a whole strip alone, and its pace sets how long the strip must stay in L2, so its loop keeps
+    # reads in flight while a step computes: prefetch=True issues the next step's load first (two steps in
+    # registers); else num_stages (1 to 4) > 1 lets Triton pipeline the loads through shared memory (which every
+    # program of the launch then reserves, pass 1 ones included).
+    prefetch: bool = True
+    num_stages: int = 1
+    # False: one launch, pass 2 in the program that finishes a strip (the second read served from L2). True: two
+    # launches, every chunk read again by its own program once all amaxes are known (the second read from device
+    # memory, counted by the cost).
+    split: bool = False
+
+    def __post_init__(self):
+        check_fields_power_of_two(self, "strip_cols", "chunk_rows", "step_rows", "num_warps")
+        check_int("ColwiseConfig.num_stages", self.num_stages, 1, 4)
+        group = self.group_cols
+        if not isinstance(group, int) or group < self.strip_cols or group % self.strip_cols:
+            raise InputError(f"ColwiseConfig.group_cols must be a positive multiple of strip_cols, got {group!r}")
+        for flag in ("prefetch", "split"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InputError(f"ColwiseConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
+
+
+# The rows kernel's default holds rows of up to SINGLE_PASS_MAX elements in registers (one read) and gives each
+# program at least ROWS_TILE elements; not measured yet (docs/perf-log.md has the predictions).
+SINGLE_PASS_MAX = 16384
+ROWS_TILE = 8192
+# The old default, kept as the two-pass control of the tuning script.
+TWO_PASS_ROWS_CONFIG = Fp8RowwiseConfig(4, 1024, num_warps=4)
+COLWISE_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8)
+# The old colwise default: the two-pass kernel, both reads from device memory.
+TWO_PASS_COLWISE_CONFIG = Fp8RowwiseConfig(64, 64, num_warps=4)
+
+
+def default_rowwise_config(cols: int) -> Fp8RowwiseConfig:
+    """The rows kernel's launch for rows of ``cols`` elements when none is given: whole rows (one read) up to
+    SINGLE_PASS_MAX elements, ROWS_TILE elements per program at least; longer rows in two passes of 4096 columns.
+    (The interpreter runs the same launch: its cost is per program and per op, and these tiles are large.)"""
+    width = max(triton.next_power_of_2(max(cols, 1)), 16)
+    if width > SINGLE_PASS_MAX:
+        return Fp8RowwiseConfig(1, 4096, num_warps=8)
+    return Fp8RowwiseConfig(max(ROWS_TILE // width, 1), width, num_warps=8 if width <= 8192 else 16)
+
+
+def _takes_two_passes(config: Fp8RowwiseConfig, cols: int) -> bool:
+    return triton.next_power_of_2(max(cols, 1)) > config.block_cols
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -211,15 +419,20 @@ COLWISE_CONFIG = Fp8RowwiseConfig(64, 64, num_warps=4)
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _rowwise(x2d: torch.Tensor, config: Fp8RowwiseConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _rowwise(x2d: torch.Tensor, config: Fp8RowwiseConfig | None) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x2d.shape
+    config = config or default_rowwise_config(cols)
     q = torch.empty(rows, cols, dtype=DATA_DTYPE, device=x2d.device)
     scale = torch.empty(rows, dtype=torch.float32, device=x2d.device)
     if rows and cols:
+        single = not _takes_two_passes(config, cols)
+        block_c = triton.next_power_of_2(cols) if single else config.block_cols
+        even = cols % block_c == 0 and rows % config.block_rows == 0
         grid = (triton.cdiv(rows, config.block_rows),)
         _rowwise_kernel[grid](
             x2d, q.view(torch.uint8), scale, rows, cols,
-            BLOCK_R=config.block_rows, BLOCK_C=config.block_cols, EXACT=INTERPRET, num_warps=config.num_warps,
+            BLOCK_R=config.block_rows, BLOCK_C=block_c, SINGLE=single, EVEN=even, EXACT=INTERPRET,
+            num_warps=config.num_warps,
         )  # fmt: skip
     return q, scale
 
@@ -228,29 +441,34 @@ def quantize_fp8_rowwise(
     x: torch.Tensor, *, config: Fp8RowwiseConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) bf16/fp32 row-major -> (q (M, K) e4m3, scale (M,) fp32): one scale per row, along K. ``config``:
-    the rowwise kernel's launch (None: ``ROWWISE_CONFIG``)."""
+    the rows kernel's launch (None: ``default_rowwise_config(K)``)."""
     check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2)
     check_config("config", config, Fp8RowwiseConfig)
-    return _rowwise(x, config or ROWWISE_CONFIG)
+    return _rowwise(x, config)
 
 
 def quantize_fp8_rowwise_3d(
-    w: torch.Tensor, along: str = "K", *, config: Fp8RowwiseConfig | None = None
+    w: torch.Tensor, along: str = "K", *, config: Fp8RowwiseConfig | ColwiseConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert weights w (G, N, K) bf16/fp32, contiguous, quantized along the next GEMM's contraction dim.
 
     along="K" (forward, out = x @ w_g.T): q (G, N, K), scale (G, N), amax over k.
     along="N" (backward input, dx = dy @ w_g): q (G, K, N) with N contiguous, scale (G, K), amax over n.
-    ``config``: the launch (None: ``ROWWISE_CONFIG`` along K, ``COLWISE_CONFIG`` along N).
+    ``config``: the launch. Along K a ``Fp8RowwiseConfig`` (None: ``default_rowwise_config(K)``); along N a
+    ``ColwiseConfig`` (the strips kernel; None: ``COLWISE_CONFIG``) or a ``Fp8RowwiseConfig`` (the two-pass colwise
+    kernel).
     """
     check_tensor("w", w, dtypes=INPUT_DTYPES, ndim=3)
-    check_config("config", config, Fp8RowwiseConfig)
     G, N, K = w.shape
     if along == "K":
-        q, scale = _rowwise(w.view(G * N, K), config or ROWWISE_CONFIG)
+        check_config("config", config, Fp8RowwiseConfig, " along K (the rows kernel)")
+        q, scale = _rowwise(w.view(G * N, K), config)
         return q.view(G, N, K), scale.view(G, N)
     if along != "N":
         raise InputError(f"along must be 'K' or 'N', got {along!r}")
+    check_config("config", config, (ColwiseConfig, Fp8RowwiseConfig))
+    if G > MAX_GROUPS:
+        raise InputError(f"w must hold at most {MAX_GROUPS} experts (dim 0), got {G}")
     q = torch.empty(G, K, N, dtype=DATA_DTYPE, device=w.device)
     scale = torch.empty(G, K, dtype=torch.float32, device=w.device)
     if q.numel():
@@ -259,7 +477,7 @@ def quantize_fp8_rowwise_3d(
 
 
 def quantize_fp8_rowwise_k_groups(
-    x: torch.Tensor, offs: torch.Tensor, *, config: Fp8RowwiseConfig | None = None
+    x: torch.Tensor, offs: torch.Tensor, *, config: ColwiseConfig | Fp8RowwiseConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-group scales for the 2D x 2D weight-gradient GEMM, which contracts over the token dim M.
 
@@ -268,13 +486,12 @@ def quantize_fp8_rowwise_k_groups(
     Returns q (R, M) e4m3 row-major (M contiguous: pass ``q`` as ``_scaled_grouped_mm``'s row-major mat_a or
     ``q.t()`` as its column-major mat_b) and scale (G, R) fp32, scale[g, r] = amax over group g's rows of
     |x[:, r]| / 448 (floored as above; an empty group counts as all zero). Columns of q past ``offs[-1]`` are not
-    written. ``config``: the colwise kernel's launch (None: ``COLWISE_CONFIG``).
+    written. ``config``: a ``ColwiseConfig`` (the strips kernel; None: ``COLWISE_CONFIG``) or a
+    ``Fp8RowwiseConfig`` (the two-pass colwise kernel).
     """
     check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2, contiguous=False)
-    check_offsets(offs)
-    check_same_device("offs", offs, x)
-    check_host_offsets(offs, x.shape[0])
-    check_config("config", config, Fp8RowwiseConfig)
+    check_group_offsets(offs, x, x.shape[0])
+    check_config("config", config, (ColwiseConfig, Fp8RowwiseConfig))
     M, R = x.shape
     G = offs.numel()
     q = torch.empty(R, M, dtype=DATA_DTYPE, device=x.device)
@@ -286,32 +503,67 @@ def quantize_fp8_rowwise_k_groups(
     return q, scale
 
 
-def _launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_strides, config: Fp8RowwiseConfig | None):
+def _launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_strides, config):
     config = config or COLWISE_CONFIG
-    grid = (triton.cdiv(cols, config.block_cols), groups)
-    _colwise_kernel[grid](
-        x, offs, q.view(torch.uint8), scale, rows, cols, *x_strides, *q_strides,
-        HAS_OFFS=offs is not None, BLOCK_M=config.block_rows, BLOCK_C=config.block_cols, EXACT=INTERPRET,
-        num_warps=config.num_warps,
-    )  # fmt: skip
+    if isinstance(config, Fp8RowwiseConfig):
+        grid = (triton.cdiv(cols, config.block_cols), groups)
+        _colwise_kernel[grid](
+            x, offs, q.view(torch.uint8), scale, rows, cols, *x_strides, *q_strides,
+            HAS_OFFS=offs is not None, BLOCK_M=config.block_rows, BLOCK_C=config.block_cols, EXACT=INTERPRET,
+            num_warps=config.num_warps,
+        )  # fmt: skip
+        return
+    strip, chunk = config.strip_cols, config.chunk_rows
+    n_strips = triton.cdiv(cols, strip)
+    group = config.group_cols // strip
+    # Chunks in all: an upper bound, so the launch needs no group sizes (each group rounds up, an empty one counts 1).
+    chunks = triton.cdiv(rows, chunk) + groups if offs is not None else groups * max(triton.cdiv(rows, chunk), 1)
+    grid = (chunks * group, triton.cdiv(n_strips, group))
+    work = torch.zeros(groups * (cols + n_strips), dtype=torch.int32, device=x.device)
+    phases = (1, 2) if config.split else (0,)
+    for phase in phases:
+        _strips_kernel[grid](
+            x, offs, q.view(torch.uint8), scale, work, rows, cols, groups, *x_strides, *q_strides,
+            HAS_OFFS=offs is not None, CHUNK=chunk, STRIP=strip, STEP=config.step_rows, GROUP=group, PHASE=phase,
+            STAGES=config.num_stages, PREFETCH=config.prefetch, BLOCK_G=triton.next_power_of_2(groups), EXACT=INTERPRET,
+            num_warps=config.num_warps,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Costs: every input read once, every output written once
+# Costs: every input read once (twice where the kernel reads twice from device memory), every output written once
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def quantize_fp8_rowwise_cost(rows: int, cols: int, in_dtype: torch.dtype) -> Cost:
-    """``quantize_fp8_rowwise`` of a (rows, cols) tensor: read it, write e4m3 data and one fp32 scale per row."""
-    return Cost(bytes_read=rows * cols * in_dtype.itemsize, bytes_written=rows * cols + 4 * rows)
+def quantize_fp8_rowwise_cost(
+    rows: int, cols: int, in_dtype: torch.dtype, config: Fp8RowwiseConfig | None = None
+) -> Cost:
+    """``quantize_fp8_rowwise`` of a (rows, cols) tensor: read it, write e4m3 data and one fp32 scale per row. Rows
+    too long for one step of the launch (``config``; None: the default) are read twice, and counted twice."""
+    reads = 2 if _takes_two_passes(config or default_rowwise_config(cols), cols) else 1
+    return Cost(bytes_read=reads * rows * cols * in_dtype.itemsize, bytes_written=rows * cols + 4 * rows)
 
 
-def quantize_fp8_rowwise_3d_cost(G: int, N: int, K: int, in_dtype: torch.dtype, along: str = "K") -> Cost:
-    """``quantize_fp8_rowwise_3d`` of (G, N, K) weights: G*N scales along K, G*K along N."""
-    scales = G * (N if along == "K" else K)
-    return Cost(bytes_read=G * N * K * in_dtype.itemsize, bytes_written=G * N * K + 4 * scales)
+def quantize_fp8_rowwise_3d_cost(G: int, N: int, K: int, in_dtype: torch.dtype, along: str = "K", config=None) -> Cost:
+    """``quantize_fp8_rowwise_3d`` of (G, N, K) weights: G*N scales along K, G*K along N; a launch that reads twice
+    from device memory (see ``quantize_fp8_rowwise_cost``, ``quantize_fp8_rowwise_k_groups_cost``) counts twice."""
+    if along == "K":
+        return quantize_fp8_rowwise_cost(G * N, K, in_dtype, config)
+    return _colwise_cost(G * N, K, G, in_dtype, config)
 
 
-def quantize_fp8_rowwise_k_groups_cost(M: int, R: int, G: int, in_dtype: torch.dtype) -> Cost:
-    """``quantize_fp8_rowwise_k_groups`` of (M, R) in G groups: read it, write (R, M) e4m3 and G*R fp32 scales."""
-    return Cost(bytes_read=M * R * in_dtype.itemsize, bytes_written=M * R + 4 * G * R)
+def quantize_fp8_rowwise_k_groups_cost(M: int, R: int, G: int, in_dtype: torch.dtype, config=None) -> Cost:
+    """``quantize_fp8_rowwise_k_groups`` of (M, R) in G groups: read it, write (R, M) e4m3 and G*R fp32 scales.
+
+    A group's column scale needs all of the group's rows (up to all M), more than a program can hold, so every
+    launch reads the input twice: the amax, then the scale and cast. The default (a one-launch ``ColwiseConfig``)
+    takes the second read from L2, within moments of the first, so device memory sees one read and the cost counts
+    one; a split ``ColwiseConfig`` or the two-pass ``Fp8RowwiseConfig`` kernel rereads from device memory, and the
+    cost counts both reads."""
+    return _colwise_cost(M, R, G, in_dtype, config)
+
+
+def _colwise_cost(rows: int, cols: int, G: int, in_dtype: torch.dtype, config) -> Cost:
+    config = config or COLWISE_CONFIG
+    reads = 2 if isinstance(config, Fp8RowwiseConfig) or config.split else 1
+    return Cost(bytes_read=reads * rows * cols * in_dtype.itemsize, bytes_written=rows * cols + 4 * G * cols)

@@ -36,10 +36,8 @@ from .runtime import (
     InputError,
     check_config,
     check_fields_power_of_two,
-    check_host_offsets,
-    check_offsets,
+    check_group_offsets,
     check_power_of_two,
-    check_same_device,
     check_tensor,
 )
 
@@ -137,6 +135,35 @@ def blocked_word(row, words_per_row):
 
 
 @triton.jit
+def blocked_byte(row, col, width):
+    """Offset of scale (row, col) inside one blocked image of ``width`` padded columns (a multiple of 4)."""
+    return 4 * blocked_word(row, width // _COLS) + (col // _COLS) * 512 + col % _COLS
+
+
+@triton.jit
+def m_groups_rows(offs_ptr, G, M, block, BLOCK_G: tl.constexpr):
+    """Where row block ``block`` (128 rows) of an M-groups buffer takes its scales from: (the first source row, how
+    many source rows from there hold data; <= 0 in a group's padding and past the last image)."""
+    starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
+    g, local = locate(tl.cdiv(sizes, _ROWS), block, BLOCK_G)
+    return pick(starts, g, BLOCK_G) + local * _ROWS, pick(sizes, g, BLOCK_G) - local * _ROWS
+
+
+@triton.jit
+def k_groups_images(offs_ptr, G, cols, BLOCK_G: tl.constexpr):
+    """The images of a K-groups buffer for scales of ``cols`` columns, as BLOCK_G (> G) lanes: (each group's first
+    scale column, its scale columns, its image width ceil_4 of that). Lane G is the buffer's tail after the last
+    image: no source columns, the width left of cols + 4G."""
+    lane = tl.arange(0, BLOCK_G)
+    starts, sizes = group_bounds(offs_ptr, G, cols * _MX_BLOCK, BLOCK_G)
+    col0 = starts // _MX_BLOCK
+    n_cols = (starts + sizes) // _MX_BLOCK - col0
+    width = tl.cdiv(n_cols, _COLS) * _COLS
+    tail = tl.maximum(cols + _COLS * G - tl.sum(width, 0), 0)
+    return col0, n_cols, tl.where(lane == G, tail, width)
+
+
+@triton.jit
 def _blocked_block(src, stride_r, stride_c, n_rows, n_cols, dst, n_out, BLOCK_C: tl.constexpr):
     """Write the blocked image of a 128 x BLOCK_C block of scales -- its BLOCK_C/4 tiles of 512 bytes -- to
     dst[0 : n_out]. Source rows >= n_rows and columns >= n_cols read as zero: that is the padding."""
@@ -158,10 +185,7 @@ def _m_groups_kernel(
     # image, or past the last image, where the group picked is empty and the block comes out zero.
     ob = tl.program_id(0)
     c0 = tl.program_id(1) * BLOCK_C
-    starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
-    g, local = locate(tl.cdiv(sizes, _ROWS), ob, BLOCK_G)
-    row = pick(starts, g, BLOCK_G) + local * _ROWS
-    n_rows = pick(sizes, g, BLOCK_G) - local * _ROWS
+    row, n_rows = m_groups_rows(offs_ptr, G, M, ob, BLOCK_G)
     src = s_ptr + row.to(tl.int64) * stride_r + c0.to(tl.int64) * stride_c
     dst = out_ptr + ob.to(tl.int64) * _ROWS * out_cols + c0 * _ROWS
     _blocked_block(src, stride_r, stride_c, n_rows, C - c0, dst, (out_cols - c0) * _ROWS, BLOCK_C)
@@ -175,13 +199,7 @@ def _k_groups_kernel(
     # more slot (lane G) with no source columns, so the same code zero-fills it.
     rb = tl.program_id(0)
     chunk = tl.program_id(1)
-    lane = tl.arange(0, BLOCK_G)
-    starts, sizes = group_bounds(offs_ptr, G, cols * _MX_BLOCK, BLOCK_G)
-    col0 = starts // _MX_BLOCK
-    n_cols = (starts + sizes) // _MX_BLOCK - col0
-    width = tl.cdiv(n_cols, _COLS) * _COLS
-    tail = tl.maximum(cols + _COLS * G - tl.sum(width, 0), 0)
-    width = tl.where(lane == G, tail, width)
+    col0, n_cols, width = k_groups_images(offs_ptr, G, cols, BLOCK_G)
     g, k = locate(tl.cdiv(width, BLOCK_C), chunk, BLOCK_G)
     w = pick(width, g, BLOCK_G)
     c = k * BLOCK_C
@@ -219,13 +237,6 @@ def _launch(kernel: str, cols: int, config: object) -> RearrangeConfig:
     return default_rearrange_config(kernel, cols) if config is None else config
 
 
-def _check_group_offsets(offs: object, scales: torch.Tensor, total: int, multiple: int = 1) -> torch.Tensor:
-    offs = check_offsets(offs)
-    check_same_device("offs", offs, scales)
-    check_host_offsets(offs, total, multiple)
-    return offs
-
-
 def rearrange_m_groups(
     scales: torch.Tensor, offs: torch.Tensor, *, config: RearrangeConfig | None = None
 ) -> torch.Tensor:
@@ -239,7 +250,7 @@ def rearrange_m_groups(
     """
     scales = _check_scales(scales, 2)
     M, C = scales.shape
-    offs = _check_group_offsets(offs, scales, M)
+    offs = check_group_offsets(offs, scales, M)
     config = _launch("m_groups", C, config)
     G = offs.numel()
     out = torch.empty(m_groups_shape(M, C, G), dtype=torch.uint8, device=scales.device)
@@ -268,7 +279,7 @@ def rearrange_k_groups(
     """
     scales = _check_scales(scales, 2)
     R, cols = scales.shape
-    offs = _check_group_offsets(offs, scales, cols * BLOCK_SIZE, BLOCK_SIZE)
+    offs = check_group_offsets(offs, scales, cols * BLOCK_SIZE, BLOCK_SIZE)
     config = _launch("k_groups", cols, config)
     G = offs.numel()
     out = torch.empty(k_groups_shape(R, cols, G), dtype=torch.uint8, device=scales.device)

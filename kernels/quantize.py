@@ -10,8 +10,11 @@ Two kernels cover the four quantizers of an MoE training step:
   so both the loads (along C) and the stores (along R) are coalesced.
 
 A rows program streams one (rows, cols) tile with no loop; a cols program walks its tile 32 rows at a time (one
-block per column per step) and stores the tile's scale bytes once at the end. The GPU keeps several tiles in flight
-per SM through occupancy. Each kernel's launch is a frozen config passed as ``config=`` (``RowsConfig``,
+block per column per step) and stores the tile's scale bytes once at the end, a column's bytes as one word where they
+are contiguous. The GPU keeps several tiles in flight per SM through occupancy. Both kernels can also write their
+scales straight into the blocked layouts of ``layouts`` (M-groups and 3D for the rows kernel, 3D and K-groups for the
+cols kernel; the ``quantize_blocked`` wrappers), their programs then walking the blocked buffer so that its padding
+and tail are written too. Each kernel's launch is a frozen config passed as ``config=`` (``RowsConfig``,
 ``ColsConfig``; None: the measured default), never autotuned: callers capture CUDA graphs. Offsets are 64-bit, so
 tensors may pass 2**31 elements.
 
@@ -41,6 +44,16 @@ from .format import (
     SCALE_DTYPE,
     ScaleMode,
 )
+from .layouts import (
+    TILE_ROWS,
+    blocked_3d_shape,
+    blocked_byte,
+    k_groups_images,
+    k_groups_shape,
+    m_groups_rows,
+    m_groups_shape,
+)
+from .padding import locate, pick
 from .runtime import (
     INTERPRET,
     MAX_GROUPS,
@@ -116,11 +129,24 @@ class ColsConfig:
     # Width in input columns of the column-tile groups programs run through, all row tiles of a group before the
     # next (0: the whole width): the programs resident at once then write long runs of each transposed output row.
     group_cols: int
+    # A tile's scale bytes of one column, contiguous in the output (row-major along N; the blocked layouts), go out
+    # as one word per column (int16 to int64 by the tile's steps; 4-byte words per 4 blocks in a blocked image)
+    # rather than one byte store each: each byte store is an L2 write of its own, and along N, where a column's
+    # bytes are contiguous, they added a third to the transactions of the data. False: bytes (the previous kernel).
+    scale_words: bool = True
+    # Issue each 32-row step's load before the previous step's work (two steps in registers, the loop unrolled):
+    # reads in flight without a trip through shared memory. Only with num_stages == 1.
+    prefetch: bool = False
 
     def __post_init__(self):
         _tile_post_init(self, blocked=0, max_blocked=COLS_MAX_ROWS)
         check_int("ColsConfig.num_stages", self.num_stages, 1, 4)
         check_int("ColsConfig.group_cols", self.group_cols, 0)
+        for flag in ("scale_words", "prefetch"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InputError(f"ColsConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
+        if self.prefetch and self.num_stages != 1:
+            raise InputError(f"ColsConfig.prefetch needs num_stages == 1, got {self.num_stages}")
 
 
 # The measured defaults (config=None), chosen by scripts/tune_quantize.py; see docs/perf-log.md. The cols kernel's
@@ -130,6 +156,13 @@ DIM1_COLS = ColsConfig(tile=(32, 64), num_warps=1, num_stages=1, group_cols=512)
 ALONG_N_COLS = ColsConfig(tile=(128, 64), num_warps=1, num_stages=3, group_cols=2048)
 
 _BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)
+# Where a kernel writes the scale bytes (its SCALES constexpr): see each kernel; the wrappers name them.
+_STRIDED: tl.constexpr = tl.constexpr(0)
+_M_GROUPS: tl.constexpr = tl.constexpr(1)
+_BLOCKED_3D: tl.constexpr = tl.constexpr(2)
+_K_GROUPS: tl.constexpr = tl.constexpr(3)
+_SCALE_KINDS = {"row_major": 0, "col_major": 0, "m_groups": 1, "3d": 2, "k_groups": 3}
+
 _NAN_BYTE: tl.constexpr = tl.constexpr(E4M3_NAN_BYTE)
 _SCALE_NAN: tl.constexpr = tl.constexpr(E8M0_NAN)
 _SCALE_MAX: tl.constexpr = tl.constexpr(E8M0_MAX_FINITE)
@@ -212,18 +245,25 @@ def _to_e4m3_bits(y, EXACT: tl.constexpr):
 
 
 @triton.jit
+def _abs_max_bits(x, AXIS: tl.constexpr):
+    """fp32 bit pattern (int32) of max |x| along AXIS of a bf16/fp32 tile: the integer max of the magnitudes' bits,
+    so a NaN (bits above +Inf) wins like +Inf. bf16 is reduced on its 16-bit patterns, so fp32 values exist only at
+    the multiply that follows (fewer live registers)."""
+    if x.dtype == tl.bfloat16:
+        bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
+    else:
+        bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
+    return bits
+
+
+@triton.jit
 def _quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr):
     """Quantize a 3D fp32 tile whose dim ``AXIS`` (length 32) runs along one block.
 
     Returns (data bytes uint8, same shape as x; scale bytes uint8, x's shape without AXIS). A block holding a NaN or
     an Inf gets scale 255 and data 0x7F.
     """
-    # bf16 amax is taken on the 16-bit patterns, so fp32 values exist only at the multiply (fewer live registers).
-    if x.dtype == tl.bfloat16:
-        amax_bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
-    else:
-        amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
-    byte = _scale_byte(amax_bits, RCEIL)
+    byte = _scale_byte(_abs_max_bits(x, AXIS), RCEIL)
     # A NaN/Inf block's reciprocal scale is NaN, so all its products are NaN and the cast writes 0x7F: no
     # per-element select.
     q = _to_e4m3_bits(_to_fp32(x) * tl.expand_dims(_reciprocal_scale(byte), AXIS), EXACT)
@@ -252,101 +292,194 @@ def _store(ptrs, value, mask, EVEN: tl.constexpr):
 
 @triton.jit
 def _quantize_rows_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    n_rows,
-    n_cols,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    EVEN: tl.constexpr,
-    RCEIL: tl.constexpr,
-    EXACT: tl.constexpr,
-):
-    """x (n_rows, n_cols) bf16/fp32 row-major, 32-blocks along each row -> q (n_rows, n_cols) e4m3 bytes and
-    s (n_rows, n_cols / 32) scale bytes, both row-major. One program per BLOCK_R x BLOCK_C tile; EVEN: the tiles
-    divide the matrix (no masks)."""
+    x_ptr, q_ptr, s_ptr, offs_ptr, n_rows, n_cols, G, group_rows, s_cols,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, EVEN: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr,
+    SCALES: tl.constexpr, BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    """x (n_rows, n_cols) bf16/fp32 row-major, 32-blocks along each row -> q (n_rows, n_cols) e4m3 bytes, row-major,
+    and the scale bytes. EVEN: no masks (the tiles divide every dim they walk).
+
+    SCALES == _STRIDED: s (n_rows, n_cols / 32) row-major; one program per BLOCK_R x BLOCK_C tile of x.
+    Blocked (_M_GROUPS, _BLOCKED_3D): s is a blocked buffer of s_cols (a multiple of 4) scale columns, and the
+    programs walk its rows instead (BLOCK_R <= 128, so a tile lies in one 128-row block), each taking the source rows
+    that land there: M-groups, group bounds from offs (G groups of the n_rows rows); 3D, G images of
+    ceil_128(group_rows) rows, each holding group_rows source rows. Rows and columns with no source (an image's
+    padding, the buffer's tail) read as zeros, so their scale bytes come out 0; q gets only source rows."""
     pid = tl.program_id(0)
-    n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
-    rows = (pid // n_col_tiles).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    if SCALES == _STRIDED:
+        n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
+    else:
+        n_col_tiles = tl.cdiv(s_cols * _BLOCK, BLOCK_C)
+    tile_row = (pid // n_col_tiles).to(tl.int64) * BLOCK_R
+    r = tl.arange(0, BLOCK_R)
+    if SCALES == _M_GROUPS:
+        first, n_data = m_groups_rows(offs_ptr, G, n_rows, tile_row // 128, BLOCK_G)
+        local = tile_row % 128 + r
+        rows, valid = first + local, local < n_data
+    elif SCALES == _BLOCKED_3D:
+        image = tl.cdiv(group_rows, 128) * 128
+        local = tile_row % image + r
+        rows, valid = (tile_row // image) * group_rows + local, local < group_rows
+    else:
+        rows = tile_row + r
+        valid = rows < n_rows
     cols = (pid % n_col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
     offs = rows[:, None] * n_cols + cols[None, :]
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    mask = valid[:, None] & (cols[None, :] < n_cols)
 
     x = _load(x_ptr + offs, mask, EVEN)
     q, scale = _quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)
     _store(q_ptr + offs, tl.reshape(q, (BLOCK_R, BLOCK_C)), mask, EVEN)
 
-    n_blocks = n_cols // _BLOCK
     blocks = (pid % n_col_tiles) * (BLOCK_C // _BLOCK) + tl.arange(0, BLOCK_C // _BLOCK)
-    s_mask = (rows[:, None] < n_rows) & (blocks[None, :] < n_blocks)
-    _store(s_ptr + rows[:, None] * n_blocks + blocks[None, :], scale, s_mask, EVEN)
+    if SCALES == _STRIDED:
+        n_blocks = n_cols // _BLOCK
+        s_mask = valid[:, None] & (blocks[None, :] < n_blocks)
+        _store(s_ptr + rows[:, None] * n_blocks + blocks[None, :], scale, s_mask, EVEN)
+    else:
+        dest = blocked_byte((tile_row + r)[:, None], blocks[None, :], s_cols)
+        _store(s_ptr + dest, scale, (blocks < s_cols)[None, :], EVEN)
 
 
 @triton.jit
 def _quantize_cols_kernel(
-    x_ptr,
-    q_ptr,
-    s_ptr,
-    n_rows,
-    n_cols,
-    s_stride_batch,
-    s_stride_col,
+    x_ptr, q_ptr, s_ptr, offs_ptr, n_rows, n_cols, G, grid_rows, grid_cols, s_stride_batch, s_stride_col,
     s_stride_block,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    EVEN: tl.constexpr,
-    RCEIL: tl.constexpr,
-    EXACT: tl.constexpr,
-    GROUP: tl.constexpr,
-    STAGES: tl.constexpr,
-):
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, EVEN: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr,
+    GROUP: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr, SCALES: tl.constexpr, WORDS: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):  # fmt: skip
     """x (B, n_rows, n_cols) bf16/fp32 row-major, 32-blocks down each column -> q (B, n_cols, n_rows) e4m3 bytes
-    row-major (every matrix transposed) and scale byte (b, col, row // 32) at
-    b * s_stride_batch + col * s_stride_col + (row // 32) * s_stride_block. Grid: (tiles of one matrix, B).
+    row-major (every matrix transposed) and the scale bytes. Grid: (tiles of a grid_rows x grid_cols grid, B).
 
     A program walks its BLOCK_R x BLOCK_C tile 32 rows (one block per column) at a time, so registers and the
-    transpose stay those of a 32-row tile, and stores the tile's BLOCK_R / 32 scale bytes of each column at the end:
-    where they are contiguous (s_stride_block == 1, 3D along N) each column's bytes go out as one vector store rather
-    than one scattered byte per block.
+    transpose stay those of a 32-row tile, and stores the tile's BLOCK_R / 32 scale bytes of each column at the end,
+    packed in one int64 per column meanwhile. Where they are contiguous, each column's bytes go out as words (one
+    int16/32/64 store instead of BLOCK_R / 32 scattered bytes). Scales, by SCALES:
+
+    * _STRIDED: byte (b, col, row // 32) at b * s_stride_batch + col * s_stride_col + (row // 32) * s_stride_block;
+      the grid is x (grid_rows = n_rows, grid_cols = n_cols). WORDS: s_stride_block == 1 and the tiles divide the
+      rows, so a column's bytes of one tile are one aligned word.
+    * _BLOCKED_3D: matrix b's blocked image (grid_cols = ceil_128(n_cols) rows, s_stride_col = its padded scale
+      columns) at b * s_stride_batch; the grid covers the image (grid_rows = 32 x its columns), its padding reading
+      zeros. WORDS: 4-block groups of a column as int32 words (BLOCK_R a multiple of 128).
+    * _K_GROUPS (B = 1): the K-groups buffer of groups split the rows (offs); the grid's rows are the buffer's
+      columns x 32 (images and tail), each tile of at most 4 of them inside one image or the tail, its rows taken
+      from the group's rows (zeros in an image's padding columns).
 
     Programs run through the column tiles in groups of GROUP, all row tiles of one group before the next, so the
     programs resident at once write long runs of each output row (the transposed matrix's rows are n_rows apart)
     instead of one 32-row piece of every output row. STAGES > 1 software-pipelines the 32-row steps (Triton copies
-    the next steps' input asynchronously into shared memory while this step computes)."""
+    the next steps' input asynchronously into shared memory while this step computes); PREFETCH unrolls them and
+    loads each step before the previous one's work instead."""
     pid = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
-    n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
-    tiles_per_group = GROUP * tl.cdiv(n_rows, BLOCK_R)
+    n_col_tiles = tl.cdiv(grid_cols, BLOCK_C)
+    tiles_per_group = GROUP * tl.cdiv(grid_rows, BLOCK_R)
     first_col_tile = (pid // tiles_per_group) * GROUP
     group_cols = tl.minimum(n_col_tiles - first_col_tile, GROUP)
     first_row = ((pid % tiles_per_group) // group_cols).to(tl.int64) * BLOCK_R
     cols = (first_col_tile + (pid % tiles_per_group) % group_cols) * BLOCK_C + tl.arange(0, BLOCK_C)
     STEPS: tl.constexpr = BLOCK_R // _BLOCK
     steps = tl.arange(0, STEPS)
+    if SCALES == _K_GROUPS:
+        # The grid row is a buffer column x 32: find its image (or the tail, lane G) and the group's rows behind it.
+        col0, n_blocks, width = k_groups_images(offs_ptr, G, n_rows // _BLOCK, BLOCK_G)
+        g, local = locate(width, first_row // _BLOCK, BLOCK_G)
+        src_first = (pick(col0, g, BLOCK_G) + local) * _BLOCK
+        src_end = (pick(col0, g, BLOCK_G) + pick(n_blocks, g, BLOCK_G)) * _BLOCK
+    else:
+        src_first = first_row
+        src_end = n_rows
     # Offsets within one 32-row step, the same for every step (which only moves the tile's base pointers).
     r = tl.arange(0, _BLOCK)
     x_offs = r[:, None].to(tl.int64) * n_cols + cols[None, :]
     q_offs = cols[:, None].to(tl.int64) * n_rows + r[None, :]
-    x_tile = x_ptr + (batch * n_rows + first_row) * n_cols
-    q_tile = q_ptr + batch * n_cols * n_rows + first_row
+    x_tile = x_ptr + (batch * n_rows + src_first) * n_cols
+    q_tile = q_ptr + batch * n_cols * n_rows + src_first
 
     # Byte i of a column's word is its scale of step i (STEPS <= 8): one register per column, not STEPS.
     packed = tl.zeros((1, BLOCK_C), dtype=tl.int64)
-    for i in tl.range(STEPS, num_stages=STAGES):
-        rows = first_row + i * _BLOCK + r
-        x = _load(x_tile + i * _BLOCK * n_cols + x_offs, (rows[:, None] < n_rows) & (cols[None, :] < n_cols), EVEN)
-        q, scale = _quantize_blocks(tl.reshape(x, (1, _BLOCK, BLOCK_C)), 1, RCEIL, EXACT)
-        # Transposed in registers (Triton stages it through shared memory), so the store runs along the output rows.
-        q_t = tl.trans(tl.reshape(q, (_BLOCK, BLOCK_C)))
-        _store(q_tile + i * _BLOCK + q_offs, q_t, (cols[:, None] < n_cols) & (rows[None, :] < n_rows), EVEN)
-        packed |= scale.to(tl.int64) << (8 * i)
+    if PREFETCH:
+        x_next = _load(x_tile + x_offs, (src_first + r[:, None] < src_end) & (cols[None, :] < n_cols), EVEN)
+        for i in tl.static_range(STEPS):
+            x = x_next
+            if i + 1 < STEPS:
+                rows = src_first + (i + 1) * _BLOCK + r
+                mask = (rows[:, None] < src_end) & (cols[None, :] < n_cols)
+                x_next = _load(x_tile + (i + 1) * _BLOCK * n_cols + x_offs, mask, EVEN)
+            packed = _quantize_col_step(x, q_tile + i * _BLOCK + q_offs, src_first + i * _BLOCK + r, src_end, cols,
+                                        n_cols, packed, i, BLOCK_C, EVEN, RCEIL, EXACT)  # fmt: skip
+    else:
+        for i in tl.range(STEPS, num_stages=STAGES):
+            rows = src_first + i * _BLOCK + r
+            mask = (rows[:, None] < src_end) & (cols[None, :] < n_cols)
+            x = _load(x_tile + i * _BLOCK * n_cols + x_offs, mask, EVEN)
+            packed = _quantize_col_step(x, q_tile + i * _BLOCK + q_offs, rows, src_end, cols, n_cols, packed, i,
+                                        BLOCK_C, EVEN, RCEIL, EXACT)  # fmt: skip
 
-    blocks = first_row // _BLOCK + steps
-    s_offs = batch * s_stride_batch + blocks[:, None] * s_stride_block + cols[None, :] * s_stride_col
-    s_mask = (blocks[:, None] < n_rows // _BLOCK) & (cols[None, :] < n_cols)
-    scales = ((packed >> (8 * steps[:, None])) & 0xFF).to(tl.uint8)
-    _store(s_ptr + s_offs, scales, s_mask, EVEN)
+    block0 = first_row // _BLOCK
+    if SCALES == _STRIDED:
+        col_base = s_ptr + batch * s_stride_batch + cols[None, :] * s_stride_col
+        if WORDS:
+            _store_word(col_base + block0, packed, cols[None, :] < n_cols, STEPS, EVEN)
+        else:
+            blocks = block0 + steps
+            s_mask = (blocks[:, None] < n_rows // _BLOCK) & (cols[None, :] < n_cols)
+            _store(col_base + blocks[:, None] * s_stride_block, _unpack(packed, steps), s_mask, EVEN)
+    elif SCALES == _BLOCKED_3D:
+        image = s_ptr + batch * s_stride_batch
+        if WORDS:
+            for j in tl.static_range(STEPS // 4):
+                word = image + blocked_byte(cols[None, :], block0 + 4 * j, s_stride_col)
+                mask = cols[None, :] < tl.where(block0 + 4 * j < s_stride_col, grid_cols, 0)
+                _store_word(word, packed >> (32 * j), mask, 4, EVEN)
+        else:
+            blocks = block0 + steps
+            dest = blocked_byte(cols[None, :], blocks[:, None], s_stride_col)
+            s_mask = (blocks[:, None] < s_stride_col) & (cols[None, :] < grid_cols)
+            _store(image + dest, _unpack(packed, steps), s_mask, EVEN)
+    else:
+        # Image g: ceil_128(K) x width bytes at ceil_128(K) x (the widths before it); the tail (lane G) is flat,
+        # one ceil_128(K)-byte run per buffer column.
+        w = pick(width, g, BLOCK_G)
+        image = pick(tl.cumsum(width, 0) - width, g, BLOCK_G).to(tl.int64) * grid_cols
+        blocked = image + blocked_byte(cols[None, :], (local + steps)[:, None], w)
+        dest = tl.where(g < G, blocked, (block0 + steps)[:, None] * grid_cols + cols[None, :])
+        # Malformed offs could ask for more images than fit: never write past the buffer.
+        s_mask = (cols[None, :] < grid_cols) & ((local + steps)[:, None] < w) & (dest < grid_rows // _BLOCK * grid_cols)
+        _store(s_ptr + dest, _unpack(packed, steps), s_mask, False)
+
+
+@triton.jit
+def _quantize_col_step(
+    x, q_ptrs, rows, src_end, cols, n_cols, packed, i, BLOCK_C: tl.constexpr, EVEN: tl.constexpr,
+    RCEIL: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    """One 32-row step of the cols kernel: quantize x (32, BLOCK_C) down its columns, store it transposed at q_ptrs
+    (BLOCK_C, 32), and return ``packed`` with the step's scale bytes at bits 8i."""
+    q, scale = _quantize_blocks(tl.reshape(x, (1, _BLOCK, BLOCK_C)), 1, RCEIL, EXACT)
+    # Transposed in registers (Triton stages it through shared memory), so the store runs along the output rows.
+    q_t = tl.trans(tl.reshape(q, (_BLOCK, BLOCK_C)))
+    _store(q_ptrs, q_t, (cols[:, None] < n_cols) & (rows[None, :] < src_end), EVEN)
+    return packed | (scale.to(tl.int64) << (8 * i))
+
+
+@triton.jit
+def _store_word(ptrs, packed, mask, STEPS: tl.constexpr, EVEN: tl.constexpr):
+    """Store the low STEPS bytes of each int64 in ``packed`` as one word at ``ptrs`` (byte pointers, STEPS-aligned)."""
+    if STEPS == 2:
+        _store(ptrs.to(tl.pointer_type(tl.int16)), packed.to(tl.int16), mask, EVEN)
+    elif STEPS == 4:
+        _store(ptrs.to(tl.pointer_type(tl.int32)), packed.to(tl.int32), mask, EVEN)
+    else:
+        _store(ptrs.to(tl.pointer_type(tl.int64)), packed, mask, EVEN)
+
+
+@triton.jit
+def _unpack(packed, steps):
+    """(STEPS, BLOCK_C) scale bytes from the (1, BLOCK_C) words that pack byte i of each column at bits 8i."""
+    return ((packed >> (8 * steps[:, None])) & 0xFF).to(tl.uint8)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -354,46 +487,94 @@ def _quantize_cols_kernel(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _quantize_rows(x: torch.Tensor, mode, config: RowsConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the rows kernel on a validated row-major (R, C) matrix: q (R, C) e4m3, s (R, C/32) e8m0, row-major."""
+def _quantize_rows(
+    x: torch.Tensor,
+    mode,
+    config: RowsConfig,
+    scales: str = "row_major",
+    offs: torch.Tensor | None = None,
+    group_rows: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the rows kernel on a validated row-major (R, C) matrix: q (R, C) e4m3 and the scales (e8m0) by
+    ``scales``: "row_major" (R, C/32); "m_groups", the blocked buffer of the groups of rows that ``offs`` ends
+    (``layouts.m_groups_shape``); "3d", the blocked buffer of R / group_rows experts (``layouts.blocked_3d_shape``)."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     (tr, tc), num_warps = config.tile, config.num_warps
     R, C = x.shape
+    Cb = C // BLOCK_SIZE
     q = torch.empty((R, C), dtype=DATA_DTYPE, device=x.device)
-    s = torch.empty((R, C // BLOCK_SIZE), dtype=torch.uint8, device=x.device)
-    grid = (triton.cdiv(R, tr) * triton.cdiv(C, tc),)
-    if grid[0]:
+    G, kind = 1, _SCALE_KINDS[scales]
+    if scales == "row_major":
+        s = torch.empty((R, Cb), dtype=torch.uint8, device=x.device)
+        grid_rows, width, s_cols = R, C, Cb
         even = R % tr == 0 and C % tc == 0
+    else:
+        if tr > TILE_ROWS:
+            raise InputError(f"config.tile has {tr} rows; blocked scales take tiles of at most {TILE_ROWS} rows")
+        if scales == "m_groups":
+            G = offs.numel()
+            shape = m_groups_shape(R, Cb, G)
+        else:
+            G = R // group_rows if group_rows else 0
+            shape = blocked_3d_shape(G, group_rows, Cb)
+        s = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        s_cols = shape[-1]
+        grid_rows, width = s.numel() // s_cols, s_cols * BLOCK_SIZE
+        even = scales == "3d" and group_rows % TILE_ROWS == 0 and C == width and C % tc == 0
+    grid = (triton.cdiv(grid_rows, tr) * triton.cdiv(width, tc),)
+    if grid[0] and R * C:
         _quantize_rows_kernel[grid](
-            x, q.view(torch.uint8), s, R, C,
-            BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, num_warps=num_warps
+            x, q.view(torch.uint8), s, offs if offs is not None else s, R, C, G, group_rows, s_cols,
+            BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, SCALES=kind,
+            BLOCK_G=triton.next_power_of_2(G), num_warps=num_warps,
         )  # fmt: skip
+    elif s.numel():
+        s.zero_()  # no data: every scale byte is padding
     return q, s.view(SCALE_DTYPE)
 
 
 def _quantize_cols(
-    x: torch.Tensor, mode, config: ColsConfig, scales_col_major: bool
+    x: torch.Tensor, mode, config: ColsConfig, scales: str, offs: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the cols kernel on a validated row-major batch x (B, R, C): q (B, C, R) e4m3 row-major and
-    s (B, C, R/32) e8m0, each matrix of s row-major or, with ``scales_col_major``, column-major."""
+    """Launch the cols kernel on a validated row-major batch x (B, R, C): q (B, C, R) e4m3 row-major and the
+    scales (e8m0) by ``scales``: "row_major" (B, C, R/32); "col_major", each matrix of those column-major; "3d",
+    each matrix's blocked image (``layouts.blocked_3d_shape(B, C, R/32)``); "k_groups" (B = 1), the K-groups
+    buffer of the groups of rows that ``offs`` ends (``layouts.k_groups_shape(C, R/32, G)``)."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     B, R, C = x.shape
     (tr, tc), group_cols = config.tile, config.group_cols
-    Rb = R // BLOCK_SIZE
+    steps, Rb, G = tr // BLOCK_SIZE, R // BLOCK_SIZE, 1
     q = torch.empty((B, C, R), dtype=DATA_DTYPE, device=x.device)
-    if scales_col_major:
-        s = torch.empty_strided((B, C, Rb), (C * Rb, 1, C), dtype=torch.uint8, device=x.device)
+    if scales == "k_groups":
+        if steps > 4:
+            raise InputError(f"config.tile has {tr} rows; K-groups scales take tiles of at most {4 * BLOCK_SIZE} rows")
+        G = offs.numel()
+        s = torch.empty(k_groups_shape(C, Rb, G), dtype=torch.uint8, device=x.device)
+        grid_rows, grid_cols, strides = s.shape[1] * BLOCK_SIZE, s.shape[0], (0, 0, 0)
+        words = even = False
+    elif scales == "3d":
+        s = torch.empty(blocked_3d_shape(B, C, Rb), dtype=torch.uint8, device=x.device)
+        grid_rows, grid_cols = s.shape[2] * BLOCK_SIZE, s.shape[1]
+        strides = (s.shape[1] * s.shape[2], s.shape[2], 0)
+        words = config.scale_words and steps % 4 == 0
+        even = (grid_rows, grid_cols) == (R, C) and R % tr == 0 and C % tc == 0
     else:
-        s = torch.empty((B, C, Rb), dtype=torch.uint8, device=x.device)
-    n_col_tiles = triton.cdiv(C, tc)
-    group = min(max(group_cols // tc, 1), n_col_tiles) if group_cols else n_col_tiles
-    grid = (triton.cdiv(R, tr) * n_col_tiles, B)
-    if grid[0] and B:
+        if scales == "col_major":
+            s = torch.empty_strided((B, C, Rb), (C * Rb, 1, C), dtype=torch.uint8, device=x.device)
+        else:
+            s = torch.empty((B, C, Rb), dtype=torch.uint8, device=x.device)
+        grid_rows, grid_cols, strides = R, C, s.stride()
+        words = config.scale_words and scales == "row_major" and steps in (2, 4, 8) and Rb % steps == 0
         even = R % tr == 0 and C % tc == 0
+    n_col_tiles = triton.cdiv(grid_cols, tc)
+    group = min(max(group_cols // tc, 1), n_col_tiles) if group_cols else n_col_tiles
+    grid = (triton.cdiv(grid_rows, tr) * n_col_tiles, B)
+    if grid[0] and B:
         _quantize_cols_kernel[grid](
-            x, q.view(torch.uint8), s, R, C, *s.stride(),
+            x, q.view(torch.uint8), s, offs if offs is not None else s, R, C, G, grid_rows, grid_cols, *strides,
             BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, GROUP=group, STAGES=config.num_stages,
-            num_warps=config.num_warps
+            PREFETCH=config.prefetch, SCALES=_SCALE_KINDS[scales], WORDS=words, BLOCK_G=triton.next_power_of_2(G + 1),
+            num_warps=config.num_warps,
         )  # fmt: skip
     return q, s.view(SCALE_DTYPE)
 
@@ -426,7 +607,7 @@ def quantize_dim1(
     x = check_tensor("x", x, dtypes=IN_DTYPES, ndim=2)
     check_multiple("x", x.shape[0], BLOCK_SIZE, "M (dim 0, the blocked dim)")
     check_config("config", config, ColsConfig)
-    q, s = _quantize_cols(x.unsqueeze(0), mode, config or DIM1_COLS, scales_col_major=True)
+    q, s = _quantize_cols(x.unsqueeze(0), mode, config or DIM1_COLS, "col_major")
     return q[0], s[0]
 
 
@@ -446,6 +627,16 @@ def quantize_3d(
     q is ``float8_e4m3fn``, scales ``float8_e8m0fnu``. ``config``: the launch over each expert's (N, K) matrix, a
     ``RowsConfig`` along K (None: ``ROWS_CONFIG``), a ``ColsConfig`` along N (None: ``ALONG_N_COLS``).
     """
+    w = check_quantize_3d(w, along, config)
+    G, N, K = w.shape
+    if along == "K":
+        q, s = _quantize_rows(w.view(G * N, K), mode, config or ROWS_CONFIG)
+        return q.view(G, N, K), s.view(G, N, K // BLOCK_SIZE)
+    return _quantize_cols(w, mode, config or ALONG_N_COLS, "row_major")
+
+
+def check_quantize_3d(w: object, along: object, config: object) -> torch.Tensor:
+    """The checks of a 3D quantizer's arguments (``quantize_3d`` and its blocked sibling); returns w."""
     w = check_tensor("w", w, dtypes=IN_DTYPES, ndim=3)
     G, N, K = w.shape
     if not 1 <= G <= MAX_GROUPS:
@@ -455,11 +646,10 @@ def quantize_3d(
     if along == "K":
         check_config("config", config, RowsConfig, " along K (the rows kernel: no num_stages or group_cols)")
         check_multiple("w", K, BLOCK_SIZE, "K (dim 2, the blocked dim)")
-        q, s = _quantize_rows(w.view(G * N, K), mode, config or ROWS_CONFIG)
-        return q.view(G, N, K), s.view(G, N, K // BLOCK_SIZE)
-    check_config("config", config, ColsConfig, " along N (the cols kernel)")
-    check_multiple("w", N, BLOCK_SIZE, "N (dim 1, the blocked dim)")
-    return _quantize_cols(w, mode, config or ALONG_N_COLS, scales_col_major=False)
+    else:
+        check_config("config", config, ColsConfig, " along N (the cols kernel)")
+        check_multiple("w", N, BLOCK_SIZE, "N (dim 1, the blocked dim)")
+    return w
 
 
 # ---------------------------------------------------------------------------------------------------------------------

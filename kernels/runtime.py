@@ -96,10 +96,12 @@ def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return value
 
 
-def check_config(name: str, config: object, kind: type, why: str = "") -> None:
-    """``config`` must be None (the measured default) or a ``kind`` launch configuration; ``why`` says more."""
+def check_config(name: str, config: object, kind: type | tuple[type, ...], why: str = "") -> None:
+    """``config`` must be None (the measured default) or a ``kind`` launch configuration (one of them, for a
+    tuple); ``why`` says more."""
     if config is not None and not isinstance(config, kind):
-        raise InputError(f"{name} must be a {kind.__name__} or None{why}, got {config!r}")
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise InputError(f"{name} must be a {kinds} or None{why}, got {config!r}")
 
 
 def check_shape(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -117,6 +119,15 @@ def check_offsets(offs: object, name: str = "offs") -> torch.Tensor:
     offs = check_tensor(name, offs, dtypes=(torch.int32,), ndim=1)
     if not 1 <= offs.numel() <= MAX_GROUPS:
         raise InputError(f"{name} must hold 1 to {MAX_GROUPS} group ends, got {offs.numel()}")
+    return offs
+
+
+def check_group_offsets(offs: object, like: torch.Tensor, total: int, multiple: int = 1) -> torch.Tensor:
+    """``offs`` for token groups of ``like``'s ``total`` rows: ``check_offsets``, on ``like``'s device, and its
+    values checked by ``check_host_offsets`` where that costs no sync. Returns offs."""
+    offs = check_offsets(offs)
+    check_same_device("offs", offs, like)
+    check_host_offsets(offs, total, multiple)
     return offs
 
 

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize
+from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize, quantize_blocked
 from .format import BLOCK_SIZE, quantize_reference
 from .names import (
     Category,
@@ -290,6 +290,19 @@ def _mx_along_n(w, *, mode):
     return quantize_reference(w.transpose(1, 2).contiguous(), mode)
 
 
+def _mx_data_locate(kind: str):
+    """``_mx_locate`` for a fused-scale quantizer: its data as the unfused one's; its blocked scales are not traced
+    back to their inputs (a ValueError, which the check reads as "no input to show")."""
+    data = _mx_locate(kind)
+
+    def locate(output: str, index: tuple[int, ...]) -> tuple[int, tuple]:
+        if output.endswith("_sb"):
+            raise ValueError(f"{output} is a blocked layout")
+        return data(output, index)
+
+    return locate
+
+
 def _mx_gemm_emulated(a_q, a_sb, b_q, b_sb, offs):
     return (grouped_gemm.mxfp8_scaled_grouped_mm(a_q, a_sb, b_q, b_sb, offs, backend="emulated"),)
 
@@ -384,6 +397,37 @@ def _mx_quantize(name, pass_, purpose, src, out, kind, impl, kernel, shape_in, s
     )  # fmt: skip
 
 
+def _mx_quantize_blocked(name, pass_, purpose, src, out, layout, shape_in, shape_out) -> StageSpec:
+    """A fused-scale quantizer: the unfused quantize and rearrange stages of ``out`` in one call (``quantize_blocked``),
+    its oracle the reference quantizer followed by the reference rearrange. ``layout``: "m" (dim0, M-groups), "3d_K",
+    "3d_N" (weights) or "k" (dim1, K-groups)."""
+    qb = quantize_blocked
+    impl, oracle, kernel = {
+        "m": (qb.quantize_dim0_blocked, qb.quantize_dim0_blocked_reference, "quantize_dim0_blocked"),
+        "k": (qb.quantize_dim1_blocked, qb.quantize_dim1_blocked_reference, "quantize_dim1_blocked"),
+        "3d_K": (functools.partial(qb.quantize_3d_blocked, along="K"),
+                 functools.partial(qb.quantize_3d_blocked_reference, along="K"), "quantize_3d_blocked(along=K)"),
+        "3d_N": (functools.partial(qb.quantize_3d_blocked, along="N"),
+                 functools.partial(qb.quantize_3d_blocked_reference, along="N"), "quantize_3d_blocked(along=N)"),
+    }[layout]  # fmt: skip
+    blocked = {
+        "m": "M-groups (128 * (ceil(M/128) + G), ceil_4(C)): group g's image from row sum_{j<g} ceil_128(size_j)",
+        "k": "K-groups (ceil_128(R), M/32 + 4G): the groups' blocked images back to back from byte 0",
+        "3d_K": "(G, ceil_128(N), ceil_4(K/32)) blocked image per expert",
+        "3d_N": "(G, ceil_128(K), ceil_4(N/32)) blocked image per expert",
+    }[layout]
+    ins = (Port(src, f"{_BF16} {shape_in}, row-major"),) + ((_OFFS,) if layout in ("m", "k") else ())
+    unspecified = {"m": ("rows", _rows_until_last_offset), "k": ("columns", _cols_until_last_offset)}.get(layout)
+    q_doc = f"{_E4M3} {shape_out}" + (f"; {unspecified[0]} past offs[-1] unspecified" if unspecified else "")
+    regions = {f"{out}_q": unspecified[1]} if unspecified else {}
+    kind = {"m": "rows", "3d_K": "rows", "k": "t", "3d_N": "t"}[layout]
+    return StageSpec(
+        Recipe.MXFP8, name, pass_, Category.QUANTIZE, purpose, ins,
+        (Port(f"{out}_q", q_doc), Port(f"{out}_sb", f"{_E8M0} {blocked}; zeros elsewhere")),
+        oracle, BitExact(), impl, kernel, params=("mode",), regions=regions, locate=_mx_data_locate(kind),
+    )  # fmt: skip
+
+
 def _mx_rearrange(name, pass_, purpose, src, layout) -> StageSpec:
     if layout == "3d":
         ins = (Port(f"{src}_s", f"{_E8M0} (G, R, C) scales"),)
@@ -452,7 +496,27 @@ def _mxfp8() -> list[StageSpec]:
         _gemm(R, "gemm_wgrad", DW, "2D x 2D scaled grouped GEMM", (*mx("dyt_q", "dyt_sb", "(N, M)"),
               *mx("at_q", "at_sb", "(K, M)"), _OFFS), Port("grad_w", f"{_BF16} (G, N, K); empty groups zero"),
               _mx_gemm_emulated, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB, two_d_three_d=False),
+        *_mx_fused(),
         *_pads(R),
+    ]  # fmt: skip
+
+
+def _mx_fused() -> list[StageSpec]:
+    """The fused-scale quantizers of a step run with ``fuse_scales``: each replaces a quantize and its rearrange."""
+    F, DI, DW = Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT
+    return [
+        _mx_quantize_blocked("quantize_a_blocked", F, "Quantize A along K, scales blocked (M-groups)", "a", "a", "m",
+                             "(M, K)", "(M, K)"),
+        _mx_quantize_blocked("quantize_w_blocked", F, "Quantize B along K, scales blocked (3D)", "w", "w", "3d_K",
+                             "(G, N, K)", "(G, N, K)"),
+        _mx_quantize_blocked("quantize_grad_out_blocked", DI, "Quantize grad_out along N, scales blocked (M-groups)",
+                             "grad_out", "dy", "m", "(M, N)", "(M, N)"),
+        _mx_quantize_blocked("quantize_w_t_blocked", DI, "Quantize B along N, scales blocked (3D)", "w", "wt", "3d_N",
+                             "(G, N, K)", "(G, K, N)"),
+        _mx_quantize_blocked("quantize_grad_out_t_blocked", DW, "Quantize grad_out along M (output transposed), "
+                             "scales blocked (K-groups)", "grad_out", "dyt", "k", "(M, N)", "(N, M)"),
+        _mx_quantize_blocked("quantize_a_t_blocked", DW, "Quantize A along M (output transposed), scales blocked "
+                             "(K-groups)", "a", "at", "k", "(M, K)", "(K, M)"),
     ]  # fmt: skip
 
 

@@ -211,6 +211,9 @@ def check_step(
     order."""
     device = torch.device(device)
     stages = step_stages(recipe, M, N, K, G, mode=mode, pad=True)
+    # The fused-scale quantizers run in the fuse_scales step only; checked after the step, on the same inputs.
+    names = {s.name for s in stages}
+    stages += [s for s in step_stages(recipe, M, N, K, G, mode=mode, pad=True, fuse_scales=True) if s.name not in names]
     unknown = sorted(set(impls) - {s.name for s in stages})
     if unknown:
         raise InputError(f"recipe {recipe} has no stage {', '.join(unknown)}")

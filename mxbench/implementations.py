@@ -214,7 +214,9 @@ def register_compiled(registry: Registry) -> None:
     for spec in all_specs().values():
         if spec.recipe != Recipe.MXFP8 or spec.category not in MEMORY_CATEGORIES:
             continue
-        host_offsets = spec.category == Category.PAD or spec.kernel in ("rearrange_m_groups", "rearrange_k_groups")
+        host_offsets = spec.category == Category.PAD or spec.kernel in (
+            "rearrange_m_groups", "rearrange_k_groups", "quantize_dim0_blocked", "quantize_dim1_blocked"
+        )  # fmt: skip
         registry.add(Implementation(spec.recipe, spec.name, COMPILED, _Compiled(spec.oracle),
                                     f"torch.compile({spec.kernel} reference)", _compiled_available,
                                     graph_safe=not host_offsets, origin="builtin"))  # fmt: skip

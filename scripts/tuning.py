@@ -16,18 +16,20 @@ from mxbench.ceilings import stream_convert
 from mxbench.timing import time_fn
 
 
-def copy_tbps(rows: int, cols: int, samples: int) -> float:
-    """TB/s (read + write) of the Triton copy kernel `mxbench ceilings` measures, over a (rows, cols) bf16 tensor.
+def copy_tbps(rows: int, cols: int, samples: int, dtype: torch.dtype = torch.bfloat16) -> float:
+    """TB/s (read + write) of the Triton copy kernel `mxbench ceilings` measures, over a (rows, cols) bf16 tensor;
+    with ``dtype=torch.float8_e4m3fn`` its bf16 -> fp8 cast (2 bytes read, 1 written: a quantizer's traffic, the
+    ``read2write1`` ceiling).
 
     A kernel, not ``copy_``: a CUDA graph turns a same-dtype ``copy_`` into a copy-engine memcpy node, which streams
     at another rate than the SM kernels being tuned.
     """
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty_like(x)
+    y = torch.empty(rows, cols, device="cuda", dtype=dtype)
     t = time_fn(lambda: stream_convert(x, y), samples=samples, target_replay_ms=5.0)
-    if not torch.equal(x, y):
-        raise AssertionError("the copy kernel is wrong")
-    return 2 * x.numel() * x.element_size() / t.median_us / 1e6
+    if not torch.equal(x.to(dtype), y):
+        raise AssertionError("the streaming kernel is wrong")
+    return (x.nbytes + y.nbytes) / t.median_us / 1e6
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,14 @@ class Session:
     roof: float
 
     def finish(self, script: str, rows: list, skipped: list, summary: dict) -> None:
-        """Say what the time budget skipped and how long the run took; write every number to
+        """Say what the time budget skipped and how long the run took; write every number to ``--out``, else to
         ``$OUT/<script>.json`` when ``$OUT`` is set."""
         if skipped:
             print(f"{len(skipped)} configs skipped: time budget of {self.args.budget_s:.0f} s spent")
         print(f"done in {time.monotonic() - self.t0:.0f} s")
-        if os.environ.get("OUT"):
-            path = os.path.join(os.environ["OUT"], f"{script}.json")
+        path = self.args.out or (os.path.join(os.environ["OUT"], f"{script}.json") if os.environ.get("OUT") else None)
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             meta = {"device": self.device, "torch": torch.__version__, "triton": triton.__version__,
                     "copy_tbps": self.roof}  # fmt: skip
             with open(path, "w") as f:
@@ -61,6 +64,7 @@ def start(script: str, description: str, only_default: str, only_help: str, rows
     parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting new configs after this")
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--only", default=only_default, help=only_help)
+    parser.add_argument("--out", default=None, help="JSON file for every number (default: $OUT/<script>.json)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit(f"{script} needs a CUDA GPU")

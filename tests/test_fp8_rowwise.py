@@ -9,6 +9,7 @@ kernels under the interpreter on small shapes; the ``gpu`` tests repeat the chec
 
 import pytest
 import torch
+from crosscompile import compile_ptx
 from helpers import offsets
 from mxkernels import fp8_rowwise as F
 from mxkernels.cost import Cost
@@ -138,6 +139,93 @@ def test_k_groups_reads_a_transposed_view(device):
     assert torch.equal(scale, scale_ref)
 
 
+# ---- launch configurations: one read or two, strips, chunks, alignment ------------------------------------------
+
+ROWS_CONFIGS = {
+    "single pass, 2 rows": F.Fp8RowwiseConfig(2, 256, num_warps=2),  # K = 200 fits one 256-wide step
+    "single pass, even": F.Fp8RowwiseConfig(1, 512, num_warps=4),
+    "two passes": F.Fp8RowwiseConfig(4, 64, num_warps=2),  # 200 = 3 x 64 + 8: a partial last step
+}
+
+
+@pytest.mark.parametrize("name", list(ROWS_CONFIGS))
+@pytest.mark.parametrize("K", [200, 256])
+def test_rowwise_one_read_or_two_is_bit_exact(device, name, K, poisoned_empty):
+    """Rows that fit one step are read once (the single-pass path), longer ones in two passes; K not a power of two
+    (masked columns) and K = 256 (the unmasked path where the tile divides x) give the reference's bytes."""
+    gen = torch.Generator().manual_seed(K)
+    x = (torch.randn(12, K, generator=gen) * torch.logspace(-20, 20, 12, base=2.0)[:, None]).to(device).bfloat16()
+    x[3] = 0
+    q, scale = F.quantize_fp8_rowwise(x, config=ROWS_CONFIGS[name])
+    q_ref, scale_ref = F.quantize_fp8_rowwise_reference(x)
+    assert_same_bytes(q, q_ref)
+    assert torch.equal(scale, scale_ref)
+
+
+def test_default_rows_launch_reads_once_up_to_the_register_limit():
+    for K in (2048, 7168, F.SINGLE_PASS_MAX):
+        config = F.default_rowwise_config(K)
+        assert not F._takes_two_passes(config, K) and config.block_rows * config.block_cols >= F.ROWS_TILE
+    assert F._takes_two_passes(F.default_rowwise_config(F.SINGLE_PASS_MAX + 32), F.SINGLE_PASS_MAX + 32)
+    assert F._takes_two_passes(F.TWO_PASS_ROWS_CONFIG, 7168)
+
+
+# Strips kernel launches small enough that the test shapes take several chunks per group, several strips per
+# group of strips and several pass-2 steps, with each way of streaming pass 2, the two-launch split, and the old
+# two-pass kernel.
+COLWISE_CONFIGS = {
+    "default": None,
+    "prefetch": F.ColwiseConfig(strip_cols=8, chunk_rows=32, step_rows=16, group_cols=16, num_warps=2),
+    "no prefetch": F.ColwiseConfig(strip_cols=16, chunk_rows=16, step_rows=32, group_cols=32, prefetch=False),
+    "pipelined": F.ColwiseConfig(strip_cols=8, chunk_rows=64, step_rows=16, group_cols=8, prefetch=False,
+                                 num_stages=2),
+    "split": F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=64, split=True),
+    "two-pass kernel": F.TWO_PASS_COLWISE_CONFIG,
+}  # fmt: skip
+# Group sizes: empty groups first, inside and last; sizes on and off 16-row boundaries (the vector and the byte
+# stores of pass 2); a group of many chunks; offs[-1] < M (the rows after belong to no group).
+K_GROUP_SIZES = [[0, 48, 0, 96, 16, 0], [37, 0, 128, 5, 30], [200]]
+
+
+@pytest.mark.parametrize("name", list(COLWISE_CONFIGS))
+def test_k_groups_launches_are_bit_exact(device, name, poisoned_empty):
+    gen = torch.Generator().manual_seed(1)
+    for sizes in K_GROUP_SIZES:
+        x = torch.randn(210, 40, generator=gen) * torch.logspace(-10, 10, 40, base=2.0)
+        x = x.to(device).bfloat16()
+        offs = offsets(sizes, device)
+        q, scale = F.quantize_fp8_rowwise_k_groups(x, offs, config=COLWISE_CONFIGS[name])
+        q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+        end = sum(sizes)
+        assert_same_bytes(q[:, :end], q_ref[:, :end])
+        assert torch.equal(scale, scale_ref), sizes
+
+
+@pytest.mark.parametrize("name", list(COLWISE_CONFIGS))
+@pytest.mark.parametrize("N", [48, 40])
+def test_3d_along_n_launches_are_bit_exact(device, name, N, poisoned_empty):
+    """N on a 16-row boundary (vector stores) and not (byte stores); K = 24, not a multiple of every strip."""
+    w = (torch.randn(3, N, 24) * torch.logspace(-8, 8, 24, base=2.0)).to(device).bfloat16()
+    w[1, :, 5] = 0
+    q, scale = F.quantize_fp8_rowwise_3d(w, along="N", config=COLWISE_CONFIGS[name])
+    q_ref, scale_ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
+    assert_same_bytes(q, q_ref)
+    assert torch.equal(scale, scale_ref)
+
+
+def test_launch_configs_check_their_fields():
+    with pytest.raises(ValueError, match="strip_cols"):
+        F.ColwiseConfig(strip_cols=12, chunk_rows=32, step_rows=32, group_cols=24)
+    with pytest.raises(ValueError, match="group_cols"):
+        F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=24)
+    with pytest.raises(ValueError, match="num_stages"):
+        F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, num_stages=5)
+    with pytest.raises(ValueError, match="split"):
+        F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, split=1)
+    with pytest.raises(ValueError, match="config"):
+        F.quantize_fp8_rowwise(torch.ones(4, 4), config=F.COLWISE_CONFIG)
+
+
 # ---- costs and errors ----------------------------------------------------------------------------------------
 
 
@@ -146,6 +234,22 @@ def test_costs_are_hand_counts():
     assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.float32, "K") == Cost(2 * 8 * 32 * 4, 512 + 2 * 8 * 4)
     assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.bfloat16, "N") == Cost(2 * 8 * 32 * 2, 512 + 2 * 32 * 4)
     assert F.quantize_fp8_rowwise_k_groups_cost(128, 24, 3, torch.bfloat16) == Cost(128 * 24 * 2, 128 * 24 + 3 * 24 * 4)
+
+
+def test_costs_count_a_second_read_from_device_memory():
+    # Two passes over rows longer than a step, the split strips launch and the two-pass colwise kernel read twice.
+    two_pass = F.Fp8RowwiseConfig(4, 32)
+    assert F.quantize_fp8_rowwise_cost(16, 64, torch.bfloat16, two_pass) == Cost(2 * 16 * 64 * 2, 16 * 64 + 16 * 4)
+    split = F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, split=True)
+    for config in (split, F.TWO_PASS_COLWISE_CONFIG):
+        assert F.quantize_fp8_rowwise_k_groups_cost(128, 24, 3, torch.bfloat16, config) == Cost(
+            2 * 128 * 24 * 2, 128 * 24 + 3 * 24 * 4
+        )
+        assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.bfloat16, "N", config).bytes_read == 2 * 2 * 8 * 32 * 2
+    # DeepSeek-V3 A (131072, 7168) bf16, 8 groups, the default one-launch strips: one read.
+    assert F.quantize_fp8_rowwise_k_groups_cost(131072, 7168, 8, torch.bfloat16) == Cost(
+        1_879_048_192, 939_524_096 + 4 * 8 * 7168
+    )
 
 
 def test_bad_input_names_the_argument(device):
@@ -164,6 +268,54 @@ def test_bad_input_names_the_argument(device):
     if device == "cpu":  # CUDA offsets are never read on the host
         with pytest.raises(ValueError, match="non-decreasing group ends within"):
             F.quantize_fp8_rowwise_k_groups(torch.ones(4, 4), torch.tensor([3, 2], dtype=torch.int32))
+
+
+# ---- cross-compilation (no GPU needed) ------------------------------------------------------------------------
+
+_ROWWISE_SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "scale_ptr": "*fp32", "rows": "i32", "cols": "i32",
+                **{c: "constexpr" for c in ("BLOCK_R", "BLOCK_C", "SINGLE", "EVEN", "EXACT")}}  # fmt: skip
+_STRIPS_SIG = {"x_ptr": "*bf16", "offs_ptr": "*i32", "q_ptr": "*u8", "scale_ptr": "*fp32", "work_ptr": "*i32",
+               **{a: "i32" for a in ("rows", "cols", "G", "stride_xg", "stride_xm", "stride_xc", "stride_qg",
+                                     "stride_qc")},
+               **{c: "constexpr" for c in ("HAS_OFFS", "CHUNK", "STRIP", "STEP", "GROUP", "PHASE", "STAGES",
+                                           "PREFETCH", "BLOCK_G", "EXACT")}}  # fmt: skip
+
+
+@pytest.mark.parametrize("cc", [90, 100])
+def test_rows_kernel_reads_a_row_once_in_16_byte_vectors(cc):
+    """A 7168-long row in one 8192-wide step: one load per element (16-byte vectors, masked past 7168), one store."""
+    constexprs = {"BLOCK_R": 1, "BLOCK_C": 8192, "SINGLE": True, "EVEN": False, "EXACT": False}
+    ptx = compile_ptx("mxkernels.fp8_rowwise", "_rowwise_kernel", _ROWWISE_SIG, constexprs, cc,
+                      ("x_ptr", "q_ptr", "cols"))  # fmt: skip
+    # 16 bytes in, 8 bytes of it out: twice the loads of the stores, none of them scalar.
+    assert ptx.count("ld.global.v4.b32") == 2 * ptx.count("st.global.v4.b32") > 0 and "ld.global.b16" not in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+@pytest.mark.parametrize("cc", [90, 100])
+def test_strips_kernel_orders_its_count_after_the_amaxes(cc):
+    """The one-launch strips kernel: each amax atomic returns (it is waited for, not fire-and-forget), the count is
+    an acq_rel atomic, the pass-2 amax is read back with an atomic, and the aligned pass 2 stores 16-byte vectors."""
+    constexprs = {"HAS_OFFS": True, "CHUNK": 512, "STRIP": 16, "STEP": 512, "GROUP": 4, "PHASE": 0, "STAGES": 1,
+                  "PREFETCH": True, "BLOCK_G": 8, "EXACT": False, "stride_xc": 1}  # fmt: skip
+    signature = {**_STRIPS_SIG, "stride_xc": "constexpr"}
+    # What the launcher sees at DeepSeek-V3 sizes: 16-divisible pointers, sizes and strides (0 included).
+    aligned = (
+        "x_ptr",
+        "q_ptr",
+        "scale_ptr",
+        "work_ptr",
+        "rows",
+        "cols",
+        "stride_xg",
+        "stride_xm",
+        "stride_qg",
+        "stride_qc",
+    )
+    ptx = compile_ptx("mxkernels.fp8_rowwise", "_strips_kernel", signature, constexprs, cc, aligned)
+    assert "atom.global.gpu.relaxed.max.s32" in ptx and "red.global" not in ptx
+    assert "atom.global.gpu.acq_rel.add.u32" in ptx and "atom.global.gpu.relaxed.add.u32" in ptx
+    assert "st.global.v4.b32" in ptx
 
 
 # ---- GPU: DeepSeek-V3 sizes ---------------------------------------------------------------------------------

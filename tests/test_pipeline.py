@@ -55,6 +55,33 @@ class TestPlan:
         padded_rows = 32 * -(-(100 + 32 * 3) // 32)  # ceil_32(M + 32 G) = 224
         assert quantize_a.shapes == ((padded_rows, 64),)
 
+    def test_fused_scales_replace_each_quantize_and_rearrange_pair(self):
+        M, N, K, G = DSV3["M"], DSV3["N"], DSV3["K"], DSV3["G"]
+        sizes = [M // G] * G
+        unfused = pipeline.plan_step("mxfp8", M, N, K, G, sizes, backend="emulated")
+        fused = pipeline.plan_step("mxfp8", M, N, K, G, sizes, backend="emulated", fuse_scales=True)
+        assert names(fused, "forward") == ["quantize_a_blocked", "quantize_w_blocked", "gemm_fwd"]
+        assert names(fused, "backward_input") == ["quantize_grad_out_blocked", "quantize_w_t_blocked", "gemm_dgrad"]
+        assert names(fused, "backward_weight") == [
+            "quantize_grad_out_t_blocked", "quantize_a_t_blocked", "gemm_wgrad",
+        ]  # fmt: skip
+        # Every GEMM reads the same tensor names; each fused stage writes what its pair wrote, less the scales
+        # between them, and moves the quantizer's data plus the whole blocked buffer.
+        gemms = [s for s in unfused if s.category == "gemm"]
+        assert [s.inputs for s in gemms] == [s.inputs for s in fused if s.category == "gemm"]
+        for p in pipeline.PASSES:
+            for f in (s for s in fused if s.pass_name == p and s.category == "quantize"):
+                q = by_name(unfused, p, f.name.removesuffix("_blocked"))
+                r = by_name(unfused, p, f.name.replace("quantize", "rearrange").removesuffix("_blocked"))
+                assert f.outputs == (q.outputs[0], r.outputs[0]) and f.spec.params == ("mode",)
+                assert f.cost.bytes_read == q.cost.bytes_read
+                assert f.cost.bytes_written == q.cost.bytes_written - r.cost.bytes_read + r.cost.bytes_written
+        assert pipeline.plan_step("bf16", 256, 64, 64, 2, [128, 128], fuse_scales=True) == pipeline.plan_step(
+            "bf16", 256, 64, 64, 2, [128, 128]
+        )
+        with pytest.raises(ValueError, match="fuse_scales"):
+            pipeline.plan_step("mxfp8", 256, 64, 64, 2, [128, 128], fuse_scales="yes")
+
     def test_bf16_is_three_gemms(self):
         stages = pipeline.plan_step("bf16", 256, 64, 64, 2, [128, 128])
         assert [(s.pass_name, s.category) for s in stages] == [(p, "gemm") for p in pipeline.PASSES]
@@ -116,6 +143,24 @@ def test_autograd_matches_the_mx_rounded_reference(device, sizes):
     torch.testing.assert_close(grad_b_t.float().cpu(), ref_grad_w.transpose(-2, -1), rtol=2e-2, atol=2e-3)
 
 
+@pytest.mark.parametrize("sizes", [[64, 0, 96], [40, 7, 81]], ids=["aligned", "unaligned"])
+def test_fused_scales_step_computes_the_same_bits(device, sizes):
+    """The fused-scale quantizers hand the GEMMs the very bytes quantize + rearrange did: the same outputs and
+    gradients, bit for bit."""
+    M, N, K, G = sum(sizes), 64, 96, len(sizes)
+    t = pipeline.make_inputs(M, N, K, G, sizes, device=device, seed=2)
+    results = []
+    for fuse in (False, True):
+        a = t["a"].clone().requires_grad_()
+        b_t = t["w"].transpose(-2, -1).clone().requires_grad_()
+        out = autograd.mxfp8_grouped_mm(a, b_t, t["offs"], backend="emulated", fuse_scales=fuse)
+        results.append((out, *torch.autograd.grad(out, (a, b_t), t["grad_out"])))
+    for unfused, fused in zip(*results, strict=True):
+        assert torch.equal(unfused.view(torch.int16), fused.view(torch.int16))
+    step = autograd.end_to_end("mxfp8", M, N, K, G, sizes, backend="emulated", device=device, seed=2, fuse_scales=True)
+    assert all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(step(), results[1][1:]))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # On a GPU: the autograd drop-in against fp32 autograd, and the whole step in one CUDA graph
 # ---------------------------------------------------------------------------------------------------------------------
@@ -159,12 +204,13 @@ def test_gpu_autograd_drop_in_matches_fp32(recipe, floor_db):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recipe", pipeline.RECIPES)
-def test_gpu_whole_step_replays_from_one_cuda_graph(recipe):
+@pytest.mark.parametrize("recipe, fuse", [(r, False) for r in pipeline.RECIPES] + [("mxfp8", True)])
+def test_gpu_whole_step_replays_from_one_cuda_graph(recipe, fuse):
     """Forward + backward of the autograd function, every stage of every pass, captured once and replayed: no host
     sync anywhere, and the replay computes what the eager step computes."""
     sizes = GPU_SIZES
-    step = autograd.end_to_end(recipe, sum(sizes), 512, 1024, len(sizes), sizes, device="cuda", seed=4)
+    step = autograd.end_to_end(recipe, sum(sizes), 512, 1024, len(sizes), sizes, device="cuda", seed=4,
+                               fuse_scales=fuse)  # fmt: skip
     eager = [g.clone() for g in step()]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -200,9 +200,15 @@ def test_bit_exact(kernel, dtype, mode, device):
                                             ("3d_N", {"tile": (128, 64), "num_warps": 8}),
                                             ("3d_N", {"tile": (256, 32), "num_warps": 1}),
                                             ("dim1", {"tile": (64, 16), "num_stages": 2}),
-                                            ("3d_N", {"tile": (128, 32), "num_warps": 2, "num_stages": 3})])  # fmt: skip
+                                            ("3d_N", {"tile": (128, 32), "num_warps": 2, "num_stages": 3}),
+                                            ("3d_N", {"tile": (256, 32), "num_stages": 1}),
+                                            ("3d_N", {"tile": (128, 16), "num_stages": 1, "prefetch": True}),
+                                            ("3d_N", {"tile": (128, 16), "scale_words": False}),
+                                            ("dim1", {"tile": (64, 16), "num_stages": 1, "prefetch": True})])  # fmt: skip
 def test_other_tiles(kernel, launch, device):
-    t = make_input(30, 128, torch.bfloat16, seed=5, device=device)
+    """Tiles of every height; along N, each column's scale bytes of a tile as one word (int16 to int64: a
+    column's 256 rows here are 8 blocks) or bytes, and the 32-row steps pipelined or prefetched."""
+    t = make_input(30, 256, torch.bfloat16, seed=5, device=device)
     check(kernel, t, "rceil", launch_config(kernel, **launch))
 
 
@@ -343,6 +349,10 @@ BAD_CALLS = [
                                          config=launch_config("3d_N", num_stages=2)), "num_stages"),
     ("group_cols", lambda d: quantize_dim1(torch.zeros(32, 4, device=d), config=launch_config("dim1", group_cols=-1)),
      "group_cols"),
+    ("prefetch", lambda d: quantize_dim1(torch.zeros(32, 4, device=d),
+                                         config=launch_config("dim1", num_stages=2, prefetch=True)), "prefetch"),
+    ("scale_words", lambda d: quantize_dim1(torch.zeros(32, 4, device=d),
+                                            config=launch_config("dim1", scale_words=1)), "scale_words"),
     ("not a tensor", lambda d: quantize_dim0([[0.0] * 32]), "x"),
 ]  # fmt: skip
 
@@ -395,30 +405,62 @@ def test_cost_bad_arguments(call):
 # Cross-compilation (no GPU needed)
 # ---------------------------------------------------------------------------------------------------------------------
 
-_COMMON_SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "n_rows": "i32", "n_cols": "i32"}
+_COMMON_SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "offs_ptr": "*i32", "n_rows": "i32", "n_cols": "i32",
+               "G": "i32"}  # fmt: skip
 _CONSTEXPR_SIG = {name: "constexpr" for name in ("BLOCK_R", "BLOCK_C", "EVEN", "RCEIL", "EXACT")}
-_COLS_CONSTEXPR_SIG = {**_CONSTEXPR_SIG, "GROUP": "constexpr", "STAGES": "constexpr"}
+_ROWS_SIG = {**_COMMON_SIG, "group_rows": "i32", "s_cols": "i32", **_CONSTEXPR_SIG, "SCALES": "constexpr",
+             "BLOCK_G": "constexpr"}  # fmt: skip
+_COLS_SIG = {**_COMMON_SIG, "grid_rows": "i32", "grid_cols": "i32", "s_stride_batch": "i32", "s_stride_col": "i32",
+             "s_stride_block": "i32", **_CONSTEXPR_SIG,
+             **{name: "constexpr" for name in ("GROUP", "STAGES", "PREFETCH", "SCALES", "WORDS", "BLOCK_G")}}  # fmt: skip
+# (kernel, scale layout): signature, tile, extra constexprs. Scale layouts: 0 strided, 1 M-groups, 2 blocked 3D,
+# 3 K-groups (the kernels' SCALES).
 COMPILE_CASES = {
-    "_quantize_rows_kernel": ({**_COMMON_SIG, **_CONSTEXPR_SIG}, ROWS_CONFIG.tile),
-    "_quantize_cols_kernel": (
-        {**_COMMON_SIG, "s_stride_batch": "i32", "s_stride_col": "i32", "s_stride_block": "i32", **_COLS_CONSTEXPR_SIG},
+    ("_quantize_rows_kernel", 0): (_ROWS_SIG, ROWS_CONFIG.tile, {}),
+    ("_quantize_rows_kernel", 1): (_ROWS_SIG, ROWS_CONFIG.tile, {}),
+    ("_quantize_rows_kernel", 2): (_ROWS_SIG, ROWS_CONFIG.tile, {}),
+    ("_quantize_cols_kernel", 0): (
+        _COLS_SIG,
+        ALONG_N_COLS.tile,
+        {"GROUP": 4, "STAGES": 2, "PREFETCH": False, "WORDS": True},
+    ),
+    ("_quantize_cols_kernel", 2): (
+        _COLS_SIG,
+        ALONG_N_COLS.tile,
+        {"GROUP": 4, "STAGES": 1, "PREFETCH": True, "WORDS": True},
+    ),
+    ("_quantize_cols_kernel", 3): (
+        _COLS_SIG,
         DIM1_COLS.tile,
+        {"GROUP": 4, "STAGES": 1, "PREFETCH": False, "WORDS": False},
     ),
 }
 
 
 @pytest.mark.parametrize("cc", [90, 100])
-@pytest.mark.parametrize("kernel", list(COMPILE_CASES))
-def test_compiles_for_sm90_and_sm100(kernel, cc):
+@pytest.mark.parametrize("kernel, scales", list(COMPILE_CASES))
+def test_compiles_for_sm90_and_sm100(kernel, scales, cc):
     """One kernel for both: the GPU build (EXACT=False) casts with the hardware satfinite cvt and computes RCEIL
     scales without the SM100-only ue8m0 cvt (which ptxas rejects for sm_90)."""
-    signature, (rows, cols) = COMPILE_CASES[kernel]
-    constexprs = {"BLOCK_R": rows, "BLOCK_C": cols, "EVEN": False, "RCEIL": True, "EXACT": False}
-    if kernel == "_quantize_cols_kernel":
-        constexprs.update(GROUP=4, STAGES=2)
+    signature, (rows, cols), extra = COMPILE_CASES[kernel, scales]
+    constexprs = {"BLOCK_R": rows, "BLOCK_C": cols, "EVEN": False, "RCEIL": True, "EXACT": False, "SCALES": scales,
+                  "BLOCK_G": 8, **extra}  # fmt: skip
     ptx = compile_ptx("mxkernels.quantize", kernel, signature, constexprs, cc)
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert "ue8m0" not in ptx
+
+
+def test_scale_words_compile_to_word_stores():
+    """Along N a column's four scale bytes of a 128-row tile go out as one 32-bit store, in the row-major and the
+    blocked layout: no byte stores of scales left (the data's stores are 16-byte vectors)."""
+    for scales in (0, 2):
+        signature, (rows, cols), extra = COMPILE_CASES["_quantize_cols_kernel", scales]
+        constexprs = {"BLOCK_R": rows, "BLOCK_C": cols, "EVEN": True, "RCEIL": True, "EXACT": False,
+                      "SCALES": scales, "BLOCK_G": 8, **extra}  # fmt: skip
+        aligned = ("x_ptr", "q_ptr", "s_ptr", "n_rows", "n_cols", "grid_rows", "grid_cols", "s_stride_batch",
+                   "s_stride_col")  # fmt: skip
+        ptx = compile_ptx("mxkernels.quantize", "_quantize_cols_kernel", signature, constexprs, 90, aligned)
+        assert "st.global.b8" not in ptx and "st.global.b32" in ptx and "st.global.v4.b32" in ptx
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,360 @@
+"""Issue 11's quantizers on a CUDA GPU, in one run: FP8 rowwise, MXFP8 quantize_3d along N, and the fused-scale MXFP8
+quantizers, each checked bit-exact and timed beside its old default and the streaming roof.
+
+    python scripts/tune_issue11_quantize.py [--out PATH] [--budget-s 170] [--samples 10] [--only fp8,along_n,fused]
+
+DeepSeek-V3 sizes (M = 131072 tokens in G = 8 balanced groups, K = 7168, N = 2048, bf16, RCEIL), plus Llama 4
+Scout's weights (16, 8192, 5120) for quantize_3d along N. First the roof: the Triton streaming kernels of
+``mxbench ceilings`` on a (131072, 7168) bf16 tensor, copy (bf16 -> bf16) and cast (bf16 -> e4m3, a quantizer's
+2 + 1 bytes per element); "stream" is the better of the two. Then per case: the reference (the plain-torch oracle,
+computed once, in chunks), and each launch -- the old default first, the new default, the other candidates --
+run once and compared byte for byte with it, then timed with ``mxbench.timing.time_fn`` (cold-L2 CUDA-graph
+replays). TB/s is over the case's minimal traffic (input read once, outputs written once, the blocked buffers'
+zero fill included), the same count for every launch of a case, so a launch that reads twice shows it as a lower
+rate. The fused cases' old default is the unfused pair, quantize then rearrange, timed as one call. A failing
+launch is printed and skipped; launches left when the time budget runs out are listed. Also checked, not timed:
+the strips kernel three times (its last-arriver pass 2 races if anything does) and every group-aware launch on
+groups that are empty or off 16-row boundaries. Last, the table and the JSON (``--out``, default
+``$OUT/tune_issue11_quantize.json``, ``$OUT`` default ./out).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from mxkernels import fp8_rowwise as F
+from mxkernels import layouts
+from mxkernels import quantize as Q
+from mxkernels import quantize_blocked as QB
+from tune_quantize import make_input
+from tune_quantize import reference as mx_reference
+from tuning import copy_tbps, start
+
+from mxbench.timing import time_fn
+
+M, K, N, G = 131072, 7168, 2048, 8
+SCOUT = (16, 8192, 5120)  # Llama 4 Scout's expert weights (G, N, K)
+SCRIPT = "tune_issue11_quantize"
+BF16 = torch.bfloat16
+
+
+@dataclass
+class Launch:
+    """One launch of a case: its label, role ("old", "new" or "candidate") and a zero-argument call returning the
+    outputs to compare with the reference."""
+
+    label: str
+    role: str
+    run: Callable[[], tuple]
+
+
+@dataclass
+class Case:
+    name: str
+    group: str
+    min_bytes: int
+    setup: Callable[[], tuple[dict, tuple, list[Launch]]]
+    """-> (tensors to keep alive, reference outputs, launches); called when the case runs, so inputs live one case
+    at a time."""
+    extra: dict = field(default_factory=dict)
+
+
+def offsets(sizes, device="cuda") -> torch.Tensor:
+    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32, device=device)
+
+
+BALANCED = [M // G] * G
+
+
+def chunked(fn, x: torch.Tensor, rows: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """fn (a rowwise reference: one output row and one scale per input row) over x's rows in chunks."""
+    parts = [fn(x[i : i + rows]) for i in range(0, x.shape[0], rows)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+# ---- the cases ----------------------------------------------------------------------------------------------
+
+
+def fp8_rows_case(name: str, shape: tuple[int, ...], launches: list[tuple[str, str, object]]) -> Case:
+    rows, cols = (shape[0] * shape[1], shape[2]) if len(shape) == 3 else shape
+
+    def setup():
+        x = make_input(shape).view(rows, cols)
+        ref = chunked(F.quantize_fp8_rowwise_reference, x)
+        runs = [Launch(label, role, lambda c=c: F.quantize_fp8_rowwise(x, config=c)) for label, role, c in launches]
+        return {"x": x}, ref, runs
+
+    return Case(name, "fp8", rows * cols * 3 + 4 * rows, setup)
+
+
+def fp8_cols_case(name: str, launches: list[tuple[str, str, object]], k_groups: tuple[int, list[int]] | None) -> Case:
+    """3D along N of the DeepSeek-V3 weights, or (k_groups = (R, sizes)) the k_groups quantizer of an (M, R)."""
+    if k_groups is None:
+        elems, scales = G * N * K, G * K
+    else:
+        elems, scales = M * k_groups[0], len(k_groups[1]) * k_groups[0]
+
+    def setup():
+        if k_groups is None:
+            w = make_input((G, N, K))
+            ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
+            call = lambda c: F.quantize_fp8_rowwise_3d(w, along="N", config=c)
+            keep = {"w": w}
+        else:
+            x, offs = make_input((M, k_groups[0])), offsets(k_groups[1])
+            ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+            call = lambda c: F.quantize_fp8_rowwise_k_groups(x, offs, config=c)
+            keep = {"x": x, "offs": offs}
+        return keep, ref, [Launch(label, role, lambda c=c: call(c)) for label, role, c in launches]
+
+    return Case(name, "fp8", elems * 3 + 4 * scales, setup)
+
+
+def along_n_case(name: str, shape: tuple[int, int, int], launches: list[tuple[str, str, object]]) -> Case:
+    def setup():
+        w = make_input(shape)
+        ref = mx_reference(w.transpose(1, 2), "rceil")
+        runs = [Launch(label, role, lambda c=c: Q.quantize_3d(w, "N", config=c)) for label, role, c in launches]
+        return {"w": w}, ref, runs
+
+    return Case(name, "along_n", Q.quantize_3d_cost(*shape, BF16).bytes, setup)
+
+
+def fused_case(name: str, kind: str, cols: int, launches: list[tuple[str, str, object]]) -> Case:
+    """kind: "dim0" (M-groups), "dim1" (K-groups) on an (M, cols) operand, or "3d_K" / "3d_N" on the weights."""
+    if kind == "dim0":
+        cost = QB.quantize_dim0_blocked_cost(M, cols, G, BF16)
+    elif kind == "dim1":
+        cost = QB.quantize_dim1_blocked_cost(M, cols, G, BF16)
+    else:
+        cost = QB.quantize_3d_blocked_cost(G, N, K, BF16, kind[-1])
+
+    def setup():
+        offs = offsets(BALANCED)
+        if kind in ("dim0", "dim1"):
+            x = make_input((M, cols))
+            fused = QB.quantize_dim0_blocked if kind == "dim0" else QB.quantize_dim1_blocked
+            if kind == "dim0":
+                q, s = mx_reference(x, "rceil")
+                ref = (q, layouts.rearrange_m_groups_reference(s, offs))
+                quantize, rearrange = Q.quantize_dim0, layouts.rearrange_m_groups
+            else:
+                q, s = mx_reference(x.t(), "rceil")
+                ref = (q, layouts.rearrange_k_groups_reference(s, offs))
+                quantize, rearrange = Q.quantize_dim1, layouts.rearrange_k_groups
+
+            def unfused():
+                q, s = quantize(x)
+                return q, rearrange(s, offs)
+
+            call = lambda c: fused(x, offs, config=c)
+            keep = {"x": x}
+        else:
+            along = kind[-1]
+            x = make_input((G, N, K))
+            q, s = mx_reference(x if along == "K" else x.transpose(1, 2), "rceil")
+            ref = (q, layouts.rearrange_3d_reference(s))
+
+            def unfused():
+                q, s = Q.quantize_3d(x, along)
+                return q, layouts.rearrange_3d(s)
+
+            call = lambda c: QB.quantize_3d_blocked(x, along, config=c)
+            keep = {"x": x}
+        runs = [Launch("quantize + rearrange (unfused)", "old", unfused)]
+        runs += [Launch(label, role, lambda c=c: call(c)) for label, role, c in launches]
+        return {**keep, "offs": offs}, ref, runs
+
+    return Case(name, "fused", cost.bytes, setup)
+
+
+def strips(strip, chunk, step, group=256, warps=8, **kw) -> F.ColwiseConfig:
+    return F.ColwiseConfig(strip_cols=strip, chunk_rows=chunk, step_rows=step, group_cols=group, num_warps=warps, **kw)
+
+
+def cases() -> list[Case]:
+    old_rows, old_cols = F.TWO_PASS_ROWS_CONFIG, F.TWO_PASS_COLWISE_CONFIG
+    k_groups = [("old: two-pass colwise (64, 64) w4", "old", old_cols), ("new: strips 16 x 512 g256 w8", "new", None),
+                ("strips, split (two launches)", "candidate", replace(F.COLWISE_CONFIG, split=True)),
+                ("strips 16 x 512 g64 w8", "candidate", strips(16, 512, 512, group=64)),
+                ("strips 32 x 256 g256, step 256, w8", "candidate", strips(32, 256, 256)),
+                ("strips 8 x 1024 g256, step 1024, w8", "candidate", strips(8, 1024, 1024))]  # fmt: skip
+    old_n = replace(Q.ALONG_N_COLS, scale_words=False)
+    return [
+        fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [
+            ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
+            ("one read (2, 8192) w16", "candidate", F.Fp8RowwiseConfig(2, 8192, 16)),
+        ]),
+        fp8_cols_case("fp8 k_groups A (131072, 7168) -> (7168, 131072)", k_groups[:4], (K, BALANCED)),
+        fp8_cols_case("fp8 k_groups grad_out (131072, 2048) -> (2048, 131072)", k_groups, (N, BALANCED)),
+        fp8_rows_case("fp8 rowwise grad_out (131072, 2048)", (M, N), [
+            ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (4, 2048) w8", "new", None),
+            ("one read (8, 2048) w8", "candidate", F.Fp8RowwiseConfig(8, 2048, 8)),
+        ]),
+        fp8_cols_case("fp8 3D along N (8, 2048, 7168) -> (8, 7168, 2048)", k_groups[:3], None),
+        fp8_rows_case("fp8 3D along K (8, 2048, 7168)", (G, N, K), [
+            ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
+        ]),
+        along_n_case("mx quantize_3d N (8, 2048, 7168)", (G, N, K), [
+            ("old: (128, 64) w1 s3 g2048, scale bytes", "old", old_n),
+            ("new: (128, 64) w1 s3 g2048, scale words", "new", None),
+            ("(256, 64) w1 s3 g2048, int64 words", "candidate", Q.ColsConfig((256, 64), 1, 3, 2048)),
+            ("(128, 64) w1 s1 g2048, words", "candidate", Q.ColsConfig((128, 64), 1, 1, 2048)),
+            ("(128, 32) w1 prefetch g2048, words", "candidate", Q.ColsConfig((128, 32), 1, 1, 2048, prefetch=True)),
+        ]),
+        along_n_case(f"mx quantize_3d N Scout {SCOUT}", SCOUT, [
+            ("old: (128, 64) w1 s3 g2048, scale bytes", "old", old_n),
+            ("new: (128, 64) w1 s3 g2048, scale words", "new", None),
+        ]),
+        fused_case("mx A dim0 + M-groups (131072, 7168)", "dim0", K, [("new: fused (32, 512) w8", "new", None)]),
+        fused_case("mx A dim1 + K-groups (131072, 7168)", "dim1", K, [
+            ("new: fused (32, 64) w1 g512", "new", None),
+            ("fused (64, 64) w1 g512", "candidate", Q.ColsConfig((64, 64), 1, 1, 512)),
+        ]),
+        fused_case("mx grad_out dim0 + M-groups (131072, 2048)", "dim0", N, [("new: fused (32, 512) w8", "new", None)]),
+        fused_case("mx grad_out dim1 + K-groups (131072, 2048)", "dim1", N, [("new: fused (32, 64) w1 g512", "new", None)]),
+        fused_case("mx W along K + 3D blocked (8, 2048, 7168)", "3d_K", K, [("new: fused (32, 512) w8", "new", None)]),
+        fused_case("mx W along N + 3D blocked (8, 2048, 7168)", "3d_N", K, [
+            ("new: fused (128, 64) w1 s3 g2048", "new", None),
+            ("fused (256, 64) w1 s3 g2048", "candidate", Q.ColsConfig((256, 64), 1, 3, 2048)),
+        ]),
+    ]  # fmt: skip
+
+
+# ---- checks that are not timed: races and group shapes -------------------------------------------------------
+
+
+def race_and_group_checks() -> list[dict]:
+    """The strips kernel run three times at full size (a race in its pass 2 would show as a differing run), and the
+    group-aware launches on groups empty, first or last, and off 16-row (FP8) or 128-row (MX images) boundaries."""
+    results = []
+
+    def check(name, got, want):
+        ok = all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want, strict=True))
+        results.append({"check": name, "ok": ok})
+        print(f"  check {name}: {'ok' if ok else 'MISMATCH'}", flush=True)
+
+    x = make_input((M, N))
+    offs = offsets(BALANCED)
+    ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+    for i in range(3):
+        check(f"fp8 k_groups grad_out, strips default, run {i + 1}", F.quantize_fp8_rowwise_k_groups(x, offs), ref)
+    small = x[: M // 8]
+    rows = small.shape[0]
+    fp8_sizes, mx_sizes = [rows // 3 + 1, 0, 3, rows - rows // 3 - 4], [rows // 4, 0, 32, rows - rows // 4 - 32]
+    skew, mx_groups = offsets(fp8_sizes), offsets(mx_sizes)
+    for config in (None, replace(F.COLWISE_CONFIG, split=True), F.TWO_PASS_COLWISE_CONFIG):
+        check(f"fp8 k_groups groups {fp8_sizes}, {type(config).__name__}",
+              F.quantize_fp8_rowwise_k_groups(small, skew, config=config),
+              F.quantize_fp8_rowwise_k_groups_reference(small, skew))  # fmt: skip
+    q, s = mx_reference(small, "rceil")
+    check(f"mx dim0 + M-groups, groups {fp8_sizes}", QB.quantize_dim0_blocked(small, skew),
+          (q, layouts.rearrange_m_groups_reference(s, skew)))  # fmt: skip
+    q, s = mx_reference(small.t(), "rceil")
+    check(f"mx dim1 + K-groups, groups {mx_sizes}", QB.quantize_dim1_blocked(small, mx_groups),
+          (q, layouts.rearrange_k_groups_reference(s, mx_groups)))  # fmt: skip
+    return results
+
+
+# ---- running ------------------------------------------------------------------------------------------------
+
+
+def same(got: tuple, ref: tuple) -> str | None:
+    """None when every output equals the reference byte for byte, else what differs."""
+    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+        g, r = g.view(torch.uint8) if g.dtype.itemsize == 1 else g, r.view(torch.uint8) if r.dtype.itemsize == 1 else r
+        if g.shape != r.shape:
+            return f"output {i}: shape {tuple(g.shape)}, reference {tuple(r.shape)}"
+        if not torch.equal(g, r):
+            return f"output {i}: {(g != r).sum().item()} of {g.numel()} elements differ"
+    return None
+
+
+def measure(case: Case, launch: Launch, ref: tuple, samples: int, roofs: dict) -> dict:
+    row = {"case": case.name, "group": case.group, "config": launch.label, "role": launch.role,
+           "min_bytes": case.min_bytes}  # fmt: skip
+    try:
+        wrong = same(launch.run(), ref)
+        torch.cuda.synchronize()
+        if wrong:
+            raise AssertionError(f"not bit-exact: {wrong}")
+        t = time_fn(launch.run, samples=samples, target_replay_ms=5.0)
+        tbps = case.min_bytes / t.median_us / 1e6
+        row.update(ok=True, us=t.median_us, iqr_us=t.iqr_us, tbps=tbps, pct_stream=tbps / roofs["stream"],
+                   pct_copy=tbps / roofs["copy"])  # fmt: skip
+    except Exception as e:  # noqa: BLE001 (a failing launch is reported and the run goes on)
+        row.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        traceback.print_exc(limit=2, file=sys.stderr)
+    return row
+
+
+def line(r: dict) -> str:
+    if not r["ok"]:
+        return f"{r['case'][:44]:44s} {r['config'][:42]:42s} FAILED {r['error']}"
+    return (f"{r['case'][:44]:44s} {r['config'][:42]:42s} {r['us']:9.1f} {r['tbps']:6.2f} {r['pct_stream']:6.1%} "
+            f"{r['pct_copy']:6.1%}")  # fmt: skip
+
+
+def main() -> None:
+    os.environ.setdefault("OUT", "out")
+    session = start(SCRIPT, __doc__.split("\n\n")[0], "fp8,along_n,fused", "comma-separated groups", M, K)
+    args, t0 = session.args, session.t0
+    if args.out is None:
+        args.out = os.path.join(os.environ["OUT"], f"{SCRIPT}.json")
+    roofs = {"copy": session.roof, "read2write1": copy_tbps(M, K, args.samples, torch.float8_e4m3fn)}
+    roofs["stream"] = max(roofs.values())
+    print(f"roof over (131072, 7168) bf16: copy {roofs['copy']:.2f} TB/s, cast to e4m3 {roofs['read2write1']:.2f} "
+          f"TB/s; stream = {roofs['stream']:.2f}", flush=True)  # fmt: skip
+    only = set(filter(None, args.only.split(",")))
+    rows, skipped, checks = [], [], []
+    header = f"{'case':44s} {'config':42s} {'us':>9s} {'TB/s':>6s} {'%strm':>6s} {'%copy':>6s}"
+    print(header, flush=True)
+    for case in cases():
+        if only and case.group not in only:
+            continue
+        if time.monotonic() - t0 > args.budget_s:
+            skipped.append({"case": case.name})
+            continue
+        try:
+            keep, ref, launches = case.setup()
+        except Exception as e:  # noqa: BLE001
+            rows.append({"case": case.name, "group": case.group, "config": "(setup)", "role": "setup", "ok": False,
+                         "error": f"{type(e).__name__}: {e}"[:300]})  # fmt: skip
+            traceback.print_exc(limit=2, file=sys.stderr)
+            continue
+        for launch in launches:
+            if time.monotonic() - t0 > args.budget_s:
+                skipped.append({"case": case.name, "config": launch.label})
+                continue
+            rows.append(measure(case, launch, ref, args.samples, roofs))
+            print(line(rows[-1]), flush=True)
+        del keep, ref, launches
+        torch.cuda.empty_cache()
+    if not only or "fp8" in only or "fused" in only:
+        try:
+            checks = race_and_group_checks()
+        except Exception as e:  # noqa: BLE001
+            checks = [{"check": "(race and group checks)", "ok": False, "error": f"{type(e).__name__}: {e}"[:300]}]
+            traceback.print_exc(limit=2, file=sys.stderr)
+
+    print(f"\n{session.device}; roof: copy {roofs['copy']:.2f} TB/s, cast {roofs['read2write1']:.2f} TB/s. TB/s over "
+          "each case's minimal traffic; %strm of the better roof; old = the default before issue 11")  # fmt: skip
+    print(header)
+    for r in rows:
+        print(line(r))
+    bad = [c["check"] for c in checks if not c["ok"]] + [f"{r['case']} / {r['config']}" for r in rows if not r["ok"]]
+    print(f"not ok: {'; '.join(bad)}" if bad else "every launch and check bit-exact")
+    session.finish(
+        SCRIPT, rows, skipped, {"roofs_tbps": roofs, "checks": checks, "sizes": {"M": M, "K": K, "N": N, "G": G}}
+    )
+
+
+if __name__ == "__main__":
+    main()
