@@ -380,6 +380,7 @@ FRONT_DOOR = [
     ("mxfp8", "triton", 25),
     ("mxfp8", "triton_fp8", 25),
     ("mxfp8", "triton_dequant", 25),
+    ("mxfp8", "triton_fused", 25),
 ]
 
 
@@ -428,10 +429,11 @@ def test_default_backends_on_cpu():
     "cap,expected",
     [
         ((10, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "emulated"],
-                   "mxfp8": ["native", "triton", "triton_dequant", "triton_fp8", "emulated"]}),
+                   "mxfp8": ["native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated"]}),
         ((9, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "emulated"],
-                  "mxfp8": ["triton_dequant", "triton_fp8", "triton", "emulated"]}),
-        ((8, 9), {"fp8_rowwise": ["emulated"], "mxfp8": ["triton_fp8", "triton_dequant", "triton", "emulated"]}),
+                  "mxfp8": ["triton_dequant", "triton_fused", "triton_fp8", "triton", "emulated"]}),
+        ((8, 9), {"fp8_rowwise": ["emulated"],
+                  "mxfp8": ["triton_fp8", "triton_dequant", "triton_fused", "triton", "emulated"]}),
         ((8, 0), {"fp8_rowwise": ["emulated"], "mxfp8": ["emulated"]}),
     ],
 )  # fmt: skip
