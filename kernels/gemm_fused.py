@@ -199,9 +199,9 @@ def _tile_2d3d(t, starts, sizes, m_tiles, n_tiles, BLOCK_M: tl.constexpr, BLOCK_
 
 @triton.jit
 def _fused_2d3d_kernel(
-    a_ptr, sa_ptr, b_ptr, offs_ptr, out_ptr, M, N, K, G,
+    a_ptr, sa_ptr, b_ptr, offs_ptr, out_ptr, M, N, K, G, PROGRAMS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr,
-    GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr, A_KIND: tl.constexpr, EXACT_FP32: tl.constexpr,
+    GROUP_M: tl.constexpr, A_KIND: tl.constexpr, EXACT_FP32: tl.constexpr,
 ):  # fmt: skip
     """out (M, N) = A (M, K) @ B_g (N, K)^T per row group g; B bf16 (G, N, K).
 
@@ -243,10 +243,9 @@ def _fused_2d3d_kernel(
 
 @triton.jit
 def _fused_2d2d_kernel(
-    x_ptr, sx_ptr, y_ptr, sy_ptr, offs_ptr, out_ptr, M, Y_ROWS, X_ROWS, G,
+    x_ptr, sx_ptr, y_ptr, sy_ptr, offs_ptr, out_ptr, M, Y_ROWS, X_ROWS, G, PROGRAMS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr,
-    GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr, X_KIND: tl.constexpr, Y_KIND: tl.constexpr,
-    EXACT_FP32: tl.constexpr,
+    GROUP_M: tl.constexpr, X_KIND: tl.constexpr, Y_KIND: tl.constexpr, EXACT_FP32: tl.constexpr,
 ):  # fmt: skip
     """out[g] (Y_ROWS, X_ROWS) = Y[:, group g] @ X[:, group g]^T with X (X_ROWS, M), Y (Y_ROWS, M); offs splits M.
 
@@ -387,14 +386,14 @@ def _launch(kernel, tiles: int, args: tuple, constexprs: dict, G: int, config: F
         "BLOCK_K": config.block_k,
         "BLOCK_G": triton.next_power_of_2(G),
         "GROUP_M": config.group_m,
-        "PROGRAMS": programs,
         "EXACT_FP32": config.exact_fp32,
         "num_warps": config.num_warps,
         "num_stages": config.num_stages,
     }
     if config.maxnreg is not None:
         launch["maxnreg"] = config.maxnreg
-    kernel[(programs,)](*args, G=G, **constexprs, **launch)
+    # The program count is a plain argument, not a constexpr: a call at another size reuses the compiled kernel.
+    kernel[(programs,)](*args, G=G, PROGRAMS=programs, **constexprs, **launch)
 
 
 def _run_2d3d(a, sa, b, offs, out_dtype: torch.dtype, config: FusedConfig | None) -> torch.Tensor:

@@ -276,11 +276,11 @@ _COMMON = {"offs_ptr": "*i32", "out_ptr": "*bf16"}
 _BUILDS = {
     "2d3d": ("_fused_2d3d_kernel",
              {"a_ptr": "*fp8e4nv", "sa_ptr": "*u8", "b_ptr": "*bf16", **_COMMON, "M": "i32", "N": "i32", "K": "i32",
-              "G": "i32"},
+              "G": "i32", "PROGRAMS": "i32"},
              {"A_KIND": 0}, ("M", "N", "K")),
     "2d2d": ("_fused_2d2d_kernel",
              {"x_ptr": "*fp8e4nv", "sx_ptr": "*u8", "y_ptr": "*bf16", "sy_ptr": "*u8", **_COMMON, "M": "i32",
-              "Y_ROWS": "i32", "X_ROWS": "i32", "G": "i32"},
+              "Y_ROWS": "i32", "X_ROWS": "i32", "G": "i32", "PROGRAMS": "i32"},
              {"X_KIND": 0, "Y_KIND": 1}, ("M", "Y_ROWS", "X_ROWS")),
 }  # fmt: skip
 
@@ -293,7 +293,7 @@ def ptx():
         kernel, signature, kinds, dims = _BUILDS[case]
         config = gemm_fused._DEFAULT_CONFIGS[case]
         constexprs = {**kinds, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
-                      "BLOCK_G": 8, "GROUP_M": config.group_m, "PROGRAMS": 132, "EXACT_FP32": False}  # fmt: skip
+                      "BLOCK_G": 8, "GROUP_M": config.group_m, "EXACT_FP32": False}  # fmt: skip
         signature = {**signature, **{c: "constexpr" for c in constexprs}}
         aligned = tuple(n for n in signature if n.endswith("_ptr")) + dims
         return compile_ptx("mxkernels.gemm_fused", kernel, signature, constexprs, 90, aligned=aligned)
