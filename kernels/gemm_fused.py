@@ -37,7 +37,7 @@ import triton.language as tl
 from .gemm_dequant import dequantize_blocked
 from .layouts import blocked_word
 from .padding import group_bounds, locate, pick
-from .runtime import INTERPRET, InputError, check_int, check_power_of_two
+from .runtime import INTERPRET, InputError, check_int, check_power_of_two, tile_launch
 
 # ---------------------------------------------------------------------------------------------------------------
 # Dequantization in registers
@@ -141,6 +141,24 @@ _BF16 = tl.constexpr(1)
 
 
 @triton.jit
+def _operand_step(
+    ptr, rows, s_ptr, s_rows, scales, k, k_ok, k0, k_len, stride,
+    KIND: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_FP32: tl.constexpr,
+):  # fmt: skip
+    """One contraction step's (rows, BLOCK_K) tile of an operand (see ``_contract``), ready for the dot, and the scale
+    bytes of the next step (an _FP8 operand: ``scales`` are this step's, loaded one step earlier; a _BF16 one passes
+    ``scales`` through unread)."""
+    tile = tl.load(ptr + rows.to(tl.int64)[:, None] * stride + k[None, :], mask=k_ok, other=0.0)
+    scales_next = scales
+    if KIND == _FP8:
+        scales_next = _scale_bytes(s_ptr, s_rows, k0 + BLOCK_K, k_len, BLOCK_K)
+        tile = _dequantize(tile, scales, EXACT_FP32)
+    elif EXACT_FP32:
+        tile = _bf16_as_fp32(tile)
+    return tile, scales_next
+
+
+@triton.jit
 def _contract(
     x_ptr, x_rows, sx_ptr, sx_rows, y_ptr, y_rows, sy_ptr, sy_rows, k_start, k_len, stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -158,27 +176,19 @@ def _contract(
     Addresses are formed here from int32 values; the scale bytes of the next step are loaded one step ahead.
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    x_scales = 0
+    y_scales = 0
     if X_KIND == _FP8:
-        x_scales_next = _scale_bytes(sx_ptr, sx_rows, 0, k_len, BLOCK_K)
+        x_scales = _scale_bytes(sx_ptr, sx_rows, 0, k_len, BLOCK_K)
     if Y_KIND == _FP8:
-        y_scales_next = _scale_bytes(sy_ptr, sy_rows, 0, k_len, BLOCK_K)
+        y_scales = _scale_bytes(sy_ptr, sy_rows, 0, k_len, BLOCK_K)
     for k0 in range(0, k_len, BLOCK_K):
         k = k_start + k0 + tl.arange(0, BLOCK_K)
         k_ok = (k < k_start + k_len)[None, :]
-        x = tl.load(x_ptr + x_rows.to(tl.int64)[:, None] * stride + k[None, :], mask=k_ok, other=0.0)
-        y = tl.load(y_ptr + y_rows.to(tl.int64)[:, None] * stride + k[None, :], mask=k_ok, other=0.0)
-        if X_KIND == _FP8:
-            x_scales = x_scales_next
-            x_scales_next = _scale_bytes(sx_ptr, sx_rows, k0 + BLOCK_K, k_len, BLOCK_K)
-            x = _dequantize(x, x_scales, EXACT_FP32)
-        elif EXACT_FP32:
-            x = _bf16_as_fp32(x)
-        if Y_KIND == _FP8:
-            y_scales = y_scales_next
-            y_scales_next = _scale_bytes(sy_ptr, sy_rows, k0 + BLOCK_K, k_len, BLOCK_K)
-            y = _dequantize(y, y_scales, EXACT_FP32)
-        elif EXACT_FP32:
-            y = _bf16_as_fp32(y)
+        x, x_scales = _operand_step(x_ptr, x_rows, sx_ptr, sx_rows, x_scales, k, k_ok, k0, k_len, stride, X_KIND,
+                                    BLOCK_K, EXACT_FP32)  # fmt: skip
+        y, y_scales = _operand_step(y_ptr, y_rows, sy_ptr, sy_rows, y_scales, k, k_ok, k0, k_len, stride, Y_KIND,
+                                    BLOCK_K, EXACT_FP32)  # fmt: skip
         if EXACT_FP32:
             acc = tl.dot(x, tl.trans(y), acc, input_precision="ieee")
         else:
@@ -380,18 +390,8 @@ _KINDS = {torch.float8_e4m3fn: 0, torch.bfloat16: 1}  # _FP8, _BF16
 def _launch(kernel, tiles: int, args: tuple, constexprs: dict, G: int, config: FusedConfig, device) -> None:
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     programs = max(min(tiles, sms * config.programs_per_sm, config.max_programs or tiles), 1)
-    launch = {
-        "BLOCK_M": config.block_m,
-        "BLOCK_N": config.block_n,
-        "BLOCK_K": config.block_k,
-        "BLOCK_G": triton.next_power_of_2(G),
-        "GROUP_M": config.group_m,
-        "EXACT_FP32": config.exact_fp32,
-        "num_warps": config.num_warps,
-        "num_stages": config.num_stages,
-    }
-    if config.maxnreg is not None:
-        launch["maxnreg"] = config.maxnreg
+    launch = {"BLOCK_K": config.block_k, "BLOCK_G": triton.next_power_of_2(G), "GROUP_M": config.group_m,
+              "EXACT_FP32": config.exact_fp32, **tile_launch(config)}  # fmt: skip
     # The program count is a plain argument, not a constexpr: a call at another size reuses the compiled kernel.
     kernel[(programs,)](*args, G=G, PROGRAMS=programs, **constexprs, **launch)
 

