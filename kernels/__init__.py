@@ -11,21 +11,66 @@ Depends on torch and triton only; knows nothing of the mxbench harness. Modules,
   (torch's grouped GEMMs), ``gemm_triton`` (Triton MX GEMMs), ``gemm_dequant`` (exact dequantization to bf16, then
   torch), ``gemm_fused`` (Triton GEMMs dequantizing the token operand in registers) and ``gemm_emulated`` (the fp32
   reference);
+* ``names``: the vocabulary (recipes, passes, categories);
 * ``stages``: what each stage of a step computes (specs: contract, oracle, comparison rule);
 * ``pipeline``: the passes of a training step as stages bound to shapes, costs and tensors;
-* ``autograd``: the drop-ins for ``torch._grouped_mm`` built from those stages.
+* ``autograd``: the drop-ins for ``torch._grouped_mm`` built from those stages;
+* expert parallelism: ``token_permute`` (row gathers and routing indices), ``ep_comm`` (the all-to-alls),
+  ``ep_stages`` (the EP stage specs and the bf16 / mxfp8 / mxfp8_a2a strategies), ``ep`` (the autograd EP layer)
+  and ``ep_reference`` (its single-process reference).
 """
 
-from .autograd import bf16_grouped_mm, fp8_rowwise_grouped_mm, mxfp8_grouped_mm
-from .cost import Cost
-from .format import BLOCK_SIZE, E4M3_MAX, ScaleMode, dequantize_reference, quantize_reference
-from .fp8_rowwise import quantize_fp8_rowwise, quantize_fp8_rowwise_3d, quantize_fp8_rowwise_k_groups
-from .grouped_gemm import available_backends, grouped_mm
-from .layouts import from_blocked, rearrange_3d, rearrange_k_groups, rearrange_m_groups, to_blocked
-from .padding import pad_token_groups, unpad_token_groups
-from .pipeline import build_step, plan_step
-from .quantize import quantize_3d, quantize_dim0, quantize_dim1
-from .runtime import InputError
-from .stages import Category, Pass, Recipe, StageSpec, all_specs, get_spec
+import importlib
+
+# The public names, imported on first use: ``from mxkernels.runtime import InputError`` (what the harness's option
+# checks need) must not compile every Triton kernel first.
+_EXPORTS = {
+    "bf16_grouped_mm": "autograd",
+    "fp8_rowwise_grouped_mm": "autograd",
+    "mxfp8_grouped_mm": "autograd",
+    "Cost": "cost",
+    "BLOCK_SIZE": "format",
+    "E4M3_MAX": "format",
+    "ScaleMode": "format",
+    "dequantize_reference": "format",
+    "quantize_reference": "format",
+    "quantize_fp8_rowwise": "fp8_rowwise",
+    "quantize_fp8_rowwise_3d": "fp8_rowwise",
+    "quantize_fp8_rowwise_k_groups": "fp8_rowwise",
+    "available_backends": "grouped_gemm",
+    "grouped_mm": "grouped_gemm",
+    "from_blocked": "layouts",
+    "rearrange_3d": "layouts",
+    "rearrange_k_groups": "layouts",
+    "rearrange_m_groups": "layouts",
+    "to_blocked": "layouts",
+    "pad_token_groups": "padding",
+    "unpad_token_groups": "padding",
+    "build_step": "pipeline",
+    "plan_step": "pipeline",
+    "quantize_3d": "quantize",
+    "quantize_dim0": "quantize",
+    "quantize_dim1": "quantize",
+    "InputError": "runtime",
+    "Category": "names",
+    "Pass": "names",
+    "Recipe": "names",
+    "StageSpec": "stages",
+    "all_specs": "stages",
+    "get_spec": "stages",
+}
 
 __version__ = "0.1.0"
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

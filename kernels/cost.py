@@ -31,7 +31,7 @@ class Cost:
         """FLOPs per byte of device-memory traffic (the roofline's x axis)."""
         return self.flops / self.bytes if self.bytes else float("inf")
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: Cost) -> Cost:
         precision = self.precision if self.precision == other.precision else (self.precision or other.precision)
         return Cost(
             self.bytes_read + other.bytes_read,

@@ -44,7 +44,7 @@ class ScaleMode(enum.Enum):
     RCEIL = "rceil"
 
     @classmethod
-    def parse(cls, mode: "ScaleMode | str") -> "ScaleMode":
+    def parse(cls, mode: ScaleMode | str) -> ScaleMode:
         if isinstance(mode, cls):
             return mode
         try:

@@ -1,31 +1,309 @@
 """The torch-native grouped GEMMs: backend "native" (``torch._scaled_grouped_mm`` for MXFP8 and FP8 rowwise,
-``torch._grouped_mm`` for bf16), with the guards that refuse what these calls would get wrong on the device.
+``torch._grouped_mm`` for bf16), with the guards that refuse or repair what these calls would get wrong on the device.
 
 * MXFP8 ``torch._scaled_grouped_mm`` takes the blocked e8m0 scales of ``layouts`` as they are and runs on compute
   capability 10.x only. On SM90 that call is not rejected: it launches an SM100-only kernel and the CUDA context
-  dies, so it is refused before any launch (``unavailable``).
+  dies, so it is refused before any launch (``unavailable``). On 10.x it is available once a probe at its first use
+  on the device (``probe_mxfp8``) has found the MX grouped kernels in torch's build and a tiny known-answer GEMM
+  right; otherwise ``unavailable`` gives the probe's reason and the default backend is the next one.
 * FP8 rowwise ``torch._scaled_grouped_mm`` runs on SM90 and SM100 and needs the contraction dim and the output's
   column count to be multiples of 16, bf16 output, and in 2D x 2D every group size a multiple of 16 (a device-side
   assert otherwise; not checked here, where offs is not read).
 * bf16 ``torch._grouped_mm`` is graph-capturable on SM90 / SM100, where it reads offs on the device; below SM90 it
-  loops over ``offs.cpu()``. Its kernel asserts on the device (the CUDA context dies) unless 2D x 2D groups are
-  multiples of 8 tokens, and some torch versions were reported to ask the same of 2D x 3D groups: the pipeline pads
-  groups to 16 (bf16, FP8 rowwise) or 32 (MXFP8).
+  loops over ``offs.cpu()``. Its kernel asserts on the device (the CUDA context dies) unless the groups of a
+  contiguous contraction dim (2D x 2D) or of a column-major a (2D x 3D) hold multiples of 16 bytes, the last group
+  excepted: the pipeline pads groups to 16 (bf16, FP8 rowwise) or 32 (MXFP8).
 
+**The SM100 guards** (issue 16; docs/b200.md). A desk check of torch's and fbgemm's source found three ways the
+native calls go wrong on compute capability 10.x. None of this has run on a B200: the tests drive the guards with a
+double of the torch calls (``ops``) that misbehaves the same ways.
+
+1. 2D x 2D (wgrad): torch allocates the output uninitialized, and the SM100 grouped kernels (fbgemm / MSLK for
+   MXFP8; CUTLASS for bf16, pytorch#172439, CUTLASS#2674) never write a group whose contraction size is 0. The
+   guard writes those groups' zeros after the call.
+2. MXFP8 2D x 3D with fewer rows than experts: fbgemm's entry point (torch up to about 2.10) divides the row count
+   by G for its heuristics and returns the output unwritten when that is 0. The guard appends zero rows up to G
+   (they lie past offs[-1], so no group reads them; the scale buffer already has room for them) and cuts the output
+   back to the real rows.
+3. Malformed offs on the GPU (decreasing, past the operand, or 2D x 2D group sizes off the kernel's alignment) trip
+   a device-side assert inside the kernel, which kills the CUDA context, and the host cannot see them without a
+   sync. The guard checks them on the device: the kernel gets all-zero offs instead (every group empty, nothing
+   read or written by it), the output is filled with NaN, and a per-device count is raised that
+   ``raise_if_bad_offsets`` turns into an ``InputError`` where the caller syncs anyway. ``torch._assert_async``
+   would not do: it is itself a device-side assert.
+
+Every guard reads offs on the device only (two small Triton kernels, no sync), so a guarded call stays
+CUDA-graph capturable; like any Triton kernel's, their first call (which compiles them) must come before capture.
+The MXFP8 call is guarded wherever it runs (10.x only); the bf16 call on 10.x only, so SM90 runs as before.
 Every call here writes bf16 only. The operands come checked by ``grouped_gemm``'s operand-level dispatchers.
 """
 
 from __future__ import annotations
 
-import torch
+import re
 
-from .format import SCALE_DTYPE
+import torch
+import triton
+import triton.language as tl
+
+from . import gemm_emulated
+from .format import BLOCK_SIZE, DATA_DTYPE, SCALE_DTYPE
+from .layouts import rearrange_3d_reference, rearrange_k_groups_reference, rearrange_m_groups_reference
 from .runtime import InputError
+
+# ---------------------------------------------------------------------------------------------------------------
+# The seam: the torch entry points this backend launches
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class TorchOps:
+    """The torch calls of the native backend, looked up at call time. No B200 is lent here, so the tests put a
+    double in ``ops`` that misbehaves as the SM100 kernels are reported to; nothing else should replace it."""
+
+    def scaled_grouped_mm(self, *args, **kwargs) -> torch.Tensor:
+        return torch._scaled_grouped_mm(*args, **kwargs)
+
+    def grouped_mm(self, *args, **kwargs) -> torch.Tensor:
+        return torch._grouped_mm(*args, **kwargs)
+
+    def build_config(self) -> str:
+        return torch.__config__.show()
+
+
+ops = TorchOps()
+
+
+def capability(device: torch.device) -> tuple[int, int] | None:
+    """Compute capability of a CUDA device, None for any other device."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def sm100_guards(device: torch.device) -> bool:
+    """Whether the bf16 call on ``device`` needs the SM100 guards (compute capability 10.x, SM10.3 included)."""
+    cap = capability(device)
+    return cap is not None and cap[0] == 10
+
+
+def _device_key(device: torch.device) -> str:
+    """The cache key of a device: "cuda" and "cuda:<current>" are one; without CUDA (tests that fake a capability)
+    the name is kept."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The guards, on the device
+# ---------------------------------------------------------------------------------------------------------------
+
+# 16 bytes (TMA's alignment) of bf16: the group multiple torch._grouped_mm asserts where groups move a TMA base.
+_BF16_TMA_ELEMENTS = 8
+# The fix-up launch: BLOCK elements per store; programs per group bounded so that a call with nothing to write (the
+# common case: no empty group, good offs) costs a few thousand programs that each read three int32 and exit.
+_FIX_BLOCK = 4096
+_FIX_PROGRAMS = 2048
+_BF16_NAN_BITS = tl.constexpr(0x7FC0)  # a quiet NaN (Triton reads only constexpr globals)
+
+# Per device: how many guarded calls were handed malformed offs since ``raise_if_bad_offsets`` last looked.
+_BAD_OFFS: dict[str, torch.Tensor] = {}
+
+
+@triton.jit
+def _check_offs_kernel(offs_ptr, checked_ptr, bad_count_ptr, G, total, multiple, EXEMPT_LAST: tl.constexpr,
+                       BLOCK_G: tl.constexpr):  # fmt: skip
+    """checked[:G] = offs if they are group ends the kernel can take, else zeros; checked[G] = 1 if they were not
+    (else 0), also added to bad_count[0]. Takeable: non-decreasing from 0, within [0, total], every group size a
+    multiple of ``multiple`` (the last one excepted where EXEMPT_LAST). One program."""
+    lane = tl.arange(0, BLOCK_G)
+    live = lane < G
+    ends = tl.load(offs_ptr + lane, mask=live, other=0)
+    starts = tl.load(offs_ptr + lane - 1, mask=live & (lane > 0), other=0)
+    sizes = ends - starts
+    aligned = sizes % multiple == 0
+    if EXEMPT_LAST:
+        aligned = aligned | (lane == G - 1)
+    wrong = live & ((sizes < 0) | (ends > total) | ~aligned)
+    bad = tl.max(wrong.to(tl.int32), 0)
+    tl.store(checked_ptr + lane, tl.where(bad != 0, 0, ends), mask=live)
+    tl.store(checked_ptr + G, bad)
+    tl.store(bad_count_ptr, tl.load(bad_count_ptr) + bad)
+
+
+@triton.jit
+def _fix_output_kernel(out_ptr, checked_ptr, G, group_numel, ZERO_EMPTY: tl.constexpr, BLOCK: tl.constexpr):
+    """Rewrite a native call's bf16 output (as int16 bits) where torch leaves it wrong: every element NaN when the
+    offs were malformed (checked[G] != 0), else, with ZERO_EMPTY (2D x 2D), zeros in the groups that are empty.
+    Program (i, g): every num_programs(0)-th block of group g's ``group_numel`` elements."""
+    g = tl.program_id(1)
+    bad = tl.load(checked_ptr + G) != 0
+    write = bad
+    if ZERO_EMPTY:
+        end = tl.load(checked_ptr + g)
+        start = tl.where(g > 0, tl.load(checked_ptr + tl.maximum(g - 1, 0)), 0)
+        write = write | (end == start)
+    if write:
+        values = tl.full([BLOCK], 0, tl.int16) + tl.where(bad, _BF16_NAN_BITS, 0).to(tl.int16)
+        base = out_ptr + g.to(tl.int64) * group_numel
+        for first in range(tl.program_id(0).to(tl.int64) * BLOCK, group_numel, tl.num_programs(0) * BLOCK):
+            index = first + tl.arange(0, BLOCK)
+            tl.store(base + index, values, mask=index < group_numel)
+
+
+def _bad_count(device: torch.device) -> torch.Tensor:
+    key = _device_key(device)
+    if key not in _BAD_OFFS:
+        # Allocated by the first guarded call on the device, which must precede any CUDA-graph capture anyway (it
+        # compiles the guard kernels); a capture would record this zero fill and replay it.
+        _BAD_OFFS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _BAD_OFFS[key]
+
+
+def checked_offsets(offs: torch.Tensor, total: int, multiple: int = 1, exempt_last: bool = False) -> torch.Tensor:
+    """(G + 1,) int32 on offs' device: [:G] the offs to hand the kernel (offs, or zeros where they are malformed),
+    [G] 1 where they were malformed. Reads offs on the device only (no sync)."""
+    G = offs.numel()
+    checked = torch.empty(G + 1, dtype=torch.int32, device=offs.device)
+    _check_offs_kernel[(1,)](
+        offs, checked, _bad_count(offs.device), G, total, multiple,
+        EXEMPT_LAST=exempt_last, BLOCK_G=triton.next_power_of_2(G), num_warps=1,
+    )  # fmt: skip
+    return checked
+
+
+def fix_output(out: torch.Tensor, checked: torch.Tensor, zero_empty: bool) -> torch.Tensor:
+    """``out`` (bf16, contiguous) after a guarded call: NaN everywhere if ``checked`` flags the offs malformed,
+    else with ``zero_empty`` (2D x 2D, out (G, N, K)) zeros in the empty groups. In place, on the device; returns
+    ``out``."""
+    if out.numel() == 0:
+        return out
+    G = checked.numel() - 1
+    groups = G if zero_empty else 1
+    group_numel = out.numel() // groups
+    grid = (min(triton.cdiv(group_numel, _FIX_BLOCK), max(1, _FIX_PROGRAMS // groups)), groups)
+    _fix_output_kernel[grid](out.view(torch.int16), checked, G, group_numel, ZERO_EMPTY=zero_empty,
+                             BLOCK=_FIX_BLOCK, num_warps=4)  # fmt: skip
+    return out
+
+
+def raise_if_bad_offsets(device: torch.device | str) -> None:
+    """Raise ``InputError`` if a guarded native call on ``device`` was handed malformed offs since the last look
+    (and reset the count). Reads a counter on the host, so it syncs: call it where a step syncs anyway, never
+    inside CUDA-graph capture."""
+    count_tensor = _BAD_OFFS.get(_device_key(torch.device(device)))
+    if count_tensor is None:
+        return
+    count = int(count_tensor.item())
+    if count:
+        count_tensor.zero_()
+        raise InputError(
+            f"offs: {count} native grouped GEMM call(s) on {device} got group ends that were not non-decreasing "
+            "within the operand, or 2D x 2D group sizes off the kernel's alignment (MXFP8: multiples of 32 tokens; "
+            "bf16: 16 bytes); their kernels ran with every group empty and their outputs were filled with NaN"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Availability, and the probe at first use
+# ---------------------------------------------------------------------------------------------------------------
+
+_MX_BUILD_FLAGS = ("USE_FBGEMM_GENAI", "USE_MSLK")
+# Per device: the probe's verdict (None: it passed).
+_PROBES: dict[str, str | None] = {}
+
+
+def mx_build_flag(config: str) -> str | None:
+    """Which flag of ``torch.__config__.show()`` says torch was built with the MX grouped kernels (fbgemm's GenAI
+    kernels up to about torch 2.10, MSLK after), or None when neither is on."""
+    for flag in _MX_BUILD_FLAGS:
+        for match in re.finditer(rf"\b{flag}\b(?:\s*=\s*([\w.]+))?", config):
+            value = match.group(1)
+            if value is None or value.upper() in ("ON", "1", "TRUE", "YES"):
+                return flag
+    return None
+
+
+def _known_answer_cases() -> dict[str, tuple[tuple[torch.Tensor, ...], torch.Tensor, int]]:
+    """Three tiny MXFP8 grouped GEMMs built on the host: name -> ((a_q, a_sb, b_q, b_sb), offs, output rows
+    compared). Every output is exact in bf16, so a right kernel matches the emulation bit for bit whatever its
+    summation order or rounding: each 32-block of a holds one nonzero (+-1 or +-2) and every scale is 2**-1, 2**0
+    or 2**1, so an output is a sum of two signed powers of two. They cover an empty group in both cases, 2D x 2D
+    group starts past the first scale image, and fewer rows than experts (guard 2)."""
+    gen = torch.Generator().manual_seed(16)
+
+    def data(shape, sparse):
+        values = torch.tensor([-2.0, -1.0, 1.0, 2.0])[torch.randint(0, 4, shape, generator=gen)]
+        if sparse:
+            where = torch.randint(0, BLOCK_SIZE, (*shape[:-1], shape[-1] // BLOCK_SIZE), generator=gen)
+            values = values * torch.nn.functional.one_hot(where, BLOCK_SIZE).reshape(shape)
+        return values.to(DATA_DTYPE)
+
+    def scales(*shape):
+        return torch.randint(126, 129, shape, generator=gen, dtype=torch.uint8)
+
+    def ends(*sizes):
+        return torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+    cases = {}
+    for name, M, G, sizes in (("2D x 3D", 128, 3, (40, 0, 88)), ("2D x 3D, fewer rows than experts", 2, 4,
+                                                                  (1, 0, 1, 0))):  # fmt: skip
+        K, N, offs = 64, 32, ends(*sizes)
+        a_s, b_s = scales(M, K // BLOCK_SIZE), scales(G, N, K // BLOCK_SIZE)
+        operands = (data((M, K), True), rearrange_m_groups_reference(a_s, offs), data((G, N, K), False),
+                    rearrange_3d_reference(b_s))  # fmt: skip
+        cases[name] = operands, offs, sum(sizes)
+    N, K, offs = 32, 32, ends(64, 0, 64)
+    M = int(offs[-1])
+    a_s, b_s = scales(N, M // BLOCK_SIZE), scales(K, M // BLOCK_SIZE)
+    operands = (data((N, M), True), rearrange_k_groups_reference(a_s, offs), data((K, M), False),
+                rearrange_k_groups_reference(b_s, offs))  # fmt: skip
+    cases["2D x 2D"] = operands, offs, 3
+    return cases
+
+
+def probe_mxfp8(device: torch.device) -> str | None:
+    """Why the MXFP8 call cannot be trusted on ``device`` (a CUDA device of compute capability 10.x), or None.
+
+    Checks that torch was built with the MX grouped kernels, then runs the guarded call on ``_known_answer_cases``
+    and compares it with the emulation bit for bit. It syncs and it launches: run it outside CUDA-graph capture
+    (``unavailable`` runs it once per device, at first use)."""
+    flag = mx_build_flag(ops.build_config())
+    if flag is None:
+        return (f"torch {torch.__version__} was built without the MX grouped-GEMM kernels: torch.__config__.show() "
+                f"turns on neither {' nor '.join(_MX_BUILD_FLAGS)}")  # fmt: skip
+    for name, (operands, offs, rows) in _known_answer_cases().items():
+        try:
+            got = run_mxfp8(*(t.to(device) for t in operands), offs.to(device), torch.bfloat16)[:rows].cpu()
+        # Whatever torch raises here (no kernel image for this card, a build without the op, ...), the backend is
+        # unusable on this device and the message is the reason.
+        except Exception as e:  # noqa: BLE001
+            message = " ".join(str(e).split())
+            return f"the known-answer MXFP8 grouped GEMM ({name}) raised on {device}: {type(e).__name__}: {message}"
+        want = gemm_emulated.run_mxfp8(*operands, offs, torch.bfloat16)[:rows]
+        wrong = got.view(torch.int16) != want.view(torch.int16)
+        if bool(wrong.any()):
+            return (f"the known-answer MXFP8 grouped GEMM ({name}) on {device} got {int(wrong.sum())} of "
+                    f"{wrong.numel()} outputs wrong (torch {torch.__version__}, {flag} on)")  # fmt: skip
+    return None
+
+
+def _probed(device: torch.device) -> str | None:
+    key = _device_key(device)
+    if key not in _PROBES:
+        if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # Probing launches and syncs, which would break the capture: refuse, and probe at the next eager call.
+            return ("native MXFP8 is probed at its first use on a device, which must come before CUDA-graph capture; "
+                    "call it once outside the capture")  # fmt: skip
+        verdict = probe_mxfp8(device)
+        _PROBES[key] = None if verdict is None else f"native MXFP8 failed its probe at first use: {verdict}"
+    return _PROBES[key]
 
 
 def unavailable(recipe: str, cap: tuple[int, int] | None, device: torch.device) -> str | None:
     """Why the native backend cannot run ``recipe`` on ``device`` of compute capability ``cap`` (None: not a CUDA
-    device), or None if it can."""
+    device), or None if it can. For MXFP8 on 10.x the first call on a device runs ``probe_mxfp8`` (outside
+    CUDA-graph capture)."""
     if recipe == "bf16":
         return None  # torch._grouped_mm: graph-safe on SM90/SM100, a host loop over offs elsewhere
     if cap is None:
@@ -38,17 +316,34 @@ def unavailable(recipe: str, cap: tuple[int, int] | None, device: torch.device) 
             "it launches an SM100-only kernel and the CUDA context dies; use backend 'triton_fp8', 'triton' "
             "or 'emulated'"
         )
+    if recipe == "mxfp8":
+        return _probed(device)
     return None
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The calls
+# ---------------------------------------------------------------------------------------------------------------
+
+
 def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype: torch.dtype) -> torch.Tensor:
-    """MXFP8 ``torch._scaled_grouped_mm`` on checked TN operands with blocked scales."""
+    """MXFP8 ``torch._scaled_grouped_mm`` on checked TN operands with blocked scales, with the SM100 guards."""
     sa, sb = a_sb.view(SCALE_DTYPE), b_sb.view(SCALE_DTYPE)
+    G = offs.numel()
     if b_q.dim() == 3:
-        return torch._scaled_grouped_mm(
-            a_q, b_q.transpose(-2, -1), sa, sb.reshape(b_q.shape[0], -1), offs=offs, out_dtype=out_dtype
-        )
-    return torch._scaled_grouped_mm(a_q, b_q.t(), sa, sb, offs=offs, out_dtype=out_dtype)
+        M = a_q.shape[0]
+        checked = checked_offsets(offs, M)
+        a = a_q
+        if M < G:  # guard 2: fbgemm's entry point returns early when M // G == 0
+            a = a_q.new_zeros(G, a_q.shape[1])
+            a[:M] = a_q
+        out = ops.scaled_grouped_mm(
+            a, b_q.transpose(-2, -1), sa, sb.reshape(G, -1), offs=checked[:G], out_dtype=out_dtype
+        )[:M]
+        return fix_output(out, checked, zero_empty=False)
+    checked = checked_offsets(offs, a_q.shape[1], BLOCK_SIZE)  # an MX block must not straddle two experts
+    out = ops.scaled_grouped_mm(a_q, b_q.t(), sa, sb, offs=checked[:G], out_dtype=out_dtype)
+    return fix_output(out, checked, zero_empty=True)
 
 
 def run_fp8_rowwise(
@@ -66,12 +361,22 @@ def run_fp8_rowwise(
             raise InputError(f"native FP8 rowwise grouped GEMM: {what} ({value}) must be a multiple of 16")
     if b_q.dim() == 2:
         a_scale, b_scale = a_scale.reshape(-1), b_scale.reshape(-1)
-    return torch._scaled_grouped_mm(
+    return ops.scaled_grouped_mm(
         a_q, b_q.transpose(-2, -1), a_scale, b_scale, offs=offs, out_dtype=out_dtype, use_fast_accum=use_fast_accum
     )
 
 
 def run_bf16(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """bf16 ``torch._grouped_mm`` in its own operand form (2D x 3D: a (M, K), b (G, K, N); 2D x 2D: a (N, M),
-    b (M, K))."""
-    return torch._grouped_mm(a, b, offs=offs)
+    b (M, K)), with the SM100 guards on compute capability 10.x (the "triton_dequant" backend comes through here
+    too)."""
+    if not sm100_guards(a.device):
+        return ops.grouped_mm(a, b, offs=offs)
+    # The alignment torch asserts: along a dim that moves a TMA base from group to group (mirrors its checks).
+    if b.dim() == 3:
+        total, zero_empty, moves = a.shape[0], False, a.stride(-1) != 1
+    else:
+        total, zero_empty, moves = a.shape[1], True, a.stride(-1) == 1 or b.stride(-1) != 1
+    checked = checked_offsets(offs, total, _BF16_TMA_ELEMENTS if moves else 1, exempt_last=True)
+    out = ops.grouped_mm(a, b, offs=checked[: offs.numel()])
+    return fix_output(out, checked, zero_empty)

@@ -18,12 +18,16 @@ dim contiguous for both ("TN", as every FP8/MX tensor-core GEMM wants them):
 same inputs for every backend: 2D x 3D: a_sb = ``rearrange_m_groups`` buffer (128 * (ceil(M/128) + G), ceil_4(K/32)),
 b_sb = ``rearrange_3d`` (G, ceil_128(N), ceil_4(K/32)); 2D x 2D: ``rearrange_k_groups`` buffers
 (ceil_128(N), M/32 + 4G) and (ceil_128(K), M/32 + 4G), whose group sizes must be multiples of 32 (an MX block must
-not straddle two experts; the kernels trust this, it is not checked on the device).
+not straddle two experts). Offs are checked on the host only where that needs no sync (CPU tensors); on the GPU the
+Triton kernels trust them, and "native" checks them on the device (``gemm_native``: malformed offs give NaN and a
+count that ``gemm_native.raise_if_bad_offsets`` raises on, never a dead CUDA context).
 ``fp8_rowwise_scaled_grouped_mm`` is its FP8 rowwise sibling (fp32 scales from ``fp8_rowwise``). The dispatchers here
 check every operand, then hand them to one backend module:
 
 * "native" (``gemm_native``): ``torch._scaled_grouped_mm`` (MXFP8 on SM100 only, refused elsewhere before any
-  launch; FP8 rowwise on SM90 / SM100) and ``torch._grouped_mm`` for bf16;
+  launch, and there only once a probe at first use passed; FP8 rowwise on SM90 / SM100) and ``torch._grouped_mm``
+  for bf16, both behind guards on SM100 for what the SM100 kernels get wrong (empty 2D x 2D groups, fewer rows than
+  experts, malformed offs);
 * "triton", "triton_fp8" (``gemm_triton``): Triton grouped GEMMs on ``tl.dot_scaled`` and on fp8 ``tl.dot`` with
   an fp32 rescale per 32-wide chunk;
 * "triton_dequant" (``gemm_dequant``): exact MXFP8 -> bf16 dequantization from the blocked scales, then
@@ -97,13 +101,13 @@ class GroupedMMResult:
 
 def _capability(device: torch.device) -> tuple[int, int] | None:
     """Compute capability of a CUDA device, None for any other device."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_capability(device)
+    return gemm_native.capability(device)
 
 
 def backend_unavailable(recipe: str, backend: str, device: torch.device) -> str | None:
-    """Why ``backend`` cannot run ``recipe`` on ``device``, or None if it can."""
+    """Why ``backend`` cannot run ``recipe`` on ``device``, or None if it can. Native MXFP8 on SM100 is probed at
+    its first use on a device (``gemm_native.probe_mxfp8``: a launch and a sync, so not inside CUDA-graph
+    capture)."""
     cap = _capability(device)
     if backend == "emulated":
         return None
@@ -422,3 +426,4 @@ def grouped_mm_cost(M: int, N: int, K: int, G: int, recipe: str, case: str = "2d
         else:
             scales = sum(r * c for r, c in (k_groups_shape(R, M // BLOCK_SIZE, G) for R in (N, K)))
     return Cost(bytes_read=operands + scales, bytes_written=out, flops=2 * M * N * K, precision=_PRECISION[recipe])
+

@@ -1,7 +1,8 @@
 """Token groups: padding each group to an aligned slot and back, and the group arithmetic the layouts share.
 
 Token groups are given by ``offs``, int32 (G,), the cumulative **end** row of each group: group g is rows
-[offs[g-1], offs[g]) (group 0 starts at row 0), groups may be empty, and rows past the last end belong to no group. Padding gives
+[offs[g-1], offs[g]) (group 0 starts at row 0), groups may be empty, and rows past the last end belong to no
+group. Padding gives
 group g a slot of ceil_a(size_g) rows (a = the alignment), slots back to back from row 0, its rows at the start of
 the slot and zeros after them, in a buffer sized by the upper bound ceil_a(M + a*G) so that no kernel needs the group
 sizes on the host. Every kernel here reads ``offs`` on the device only: no device-to-host sync, so each call can be

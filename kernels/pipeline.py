@@ -27,22 +27,11 @@ import torch
 from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize
 from .cost import Cost
 from .format import BLOCK_SIZE, ScaleMode
+from .names import OURS, PASSES, Category, Pass, Recipe, format_shapes
 from .runtime import MAX_GROUPS, InputError
-from .stages import (
-    PASSES,
-    Category,
-    Pass,
-    Recipe,
-    StageImpl,
-    StageSpec,
-    format_shapes,
-    get_spec,
-    padding_alignment,
-)
+from .stages import StageImpl, StageSpec, get_spec, padding_alignment
 
 RECIPES = tuple(Recipe)
-OURS = "mxkernels"
-"""The implementation name of this package's own kernels."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +81,16 @@ class Stage:
         return self.fn(*[env[name] for name in self.inputs], **self.params)
 
 
-def _stage(recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> Stage:
-    spec = get_spec(recipe, name)
+def bind_stage(spec: StageSpec, shapes, cost, inputs, outputs, params=None, backend=None) -> Stage:
+    """``spec`` as a stage of a step: its input shapes, its cost, the env names it reads and writes, its contract
+    parameters and (GEMMs) its backend, run by mxkernels' implementation."""
     fn = spec.impl if backend is None else functools.partial(spec.impl, backend=backend)
     return Stage(spec, tuple(tuple(s) for s in shapes), cost, tuple(inputs), tuple(outputs), fn,
                  MappingProxyType(dict(params or {})), OURS, spec.kernel, backend)  # fmt: skip
+
+
+def _stage(recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> Stage:
+    return bind_stage(get_spec(recipe, name), shapes, cost, inputs, outputs, params, backend)
 
 
 @dataclass(frozen=True)
@@ -147,7 +141,8 @@ def _mxfp8_stages(M, N, K, G, mode, backend, pad) -> list[Stage]:
     bf16, R = torch.bfloat16, Recipe.MXFP8
     Kb, Nb = K // BLOCK_SIZE, N // BLOCK_SIZE
     q2, q3 = quantize.quantize_2d_cost, quantize.quantize_3d_cost
-    m_groups, k_groups, blocked_3d = layouts.rearrange_m_groups_cost, layouts.rearrange_k_groups_cost, layouts.rearrange_3d_cost
+    m_groups, k_groups = layouts.rearrange_m_groups_cost, layouts.rearrange_k_groups_cost
+    blocked_3d = layouts.rearrange_3d_cost
     mm = grouped_gemm.grouped_mm_cost
     md = {"mode": mode}
 
@@ -360,6 +355,6 @@ def _bind(stage: Stage, env: dict[str, torch.Tensor]) -> Callable[[], object]:
 
 
 __all__ = [
-    "OURS", "PASSES", "RECIPES", "Stage", "build_step", "check_recipe", "group_ends", "make_inputs", "needs_padding",
-    "plan_step", "run_stages", "step_stages", "with_impls",
+    "OURS", "PASSES", "RECIPES", "Stage", "bind_stage", "build_step", "check_recipe", "group_ends", "make_inputs",
+    "needs_padding", "plan_step", "run_stages", "step_stages", "with_impls",
 ]  # fmt: skip

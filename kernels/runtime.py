@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 import torch
 
+from .errors import InputError
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 MAX_GROUPS = 512
@@ -20,9 +22,6 @@ MAX_GROUPS = 512
 and torch's grouped GEMMs share the limit."""
 
 
-class InputError(ValueError):
-    """Bad input to a kernel wrapper or a harness function, found before any work: the message names the argument
-    (or option, or file) and what is wrong. The CLI turns this type, and only this type, into exit code 2."""
 
 
 def check_tensor(

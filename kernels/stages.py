@@ -20,65 +20,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
 import torch
 
 from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize
 from .format import BLOCK_SIZE, quantize_reference
-
-
-class Recipe(StrEnum):
-    """The precision a step runs its GEMMs in."""
-
-    MXFP8 = "mxfp8"
-    FP8_ROWWISE = "fp8_rowwise"
-    BF16 = "bf16"
-
-
-BASELINE = Recipe.BF16
-"""The recipe every other recipe's speedup is measured against."""
-
-
-class Pass(StrEnum):
-    FORWARD = "forward"
-    BACKWARD_INPUT = "backward_input"
-    BACKWARD_WEIGHT = "backward_weight"
-    END_TO_END = "end_to_end"
-
-
-PASSES = (Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT)
-"""The passes of a step, in execution order (END_TO_END is the pseudo-pass of the whole step)."""
-
-
-class Category(StrEnum):
-    QUANTIZE = "quantize"
-    REARRANGE = "rearrange"
-    PAD = "pad"
-    GEMM = "gemm"
-    END_TO_END = "end_to_end"
-
-
-MEMORY_CATEGORIES = (Category.QUANTIZE, Category.REARRANGE, Category.PAD)
-"""Categories whose roof is memory bandwidth (they do no arithmetic worth counting)."""
-
-END_TO_END_STAGE = "fwd+bwd"
-"""Name of the end-to-end pseudo-stage: one forward + backward of a recipe's autograd function."""
-
-
-def format_shapes(shapes: Sequence[Sequence[int]]) -> str:
-    """Display form of a stage's input shapes: "(M, K)", or "(M, K) @ (G, K, N)" for a GEMM's two operands."""
-    return " @ ".join("(" + ", ".join(str(d) for d in shape) + ")" for shape in shapes)
-
-
-def end_to_end_kernel(recipe: str) -> str:
-    return f"{recipe} autograd (forward + backward)"
-
-
-def end_to_end_purpose(recipe: str) -> str:
-    return f"One forward + backward of the {recipe} grouped GEMM autograd function"
-
+from .names import (
+    Category,
+    Pass,
+    Recipe,
+)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Comparing an implementation's outputs with the oracle's
@@ -171,9 +123,12 @@ def _value_class(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class MinSQNR:
     """Non-finite elements where the oracle has them (the same NaN / +-Inf pattern), and an SQNR over the finite
-    ones of at least ``floor_db``."""
+    ones of at least ``floor_db``. ``per_slice``: the floor holds for every slice along the first dim on its own
+    (each expert of a weight gradient), and a slice the oracle gives as all zeros (an empty expert) must be all
+    zeros: one SQNR over the whole output would let a small expert's garbage hide under a large one's signal."""
 
     floor_db: float
+    per_slice: bool = False
 
     def compare(self, name: str, got: object, expected: torch.Tensor) -> Mismatch | None:
         wrong = _check_like(name, got, expected)
@@ -185,6 +140,25 @@ class MinSQNR:
             index = _unravel(int((~same_class).reshape(-1).nonzero()[0]), g.shape)
             return Mismatch(name, "NaN / Inf where the oracle has none, or the reverse", index, repr(e[index].item()),
                             repr(g[index].item()))  # fmt: skip
+        slices = [(i, g[i], e[i]) for i in range(g.shape[0])] if self.per_slice and g.dim() > 1 else [(None, g, e)]
+        for i, gs, es in slices:
+            wrong = self._compare_slice(name, gs, es)
+            if wrong is not None:
+                prefix = () if i is None else (i,)
+                where = "" if i is None else f" in slice {i}"
+                index = None if wrong.index is None else prefix + wrong.index
+                return Mismatch(name, wrong.message + where, index, wrong.expected, wrong.got)
+        return None
+
+    def _compare_slice(self, name: str, g: torch.Tensor, e: torch.Tensor) -> Mismatch | None:
+        finite = torch.isfinite(e)
+        if self.per_slice and not bool(e[finite].ne(0).any()):
+            nonzero = (g.nan_to_num(0.0) != 0) & finite
+            if bool(nonzero.any()):
+                index = _unravel(int(nonzero.reshape(-1).nonzero()[0]), g.shape)
+                return Mismatch(name, "nonzero where the oracle is all zero (an empty group?)", index,
+                                repr(e[index].item()), repr(g[index].item()))  # fmt: skip
+            return None
         db = sqnr_db(g, e)
         if db >= self.floor_db:
             return None
@@ -194,7 +168,7 @@ class MinSQNR:
                         repr(e[index].item()), repr(g[index].item()))  # fmt: skip
 
     def describe(self) -> str:
-        return f"SQNR >= {self.floor_db:g} dB"
+        return f"SQNR >= {self.floor_db:g} dB" + (" per expert" if self.per_slice else "")
 
 
 Rule = BitExact | MinSQNR
@@ -203,6 +177,14 @@ Rule = BitExact | MinSQNR
 # ---------------------------------------------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------------------------------------------
+
+
+PARAM_DOCS = {
+    "mode": "the MX scale mode, 'rceil' or 'floor' (str)",
+    "alignment": "the token-group alignment the GEMM needs, 16 or 32 (int)",
+    "num_tokens": "rows of the unpadded output, M (int)",
+}
+"""What each keyword parameter of a calling contract holds."""
 
 
 @dataclass(frozen=True)
@@ -422,7 +404,8 @@ def _mx_rearrange(name, pass_, purpose, src, layout) -> StageSpec:
 
 def _gemm(recipe, name, pass_, purpose, ins, out, oracle, impl, kernel, floor, two_d_three_d=True) -> StageSpec:
     regions = {out.name: _rows_until_last_offset} if two_d_three_d else {}
-    return StageSpec(recipe, name, pass_, Category.GEMM, purpose, ins, (out,), oracle, MinSQNR(floor), impl, kernel,
+    rule = MinSQNR(floor, per_slice=not two_d_three_d)  # 2D x 2D: (G, N, K), one weight gradient per expert
+    return StageSpec(recipe, name, pass_, Category.GEMM, purpose, ins, (out,), oracle, rule, impl, kernel,
                      regions=regions)  # fmt: skip
 
 
@@ -439,7 +422,7 @@ def _mxfp8() -> list[StageSpec]:
     dim0, dim1 = quantize.quantize_dim0, quantize.quantize_dim1
     along_k = functools.partial(quantize.quantize_3d, along="K")
     along_n = functools.partial(quantize.quantize_3d, along="N")
-    mx = lambda q, s, what: (Port(q, f"{_E4M3} {what}, K contiguous"), Port(s, f"{_E8M0} blocked scales"))  # noqa: E731
+    mx = lambda q, s, what: (Port(q, f"{_E4M3} {what}, K contiguous"), Port(s, f"{_E8M0} blocked scales"))
     return [
         _mx_quantize("quantize_a", F, "Quantize A (activations) along K", "a", "a", "rows", dim0, "quantize_dim0",
                      "(M, K)", "(M, K)", "(M, K/32), row-major"),
@@ -489,10 +472,10 @@ def _fp8_rowwise() -> list[StageSpec]:
         return _gemm(R, name, pass_, purpose, ins, out, _fp8_gemm_emulated, _fp8_gemm_impl, "fp8_rowwise_scaled_grouped_mm",
                      _FP8_GEMM_FLOOR_DB, two_d_three_d)  # fmt: skip
 
-    k_groups_ins = lambda src, shape: (Port(src, f"{_BF16} {shape}"), _OFFS)  # noqa: E731
-    k_groups_regions = lambda out: {f"{out}_q": _cols_until_last_offset}  # noqa: E731
-    along_k = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="K")  # noqa: E731
-    along_n = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="N")  # noqa: E731
+    k_groups_ins = lambda src, shape: (Port(src, f"{_BF16} {shape}"), _OFFS)
+    k_groups_regions = lambda out: {f"{out}_q": _cols_until_last_offset}
+    along_k = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="K")
+    along_n = lambda w: fp8_rowwise.quantize_fp8_rowwise_3d(w, along="N")
     return [
         quant("quantize_a", F, "Quantize A rowwise along K", "a", "a", fp8_rowwise.quantize_fp8_rowwise, ref, k,
               "(M, K)", "(M, K)", "(M,)", locate=_rowwise_locate),
@@ -542,7 +525,8 @@ def _bf16() -> list[StageSpec]:
 
 @functools.cache
 def all_specs() -> dict[tuple[Recipe, str], StageSpec]:
-    """Every stage spec by (recipe, name)."""
+    """Every stage spec of the single-GPU step by (recipe, name). The expert-parallel stages are declared the same
+    way in ``ep_stages.ep_specs()``, kept apart: their collectives run only inside a process group."""
     return {s.key: s for s in (*_mxfp8(), *_fp8_rowwise(), *_bf16())}
 
 

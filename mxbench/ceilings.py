@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from mxkernels.errors import InputError
 from mxkernels.runtime import check_tensor
 
 from .hardware import Peak, card_slug, device_properties
@@ -98,7 +99,7 @@ def _tile_sum_kernel(src_ptr, sums_ptr, n, TILE: tl.constexpr):
 
 def _check_tile(tile: int) -> None:
     if tile < 16 or tile & (tile - 1):
-        raise ValueError(f"tile must be a power of two of at least 16, got {tile}")
+        raise InputError(f"tile must be a power of two of at least 16, got {tile}")
 
 
 def stream_convert(src: torch.Tensor, dst: torch.Tensor, tile: int = 16384) -> torch.Tensor:
@@ -107,7 +108,7 @@ def stream_convert(src: torch.Tensor, dst: torch.Tensor, tile: int = 16384) -> t
     check_tensor("src", src, dtypes=(torch.bfloat16,))
     check_tensor("dst", dst, dtypes=(torch.bfloat16, torch.float8_e4m3fn))
     if dst.numel() != src.numel():
-        raise ValueError(f"dst must hold {src.numel()} elements like src, got {dst.numel()}")
+        raise InputError(f"dst must hold {src.numel()} elements like src, got {dst.numel()}")
     _check_tile(tile)
     _convert_kernel[(triton.cdiv(src.numel(), tile),)](src, dst, src.numel(), TILE=tile, num_warps=NUM_WARPS)
     return dst
@@ -121,7 +122,7 @@ def stream_tile_sums(src: torch.Tensor, sums: torch.Tensor, tile: int = 16384) -
     _check_tile(tile)
     tiles = triton.cdiv(src.numel(), tile)
     if sums.numel() != tiles:
-        raise ValueError(f"sums must hold ceil({src.numel()} / {tile}) = {tiles} elements, got {sums.numel()}")
+        raise InputError(f"sums must hold ceil({src.numel()} / {tile}) = {tiles} elements, got {sums.numel()}")
     _tile_sum_kernel[(tiles,)](src, sums, src.numel(), TILE=tile, num_warps=NUM_WARPS)
     return sums
 
@@ -180,11 +181,11 @@ def measure_ceilings(
 
     if size_bytes < 2**20 or size_bytes % 2**20:
         # whole MiB: every tile is full, and an element count divisible by 16 lets Triton issue 16-byte accesses
-        raise ValueError(f"size_bytes must be a whole number of MiB (at least 1), got {size_bytes}")
+        raise InputError(f"size_bytes must be a whole number of MiB (at least 1), got {size_bytes}")
     if gemm_n < 16 or gemm_n % 16:
-        raise ValueError(f"gemm_n must be a positive multiple of 16, got {gemm_n}")
+        raise InputError(f"gemm_n must be a positive multiple of 16, got {gemm_n}")
     if not tiles:
-        raise ValueError("tiles must name at least one tile size")
+        raise InputError("tiles must name at least one tile size")
     for tile in tiles:
         _check_tile(tile)
     if not torch.cuda.is_available():
@@ -249,7 +250,7 @@ def _bandwidth_tbps(size_bytes: int, tiles: tuple[int, ...]) -> tuple[dict[str, 
 @dataclass(frozen=True)
 class GemmPoint:
     """A training step whose grouped GEMMs are ceiling candidates: a model preset's K, N, G at M tokens in G groups of
-    the ``groups`` kind (``sweep.group_sizes``)."""
+    the ``groups`` kind (``points.group_sizes``)."""
 
     preset: str
     K: int
@@ -267,7 +268,7 @@ def gemm_points(
     presets: Sequence[str] = GEMM_PRESETS, tokens: Sequence[int] = GEMM_TOKENS, groups: Sequence[str] = GEMM_GROUPS
 ) -> list[GemmPoint]:
     """The steps whose GEMMs the ceilings time: every preset (by name, ``shapes/``) x token count x group kind."""
-    from .sweep import get_preset
+    from .presets import get_preset
 
     points = []
     for name in presets:
@@ -312,7 +313,7 @@ def grouped_candidates(point: GemmPoint, device="cuda", fp8_backend: str | None 
     pipeline times. Lazy, one recipe's tensors alive at a time."""
     from mxkernels import pipeline
 
-    from .sweep import group_sizes
+    from .points import group_sizes
 
     recipes = {"bf16": ("bf16", None), "fp8": ("fp8_rowwise", fp8_backend)}
     for kind, (recipe, backend) in recipes.items():
@@ -347,7 +348,7 @@ def best_gemms(measured: dict[str, dict[str, float]]) -> tuple[dict[str, float |
     """From TFLOP/s per kind and candidate: (each kind's best as ``Ceilings`` fields, None for a kind with no
     candidate; the winning candidate of each kind as ``bf16_shape`` / ``fp8_shape``)."""
     if not measured.get("bf16"):
-        raise ValueError("measured must hold at least one bf16 GEMM candidate")
+        raise InputError("measured must hold at least one bf16 GEMM candidate")
     best, shapes = {}, {}
     for kind, field_name in _GEMM_KINDS.items():
         candidates = measured.get(kind) or {}
@@ -394,17 +395,35 @@ def _same_limit(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= _LIMIT_TOLERANCE_W
 
 
-def _read_entries(path: Path) -> list[Ceilings]:
+def read_entries(path: Path, schema: int, what: str = "ceilings") -> list[dict[str, Any]]:
+    """The entries of a stored ceilings file of ``schema`` ([] when there is none); ``what`` names the kind of
+    file in the error a malformed one raises."""
     if not path.exists():
         return []
     try:
         payload = json.loads(path.read_text())
-        if payload.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"schema {payload.get('schema')!r} is not {SCHEMA_VERSION}")
-        known = {f.name for f in fields(Ceilings)}
-        return [Ceilings(**{k: v for k, v in e.items() if k in known}) for e in payload["entries"]]
+        if payload.get("schema") != schema:
+            raise ValueError(f"schema {payload.get('schema')!r} is not {schema}")
+        return [dict(e) for e in payload["entries"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not an mxbench ceilings file ({e})") from None
+        raise InputError(f"{path}: not an mxbench {what} file ({e})") from None
+
+
+def write_entries(path: Path, schema: int, card: str, entries: list[dict[str, Any]]) -> Path:
+    """Write a ceilings file atomically (a temporary file renamed over it); returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"schema": schema, "card": card, "entries": entries}, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def _read_entries(path: Path) -> list[Ceilings]:
+    known = {f.name for f in fields(Ceilings)}
+    try:
+        return [Ceilings(**{k: v for k, v in e.items() if k in known}) for e in read_entries(path, SCHEMA_VERSION)]
+    except TypeError as e:
+        raise InputError(f"{path}: not an mxbench ceilings file ({e})") from None
 
 
 def save_ceilings(c: Ceilings, results_dir: str | Path) -> Path:
@@ -413,12 +432,7 @@ def save_ceilings(c: Ceilings, results_dir: str | Path) -> Path:
     path = _path(results_dir, c.card)
     entries = [e for e in _read_entries(path) if not _same_limit(e.power_limit_w, c.power_limit_w)] + [c]
     entries.sort(key=lambda e: (e.power_limit_w is not None, e.power_limit_w or 0.0))
-    payload = {"schema": SCHEMA_VERSION, "card": c.card, "entries": [asdict(e) for e in entries]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
-    return path
+    return write_entries(path, SCHEMA_VERSION, c.card, [asdict(e) for e in entries])
 
 
 def load_ceilings(results_dir: str | Path, card: str, power_limit_w: float | None = None) -> Ceilings | None:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
+from mxkernels.errors import InputError
 from mxkernels.format import BLOCK_SIZE
+from mxkernels.names import Recipe
 from mxkernels.pipeline import Stage, group_ends, step_stages
-from mxkernels.runtime import InputError
-from mxkernels.stages import MinSQNR, Mismatch, Recipe, padding_alignment
+from mxkernels.stages import MinSQNR, Mismatch, padding_alignment
 
 from .registry import Deviation, Implementation
 
@@ -158,14 +159,14 @@ def _pass_detail(stage: Stage, got: tuple, expected: tuple, inputs: Sequence[tor
 def check_stage(stage: Stage, impl: Implementation, inputs: Sequence[torch.Tensor], expected: tuple,
                 device: torch.device) -> CheckResult:  # fmt: skip
     """One implementation of ``stage`` on ``inputs`` against the oracle's ``expected`` outputs."""
-    result = lambda verdict, detail, **kw: CheckResult(stage.recipe, stage.name, impl.name, verdict, detail, **kw)  # noqa: E731
+    result = lambda verdict, detail, **kw: CheckResult(stage.recipe, stage.name, impl.name, verdict, detail, **kw)
     reason = impl.unavailable(device)
     if reason is not None:
         return result(Verdict.SKIP, reason)
     try:
         got = impl.fn(*inputs, **stage.params)
         mismatch = stage.spec.compare(got, expected, inputs)
-    except Exception as e:  # the implementation under test raised: its row says how
+    except Exception as e:  # noqa: BLE001 -- the implementation under test raised: its row says how
         return result(Verdict.ERROR, f"{type(e).__name__}: {' '.join(str(e).split())}")
     if mismatch is not None and impl.deviation is not None:
         excused = _excuse(impl.deviation, got, expected)

@@ -13,16 +13,19 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from mxkernels.errors import InputError
+
 UNITS = ("TB/s", "TFLOP/s")
-_NUMBERS = ("hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w")
-_OPTIONAL = ("fp8_tflops", "mxfp8_tflops")
+_NUMBERS = ("hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w", "nvlink_gbps")
+_OPTIONAL = ("fp8_tflops", "mxfp8_tflops", "nvlink_gbps")
 
 
 @dataclass
 class HardwareSpec:
     """Per-GPU peaks of one card. ``fp8_tflops`` / ``mxfp8_tflops`` None: no FP8 / no MX tensor cores.
 
-    ``l2_mb``: MiB of last-level cache before HBM. ``sources`` maps each number's field name to where it comes
+    ``l2_mb``: MiB of last-level cache before HBM. ``nvlink_gbps``: the GPU-to-GPU interconnect per GPU in GB/s,
+    both directions together (NVIDIA's convention), None where not recorded. ``sources`` maps each number's field name to where it comes
     from. ``match`` / ``exclude`` / ``memory_gib`` recognise the card from its torch device name and memory.
     """
 
@@ -41,6 +44,7 @@ class HardwareSpec:
     match: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     memory_gib: tuple[float, float] | None = None
+    nvlink_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,9 @@ class Peak:
 
     def __post_init__(self):
         if self.unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+            raise InputError(f"unit must be one of {UNITS}, got {self.unit!r}")
         if not self.value > 0:
-            raise ValueError(f"value must be positive, got {self.value}")
+            raise InputError(f"value must be positive, got {self.value}")
 
 
 def _normalize(key: str) -> str:
@@ -86,6 +90,7 @@ def _spec_from_toml(key: str, entry: dict[str, Any]) -> HardwareSpec:
         match=tuple(entry.pop("match", ())),
         exclude=tuple(entry.pop("exclude", ())),
         memory_gib=(float(memory[0]), float(memory[1])) if memory else None,
+        nvlink_gbps=_float_or_none(entry.pop("nvlink_gbps", None)),
     )
 
 
@@ -101,13 +106,13 @@ def load_specs() -> dict[str, HardwareSpec]:
 
 def get_spec(key: str) -> HardwareSpec:
     """The spec named ``key`` or one of its aliases, case-insensitive; spaces and underscores read as '-'
-    ("b200", "H100", "h100-sxm", "H100 SXM"). Unknown keys raise ``ValueError`` listing the valid ones."""
+    ("b200", "H100", "h100-sxm", "H100 SXM"). Unknown keys raise ``InputError`` listing the valid ones."""
     specs = load_specs()
     wanted = _normalize(key)
     for spec in specs.values():
         if wanted == spec.key or wanted in (_normalize(a) for a in spec.aliases):
             return spec
-    raise ValueError(f"unknown hardware {key!r}; valid keys: {', '.join(specs)}")
+    raise InputError(f"unknown hardware {key!r}; valid keys: {', '.join(specs)}")
 
 
 def match_spec(device_name: str, memory_bytes: int | None, specs: dict[str, HardwareSpec]) -> HardwareSpec | None:
@@ -173,7 +178,7 @@ def card_slug(card: str) -> str:
     ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3")."""
     slug = re.sub(r"[^a-z0-9]+", "-", card.lower()).strip("-")
     if not slug:
-        raise ValueError(f"card must contain letters or digits, got {card!r}")
+        raise InputError(f"card must contain letters or digits, got {card!r}")
     return slug
 
 
@@ -188,3 +193,12 @@ def datasheet_peaks(spec: HardwareSpec) -> dict[str, Peak]:
             label = f"{spec.name} datasheet dense {key.upper()} {value:g} TFLOP/s"
             peaks[key] = Peak(value, "TFLOP/s", label)
     return peaks
+
+
+def link_peak(spec: HardwareSpec) -> Peak | None:
+    """The datasheet interconnect roof of ``spec`` in TB/s, both directions together (the denominator of an
+    all-to-all's bytes sent plus received per rank), or None where the spec records none."""
+    if spec.nvlink_gbps is None:
+        return None
+    label = f"{spec.name} datasheet NVLink {spec.nvlink_gbps:g} GB/s (both directions, per GPU)"
+    return Peak(spec.nvlink_gbps / 1000.0, "TB/s", label)

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import torch
 from mxkernels import grouped_gemm
+from mxkernels.names import MEMORY_CATEGORIES, Category, Recipe
 from mxkernels.runtime import INTERPRET
-from mxkernels.stages import MEMORY_CATEGORIES, Category, Recipe, all_specs
+from mxkernels.stages import all_specs
 
 from .registry import OURS, Deviation, Implementation, Registry, always
 
@@ -83,7 +84,7 @@ def torchao_version() -> str | None:
         return None
     try:
         return str(importlib.import_module("torchao").__version__)
-    except Exception as e:  # an installed but broken torchao still gets its rows, each with the reason
+    except Exception as e:  # noqa: BLE001 -- an installed but broken torchao still gets its rows, each with the reason
         return f"import failed: {e}"
 
 

@@ -18,18 +18,10 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+from mxkernels.errors import InputError
 
 from .hardware import HardwareSpec, Peak, datasheet_peaks
-from .report import (
-    ENERGY_KEY,
-    GEMM_SPEEDUP_COLUMNS,
-    MODEL_MARK,
-    PASS_TITLES,
-    baseline_key,
-    card_label,
-    peak_text,
-    speedups,
-)
+from .render import MODEL_MARK, card_label, peak_text
 from .results import Point, Record, Run
 from .roofline import (
     MEMORY_CATEGORIES,
@@ -40,6 +32,7 @@ from .roofline import (
     peaks_for_run,
     spec_for_run,
 )
+from .tables import ENERGY_KEY, GEMM_SPEEDUP_COLUMNS, PASS_TITLES, baseline_key, speedups
 
 PASS_SHORT = {"forward": "fwd", "backward_input": "dA", "backward_weight": "dB"}
 PASS_MARKERS = {"forward": "^", "backward_input": "v", "backward_weight": "s"}
@@ -170,10 +163,9 @@ def _model_net_speedups(ctx: _Context, points: list[Point]) -> list[tuple[int, f
     return out
 
 
-def _input_dims(shape: str) -> int:
-    """Dimensions of the first tensor in a stored shape string: "(8, 2048, 7168)" -> 3."""
-    head = shape.split("@")[0].strip().strip("()")
-    return len([d for d in head.split(",") if d.strip()])
+def _input_dims(r: Record) -> int:
+    """Dimensions of a record's first input: 2 for a token matrix, 3 for expert weights."""
+    return len(r.shapes[0]) if r.shapes else 0
 
 
 def _draw_bandwidth(ax: Axes, ctx: _Context, dims: int) -> bool:
@@ -182,7 +174,7 @@ def _draw_bandwidth(ax: Axes, ctx: _Context, dims: int) -> bool:
     rows = [
         r
         for r in ctx.records
-        if r.point.recipe == ctx.recipe and r.category in MEMORY_CATEGORIES and _input_dims(r.shape) == dims
+        if r.point.recipe == ctx.recipe and r.category in MEMORY_CATEGORIES and _input_dims(r) == dims
     ]
     if peak is None or not rows:
         return False
@@ -414,7 +406,7 @@ def _save(fig: Figure, path: str | Path) -> Path:
 def _single(draw: Panel, name: str, run: Run, path: str | Path, spec: HardwareSpec | None = None) -> Path:
     fig = Figure(figsize=_PANEL_SIZE, layout="constrained")
     if not draw(fig.subplots(), _Context.of(run, spec)):
-        raise ValueError(f"run of {card_label(run)} holds nothing to draw for the {name} figure")
+        raise InputError(f"run of {card_label(run)} holds nothing to draw for the {name} figure")
     return _save(fig, path)
 
 
@@ -426,7 +418,7 @@ def plot_net_speedup(run: Run, path: str | Path, spec: HardwareSpec | None = Non
 def plot_bandwidth(run: Run, path: str | Path, dims: int = 2) -> Path:
     """% of the datasheet bandwidth peak vs M of the 2D (activation) or 3D (weight) data-movement kernels."""
     if dims not in (2, 3):
-        raise ValueError(f"dims must be 2 or 3, got {dims!r}")
+        raise InputError(f"dims must be 2 or 3, got {dims!r}")
     return _single(PANELS[f"bandwidth_{dims}d"], f"{dims}D bandwidth", run, path)
 
 
@@ -450,7 +442,7 @@ def plot_power(run: Run, path: str | Path) -> Path:
     fig = Figure(figsize=(_PANEL_SIZE[0] * 3, _PANEL_SIZE[1]), layout="constrained")
     ctx = _Context.of(run)
     if not all(_draw_power(ax, ctx, m) for ax, m in zip(fig.subplots(1, 3), POWER_METRICS, strict=True)):
-        raise ValueError(f"run of {card_label(run)} holds fewer than two power limits set by mxbench")
+        raise InputError(f"run of {card_label(run)} holds fewer than two power limits set by mxbench")
     return _save(fig, path)
 
 
@@ -476,7 +468,7 @@ def _sheet(ctx: _Context, path: Path) -> Path:
     """All panels that have data on one figure, three per row."""
     names = [n for n, panel in PANELS.items() if panel(Figure().subplots(), ctx)]
     if not names:
-        raise ValueError(f"run of {card_label(ctx.run)} holds nothing to draw")
+        raise InputError(f"run of {card_label(ctx.run)} holds nothing to draw")
     cols = min(3, len(names))
     rows = -(-len(names) // cols)
     fig = Figure(figsize=(_PANEL_SIZE[0] * cols, _PANEL_SIZE[1] * rows), layout="constrained")

@@ -22,7 +22,9 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
+
+from mxkernels.errors import InputError
 
 # pynvml constants, used where the nvml object does not define them
 _DEFAULTS = {
@@ -102,7 +104,7 @@ def _query(nvml: Any, name: str, *args) -> Any:
         return None
     try:
         value = fn(*args)
-    except Exception:
+    except Exception:  # noqa: BLE001 -- pynvml raises its own NVMLError per code: any failure means "not offered"
         return None
     return value.decode() if isinstance(value, bytes) else value
 
@@ -115,7 +117,7 @@ def _torch_uuid(device: int) -> str | None:
         if not torch.cuda.is_available():
             return None
         uuid = str(torch.cuda.get_device_properties(device).uuid)
-    except Exception:
+    except Exception:  # noqa: BLE001 -- without a UUID the device is mapped by index instead
         return None
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
@@ -213,13 +215,13 @@ class PowerController:
         """Limits in watts from ``percents`` (of the default limit) or ``watts``, each checked against the card's
         settable range. Neither given (or empty): ``[None]``, the limit as found, never touched."""
         if percents and watts:
-            raise ValueError("give power limits as percents or as watts, not both")
+            raise InputError("give power limits as percents or as watts, not both")
         if not percents and not watts:
             return [None]
         limits = self.read_limits()
         if percents:
             if any(not p > 0 for p in percents):
-                raise ValueError(f"percents must be positive, got {list(percents)}")
+                raise InputError(f"percents must be positive, got {list(percents)}")
             resolved = [limits.default_w * p / 100 for p in percents]
             described = [f"{p:g}% of the default {limits.default_w:g} W = {w:g} W" for p, w in zip(percents, resolved)]
             name = "percents"
@@ -229,7 +231,7 @@ class PowerController:
             name = "watts"
         for w, text in zip(resolved, described):
             if not limits.min_w <= w <= limits.max_w:
-                raise ValueError(
+                raise InputError(
                     f"{name}: {text} is outside this card's power-limit range [{limits.min_w:g}, {limits.max_w:g}] W"
                 )
         return resolved
@@ -353,7 +355,7 @@ class TelemetrySampler:
 
     def __init__(self, device: int = 0, nvml: Any | None = None, interval_s: float = 0.02):
         if not interval_s > 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s}")
+            raise InputError(f"interval_s must be positive, got {interval_s}")
         self.device = device
         self.interval_s = interval_s
         self._nvml_arg = nvml
@@ -364,7 +366,7 @@ class TelemetrySampler:
         self._thread: threading.Thread | None = None
         self._power_source: str | None = None
 
-    def __enter__(self) -> TelemetrySampler:
+    def __enter__(self) -> Self:
         try:
             self._nvml, self._handle = _open(self.device, self._nvml_arg)
         except PowerError as e:

@@ -18,6 +18,7 @@ as a tuple in the listed order.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from mxkernels.runtime import InputError
-from mxkernels.stages import Recipe, StageSpec, get_spec
+from mxkernels.errors import InputError
+from mxkernels.names import OURS, Recipe
+from mxkernels.stages import StageSpec, get_spec
 
 ENTRY_POINT_GROUP = "mxbench.implementations"
-OURS = "mxkernels"
 
 Availability = Callable[[torch.device], "str | None"]
 
@@ -84,7 +85,7 @@ class Implementation:
         """Why this implementation cannot run on ``device``, or None. A check that raises is a reason too."""
         try:
             return self.available(torch.device(device))
-        except Exception as e:  # an availability check is third-party code: its failure is its reason
+        except Exception as e:  # noqa: BLE001 -- an availability check is third-party code: its failure is its reason
             return f"availability check failed: {type(e).__name__}: {e}"
 
     def bind(self, inputs: Sequence[torch.Tensor], params: Mapping[str, Any]) -> Callable[[], object]:
@@ -167,11 +168,14 @@ def load_entry_points(registry: Registry, group: str = ENTRY_POINT_GROUP) -> Non
     noted in ``registry.load_errors``, never fatal: the other implementations still run."""
     for ep in importlib.metadata.entry_points(group=group):
         origin = f"entry point {ep.name} ({ep.value})"
+        before = set(registry.impls)
         try:
             target = ep.load()
             if callable(target):
                 target(registry)
-        except Exception as e:  # a broken plugin must not take the harness down
+            for key in set(registry.impls) - before:  # say where each came from
+                registry.impls[key] = dataclasses.replace(registry.impls[key], origin=f"entry point {ep.name}")
+        except Exception as e:  # noqa: BLE001 -- a broken plugin must not take the harness down
             registry.load_errors.append((origin, f"{type(e).__name__}: {e}"))
 
 
@@ -212,15 +216,16 @@ def implementation(stage: str, **kwargs):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def split_stage(text: str, recipe: str = Recipe.MXFP8) -> tuple[Recipe, str]:
-    """``"quantize_a"`` (of ``recipe``) or ``"fp8_rowwise/quantize_a"`` -> (recipe, stage), checked."""
+def split_stage(text: str, recipe: str = Recipe.MXFP8, spec_of=get_spec) -> tuple[Recipe, str]:
+    """``"quantize_a"`` (of ``recipe``) or ``"fp8_rowwise/quantize_a"`` -> (recipe, stage), checked against
+    ``spec_of`` (the single-GPU step's specs; ``ep_stages.get_ep_spec`` for the expert-parallel step)."""
     if "/" in text:
         recipe, text = text.split("/", 1)
         try:
             recipe = Recipe(recipe)
         except ValueError:
             raise InputError(f"unknown recipe {recipe!r} in {text!r}; recipes: {', '.join(Recipe)}") from None
-    get_spec(recipe, text)
+    spec_of(recipe, text)
     return Recipe(recipe), text
 
 
@@ -231,7 +236,7 @@ def load_callable(target: str, option: str = "--impl") -> Any:
         raise InputError(f"{option}: {target!r} must be module:function")
     try:
         obj = importlib.import_module(module_name)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- any import failure of a user module is bad input, named
         raise InputError(f"{option}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -242,12 +247,13 @@ def load_callable(target: str, option: str = "--impl") -> Any:
     return obj
 
 
-def parse_impl(text: str, recipe: str = Recipe.MXFP8) -> Implementation:
-    """``STAGE=module:function`` -> an Implementation named ``module:function`` (origin ``--impl``)."""
+def parse_impl(text: str, recipe: str = Recipe.MXFP8, spec_of=get_spec) -> Implementation:
+    """``STAGE=module:function`` -> an Implementation named ``module:function`` (origin ``--impl``); the stage is
+    looked up with ``spec_of`` (see ``split_stage``)."""
     stage, sep, target = text.partition("=")
     if not sep or not stage or not target:
         raise InputError(f"--impl: {text!r} must be STAGE=module:function")
-    r, stage = split_stage(stage.strip(), recipe)
+    r, stage = split_stage(stage.strip(), recipe, spec_of)
     obj = load_callable(target.strip())
     if isinstance(obj, Implementation):
         if (obj.recipe, obj.stage) != (r, stage):

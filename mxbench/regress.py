@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from .report import Comparison, Match, MatchKey, Thresholds, compare_runs
+from mxkernels.errors import InputError
+
+from .compare import Comparison, Match, MatchKey, Thresholds, compare_runs
 from .results import Point, Run
 
 Measure = Callable[[list[Point]], Run]
@@ -38,7 +40,7 @@ def measure_rounds(points: Sequence[Point], measure: Measure, rounds: int) -> Ru
     """``rounds`` measurements of ``points`` in alternating order, pooled into one Run (meta of the first round,
     plus ``meta["rounds"]``)."""
     if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+        raise InputError(f"rounds must be >= 1, got {rounds}")
     runs = [measure(list(points) if i % 2 == 0 else list(reversed(points))) for i in range(rounds)]
     return Run(meta={**runs[0].meta, "rounds": rounds}, records=[r for run in runs for r in run.records])
 
@@ -58,7 +60,7 @@ def regress(
     """
     points = list(dict.fromkeys(r.point for r in baseline.records))
     if not points:
-        raise ValueError("baseline holds no records to re-measure")
+        raise InputError("baseline holds no records to re-measure")
     first = compare_runs(baseline, measure_rounds(points, measure, rounds), thresholds=thresholds, seed=seed)
     suspects = {m.key for m in first.by_verdict("SLOWER")}
     if not (confirm and suspects):

@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mxkernels.stages import format_shapes
+from mxkernels.errors import InputError
+from mxkernels.names import OURS, format_shapes
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 """Schema 1 (before implementations were declarations) is read and migrated on load: see ``_migrate_v1``."""
-OURS = "mxkernels"
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ class Record:
 
     ``pass_name``: a ``mxkernels.stages.Pass`` value; ``category`` a ``Category`` value (stored as their strings).
     ``impl``: the implementation that ran (``mxkernels``, ``torchao``, ``module:function`` ...); ``kernel`` the
-    function it ran; ``backend`` the GEMM backend where one was chosen. ``shapes``: the stage's input shapes.
+    function it ran; ``backend`` the GEMM backend where one was chosen. ``shapes``: the stage's input shapes
+    (given as their display string "(M, K) @ (G, K, N)", they are parsed into tuples here).
     ``samples_us``: per-call times (each sample = one graph replay / calls per replay). Empty for model rows, error
     rows and skipped rows. ``measured`` False marks the analytic model (``model_us`` set), never a measurement.
     ``skipped``: why the implementation could not run here (not an error: it never ran).
@@ -78,7 +79,9 @@ class Record:
     skipped: str | None = None
 
     def __post_init__(self):
-        self.shapes = tuple(tuple(int(d) for d in s) for s in self.shapes)
+        self.shapes = parse_shapes(self.shapes) if isinstance(self.shapes, str) else tuple(
+            tuple(int(d) for d in s) for s in self.shapes
+        )
 
     @property
     def ok(self) -> bool:
@@ -135,6 +138,12 @@ def _record_from_dict(d: dict[str, Any]) -> Record:
 
 
 _SHAPE = re.compile(r"\(([^)]*)\)")
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, ...], ...]:
+    """The shapes a display string names: "(M, K) @ (G, K, N)" -> ((M, K), (G, K, N)) (the inverse of
+    ``format_shapes``; schema-1 files stored only the string)."""
+    return tuple(tuple(int(x) for x in dims.split(",") if x.strip()) for dims in _SHAPE.findall(text))
 _V1_GEMMS = {"forward": "gemm_fwd", "backward_input": "gemm_dgrad", "backward_weight": "gemm_wgrad"}
 _V1_IMPLS = ("mxkernels", "torchao", "torch.compile")
 
@@ -144,8 +153,7 @@ def _migrate_v1(d: dict[str, Any]) -> dict[str, Any]:
     all named "gemm" then, named by pass; a peers record's "<stage>/<implementation>" name and implementation
     ``backend`` split into ``stage`` and ``impl``."""
     d = dict(d)
-    text = d.pop("shape", "") or ""
-    d["shapes"] = [[int(x) for x in dims.split(",") if x.strip()] for dims in _SHAPE.findall(text)]
+    d["shapes"] = parse_shapes(d.pop("shape", "") or "")
     if d.get("stage") == "gemm":
         d["stage"] = _V1_GEMMS.get(d.get("pass_name"), "gemm")
     stage, sep, impl = str(d.get("stage", "")).rpartition("/")
@@ -163,7 +171,7 @@ def run_from_json(text: str) -> Run:
     payload = json.loads(text)
     schema = payload.get("schema")
     if schema not in READABLE_SCHEMAS:
-        raise ValueError(f"results schema {schema!r} is not supported (readable: {READABLE_SCHEMAS})")
+        raise InputError(f"results schema {schema!r} is not supported (readable: {READABLE_SCHEMAS})")
     records = payload["records"]
     if schema == 1:
         records = [_migrate_v1(d) for d in records]
@@ -204,8 +212,11 @@ def save_run(run: Run, path: str | Path) -> tuple[Path, Path]:
 
 
 def load_run(path: str | Path) -> Run:
+    """The Run stored at ``path``; a file that is not one raises ``InputError`` naming it."""
     path = Path(path)
     try:
         return run_from_json(path.read_text())
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not an mxbench results file ({e})") from None
+    except InputError as e:  # a results file of another schema
+        raise InputError(f"{path}: {e}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not an mxbench results file ({e})") from None

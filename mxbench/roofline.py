@@ -17,9 +17,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mxkernels.cost import Cost
+from mxkernels.errors import InputError
+from mxkernels.names import END_TO_END_STAGE, MEMORY_CATEGORIES, Category, Pass
 
 from .hardware import HardwareSpec, Peak, datasheet_peaks, get_spec
-from .results import Point, Record, Run
+from .results import OURS, Point, Record, Run
 
 if TYPE_CHECKING:
     from mxkernels.pipeline import Stage
@@ -27,21 +29,20 @@ if TYPE_CHECKING:
 LAUNCH_FLOOR_US = 2.0
 """Added to every modelled stage: the launch overhead no kernel avoids (torchao uses the same 2 us)."""
 
-MEMORY_CATEGORIES = ("quantize", "rearrange", "pad")
 DENOMINATORS = ("datasheet", "measured")
 
 
 def achieved_tbps(nbytes: float, us: float) -> float:
     """Bytes moved in ``us`` microseconds -> TB/s (10**12 bytes per second)."""
     if not us > 0:
-        raise ValueError(f"us must be > 0, got {us!r}")
+        raise InputError(f"us must be > 0, got {us!r}")
     return nbytes / us / 1e6
 
 
 def achieved_tflops(flops: float, us: float) -> float:
     """FLOPs done in ``us`` microseconds -> TFLOP/s (10**12 FLOPs per second)."""
     if not us > 0:
-        raise ValueError(f"us must be > 0, got {us!r}")
+        raise InputError(f"us must be > 0, got {us!r}")
     return flops / us / 1e6
 
 
@@ -87,7 +88,7 @@ def peaks_for_run(run: Run, denominator: str = "datasheet") -> dict[str, Peak]:
     (MXFP8 at the fp8 rate) the measured fp8 ceiling is also the mxfp8 roof.
     """
     if denominator not in DENOMINATORS:
-        raise ValueError(f"denominator must be one of {DENOMINATORS}, got {denominator!r}")
+        raise InputError(f"denominator must be one of {DENOMINATORS}, got {denominator!r}")
     if denominator == "datasheet":
         return datasheet_peaks(spec_for_run(run))
     # imported on use: measuring ceilings needs the timing stack, which a datasheet-only table never loads
@@ -95,7 +96,7 @@ def peaks_for_run(run: Run, denominator: str = "datasheet") -> dict[str, Peak]:
 
     stored = run.meta.get("ceilings")
     if not stored:
-        raise ValueError(
+        raise InputError(
             f"denominator='measured' needs the card's measured ceilings, but this run of {run.card} stored none "
             "(meta['ceilings']); measure them with `mxbench ceilings` or use denominator='datasheet'"
         )
@@ -110,7 +111,7 @@ def spec_for_run(run: Run) -> HardwareSpec:
     """The hardware spec ``run.meta["hardware"]`` names."""
     key = run.meta.get("hardware")
     if not key:
-        raise ValueError(f"run of {run.card} names no hardware spec (meta['hardware']); pass one explicitly")
+        raise InputError(f"run of {run.card} names no hardware spec (meta['hardware']); pass one explicitly")
     return get_spec(key)
 
 
@@ -118,12 +119,12 @@ def _compute_tflops(spec: HardwareSpec, precision: str | None) -> float:
     """The datasheet compute peak of ``precision`` on ``spec``. mxfp8 on a card without MX tensor cores is priced
     at its fp8 rate (optimistic: such cards emulate it)."""
     if precision not in ("bf16", "fp8", "mxfp8"):
-        raise ValueError(f"cost.precision must be 'bf16', 'fp8' or 'mxfp8' when it has FLOPs, got {precision!r}")
+        raise InputError(f"cost.precision must be 'bf16', 'fp8' or 'mxfp8' when it has FLOPs, got {precision!r}")
     value = getattr(spec, f"{precision}_tflops")
     if value is None and precision == "mxfp8":
         value = spec.fp8_tflops
     if value is None:
-        raise ValueError(f"cost.precision {precision!r}: {spec.name} has no tensor-core peak for it to model")
+        raise InputError(f"cost.precision {precision!r}: {spec.name} has no tensor-core peak for it to model")
     return value
 
 
@@ -155,14 +156,16 @@ def model_records(
     """
     records = [
         _priced(
-            Record(point, s.pass_name, s.name, s.kernel, s.category, s.purpose, str(s.shape)), s.cost, spec, s.backend
+            Record(point, str(s.pass_name), s.name, s.kernel, str(s.category), s.purpose, s.shapes,
+                   impl=getattr(s, "impl", OURS)),
+            s.cost, spec, s.backend,
         )
         for s in stages
     ]
     if end_to_end and records:
         total = sum((s.cost for s in stages), Cost(0, 0))
         purpose = "forward + backward, stages back to back"
-        step = Record(point, "end_to_end", "fwd+bwd", "all stages", "end_to_end", purpose)
+        step = Record(point, Pass.END_TO_END, END_TO_END_STAGE, "all stages", Category.END_TO_END, purpose)
         records.append(replace(_priced(step, total, spec), model_us=sum(r.model_us for r in records)))
     return records
 
@@ -187,5 +190,5 @@ def model_speedup(bf16_stages: Iterable[Any], recipe_stages: Iterable[Any], spec
 
     base, recipe = step_us(bf16_stages), step_us(recipe_stages)
     if not base or not recipe:
-        raise ValueError("model_speedup needs at least one stage on each side")
+        raise InputError("model_speedup needs at least one stage on each side")
     return base / recipe

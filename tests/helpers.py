@@ -10,6 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from mxkernels.names import Category, Pass, Recipe
+from mxkernels.pipeline import Stage
+from mxkernels.stages import BitExact, Port, StageSpec
 
 # ---- bits and token groups ----------------------------------------------------------------------------------
 
@@ -103,3 +106,18 @@ class FakePower:
         finally:
             self.events.append(("restore", watts))
             self.current = None
+
+
+def fake_stage(pass_name, name, kernel, category, purpose="", shapes=(), cost=None, backend=None, inputs=(),
+               outputs=(), fn=None, recipe="mxfp8"):  # fmt: skip
+    """A pipeline ``Stage`` with a spec made up on the spot (harness tests that need no real kernel)."""
+    from mxkernels.cost import Cost
+
+    from mxbench.results import parse_shapes
+
+    fn = fn or (lambda *args, **kwargs: ())
+    spec = StageSpec(Recipe(recipe), name, Pass(pass_name), Category(category), purpose,
+                     tuple(Port(i, "") for i in inputs), tuple(Port(o or "_", "") for o in outputs), fn, BitExact(),
+                     fn, kernel)  # fmt: skip
+    shapes = parse_shapes(shapes) if isinstance(shapes, str) else shapes
+    return Stage(spec, shapes, cost or Cost(0, 0), tuple(inputs), tuple(outputs), fn, kernel=kernel, backend=backend)

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from mxkernels.names import Recipe
 from mxkernels.runtime import InputError
-from mxkernels.stages import BitExact, MinSQNR, Recipe, all_specs, get_spec, specs_of
+from mxkernels.stages import BitExact, MinSQNR, all_specs, get_spec, specs_of
 
 from mxbench import check as C
 from mxbench.registry import Deviation, Implementation, Registry, builtin_registry, load_entry_points, parse_impl
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plain_quantizer"
-SMALL = dict(M=512, N=128, K=256, G=2)
+SMALL = {"M": 512, "N": 128, "K": 256, "G": 2}
 
 
 @pytest.fixture
@@ -233,5 +234,21 @@ def test_entry_points_register_and_a_broken_one_is_noted(monkeypatch, plain):
     monkeypatch.setattr("importlib.metadata.entry_points", lambda group: eps if group == "mxbench.implementations" else [])
     registry = Registry()
     load_entry_points(registry)
-    assert registry.get("mxfp8", "quantize_a", "plain_quantizer").fn is plain.quantize_a
+    impl = registry.get("mxfp8", "quantize_a", "plain_quantizer")
+    assert impl.fn is plain.quantize_a and impl.origin == "entry point plain"
     assert registry.load_errors == [("entry point bad (bad:register)", "ImportError: no bad")]
+
+
+def test_per_expert_sqnr_catches_garbage_in_an_empty_expert_under_a_loud_one():
+    expected = torch.zeros(2, 4, 4)
+    expected[1] = 1e30
+    got = expected.clone()
+    got[0, 2, 3] = 1e16  # an expert the oracle leaves empty, written with garbage
+    assert MinSQNR(60).compare("grad_w", got, expected) is None  # one SQNR over everything misses it
+    m = MinSQNR(60, per_slice=True).compare("grad_w", got, expected)
+    assert m.index == (0, 2, 3) and "all zero" in m.message
+    quiet = torch.ones(2, 4, 4)
+    quiet[1] = 1e30
+    noisy = quiet.clone()
+    noisy[0] *= 1.01  # 40 dB in the small expert
+    assert "slice 0" in MinSQNR(60, per_slice=True).compare("grad_w", noisy, quiet).message

@@ -6,14 +6,16 @@ from __future__ import annotations
 import csv
 import io
 import random
+import subprocess
+import sys
+import traceback
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from mxbench import cli as cli_module
-from mxbench.cli import cli
+from mxbench.cli import cli, run_commands
 from mxbench.results import Point, Record, Run, load_run, save_run
 
 CARD = "NVIDIA H100 80GB HBM3"
@@ -25,7 +27,7 @@ def invoke(*args: str):
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    monkeypatch.setattr(cli_module, "_has_gpu", lambda: False)
+    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)
 
 
 def test_help_lists_every_command():
@@ -38,6 +40,29 @@ def test_help_lists_every_command():
 def test_version_is_the_installed_distribution_version():
     result = invoke("--version")
     assert result.exit_code == 0 and version("mxbench") in result.output
+
+
+@pytest.mark.parametrize("module", ["mxbench", "mxbench.cli"])
+def test_python_dash_m_runs_the_command_line(module):
+    done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("mxbench") and version("mxbench") in done.stdout
+
+
+def test_the_command_line_loads_no_kernels_until_a_command_runs():
+    """``--help`` stays fast: torch and the kernels are imported by the commands that need them."""
+    code = "import sys, mxbench.cli; print(sorted({'torch', 'mxkernels'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_options_offer_what_the_harness_knows():
+    from mxbench import ep
+    from mxbench.cli import common, report_commands
+    from mxbench.render import FORMATS
+    from mxbench.tables import TABLES
+
+    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == (*TABLES, "peers", *ep.TABLE_KINDS)
 
 
 def test_presets_lists_every_model_with_its_shapes():
@@ -62,7 +87,7 @@ def test_roofline_without_a_gpu_prints_the_labelled_model(no_gpu, tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.startswith("no CUDA GPU found")
     assert "model, not measured" in result.output
-    for kernel in ("quantize_dim0", "rearrange_m_groups", "rearrange_k_groups", "mxfp8_grouped_mm"):
+    for kernel in ("quantize_dim0", "rearrange_m_groups", "rearrange_k_groups", "mxfp8_scaled_grouped_mm"):
         assert kernel in result.output
     assert "Net speedup" in result.output and "131072" in result.output
     stored = load_run(out)
@@ -116,10 +141,12 @@ class FakeController:
         pass
 
     def resolve(self, percents=None, watts=None):
+        from mxkernels.runtime import InputError
+
         limits = [700 * p / 100 for p in percents] if percents else list(watts)
         for w in limits:
             if not 200 <= w <= 700:
-                raise ValueError(f"{w:g} W is outside this card's power-limit range [200, 700] W")
+                raise InputError(f"{w:g} W is outside this card's power-limit range [200, 700] W")
         return limits
 
     def check_permission(self, watts):
@@ -141,8 +168,8 @@ def test_power_limits_are_checked_before_anything_runs(monkeypatch, args, allowe
     import mxbench.power
     import mxbench.sweep
 
-    monkeypatch.setattr(cli_module, "_has_gpu", lambda: True)
-    monkeypatch.setattr(cli_module, "_detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
     monkeypatch.setattr(FakeController, "allowed", allowed)
     monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
     monkeypatch.setattr(mxbench.sweep, "run_sweep", lambda *a, **k: pytest.fail("the sweep must not start"))
@@ -267,6 +294,32 @@ def test_a_file_that_is_not_a_run_exits_2(tmp_path):
     assert result.exit_code == 2 and f"{bad}: results schema None" in " ".join(result.output.split())
 
 
+def test_an_exception_that_is_not_an_input_error_is_a_bug_and_exits_1(stored, monkeypatch):
+    import mxbench.results
+
+    def broken(path):
+        raise RuntimeError("a bug, not bad input")
+
+    monkeypatch.setattr(mxbench.results, "load_run", broken)
+    result = invoke("table", stored("a", synthetic_run()))
+    assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
+    assert "broken" in "".join(traceback.format_tb(result.exc_info[2]))  # its traceback reaches where it was raised
+
+
+def test_a_bare_value_error_prints_its_traceback_and_exits_1(stored):
+    """A ValueError that is not an InputError is a bug too: the process shows the traceback, not a one-line message."""
+    code = (
+        "import mxbench.results\n"
+        "def broken(path): raise ValueError('a bug, not bad input')\n"
+        "mxbench.results.load_run = broken\n"
+        "from mxbench.cli import main\n"
+        f"main(['table', {str(stored('a', synthetic_run()))!r}])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" in done.stderr and "ValueError: a bug, not bad input" in done.stderr
+
+
 # ------------------------------------------------------------------------------------- roofline, with a GPU
 
 
@@ -285,9 +338,9 @@ def fake_gpu(monkeypatch, tmp_path):
         return run
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli_module, "_has_gpu", lambda: True)
-    monkeypatch.setattr(cli_module, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(cli_module, "_card_name", lambda device=0: CARD)
+    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: CARD)
     monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
     monkeypatch.setattr(mxbench.sweep, "run_sweep", fake_sweep)
     return calls

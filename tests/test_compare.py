@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from mxbench import report
-from mxbench.report import CompareError, Thresholds, compare_runs
+from mxbench import compare, render
+from mxbench.compare import CompareError, Thresholds, compare_runs
 from mxbench.results import Point, Record, Run
 
 
@@ -27,7 +27,7 @@ def run(*records, card="NVIDIA H100 80GB HBM3") -> Run:
     return Run(meta={"card": card}, records=list(records))
 
 
-def verdict(base_us, new_us, **kw) -> report.Match:
+def verdict(base_us, new_us, **kw) -> compare.Match:
     cmp = compare_runs(run(rec(base_us, **kw)), run(rec(new_us, **kw)))
     assert len(cmp.matches) == 1
     return cmp.matches[0]
@@ -128,7 +128,7 @@ def test_unmatched_and_broken_stages_are_listed():
     assert [k.stage for k in cmp.only_base] == ["gone"] and [k.stage for k in cmp.only_new] == ["added"]
     assert [k.stage for k in cmp.broken] == ["breaks"]
     assert cmp.exit_code == 1  # a stage that ran before and errors now fails like a regression
-    assert [r["Verdict"] for r in report.comparison_rows(cmp)] == ["SAME", "BROKEN"]
+    assert [r["Verdict"] for r in compare.comparison_rows(cmp)] == ["SAME", "BROKEN"]
 
 
 def test_the_bootstrap_is_seeded():
@@ -140,12 +140,12 @@ def test_the_bootstrap_is_seeded():
 
 def test_comparison_rows_and_summary():
     cmp = compare_runs(run(rec(samples(1000, 0.005))), run(rec(samples(1200, 0.005, seed=7))))
-    (row,) = report.comparison_rows(cmp)
+    (row,) = compare.comparison_rows(cmp)
     assert row["Verdict"] == "SLOWER" and row["Pass"] == "Forward" and row["Stage"] == "gemm"
     assert row["Point"].startswith("M=131072 N=2048 K=7168 G=8")
     assert float(row["New/base"]) == pytest.approx(1.2, rel=0.01)
     assert cmp.summary().startswith("NVIDIA H100 80GB HBM3: 1 SLOWER, 0 UNSURE, 0 SAME, 0 FASTER")
-    text = report.render(report.comparison_rows(cmp), "markdown")
+    text = render.render(compare.comparison_rows(cmp), "markdown")
     assert "SLOWER" in text
 
 

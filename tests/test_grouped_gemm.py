@@ -17,7 +17,7 @@ import torch
 import triton
 from crosscompile import compile_ptx
 from helpers import offsets
-from mxkernels import gemm_dequant, gemm_fused, gemm_triton
+from mxkernels import gemm_dequant, gemm_fused, gemm_native, gemm_triton
 from mxkernels import grouped_gemm as GG
 from mxkernels.cost import Cost, ceil_to
 from mxkernels.format import dequantize_reference, quantize_reference
@@ -433,6 +433,13 @@ def test_default_backends_on_cpu():
 # ---- which backend runs where, and refusals before any launch ---------------------------------------------------
 
 
+@pytest.fixture
+def native_probe_passes(monkeypatch):
+    """On 10.x native MXFP8 is available only once its probe at first use passed (no B200 here: say it did)."""
+    monkeypatch.setattr(gemm_native, "probe_mxfp8", lambda device: None)
+    monkeypatch.setattr(gemm_native, "_PROBES", {})
+
+
 @pytest.mark.parametrize(
     "cap,expected",
     [
@@ -445,7 +452,7 @@ def test_default_backends_on_cpu():
         ((8, 0), {"fp8_rowwise": ["emulated"], "mxfp8": ["emulated"]}),
     ],
 )  # fmt: skip
-def test_available_backends_by_compute_capability(monkeypatch, cap, expected):
+def test_available_backends_by_compute_capability(monkeypatch, native_probe_passes, cap, expected):
     monkeypatch.setattr(GG, "_capability", lambda device: cap)
     for recipe, backends in expected.items():
         assert GG.available_backends(recipe, "cuda") == backends
@@ -527,7 +534,7 @@ def test_wgrad_groups_must_hold_whole_mx_blocks(device):
         GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets([48, 48, 64, 32], device), backend="emulated")
 
 
-def test_native_mxfp8_output_is_bf16_only(monkeypatch, device, no_torch_scaled_grouped_mm):
+def test_native_mxfp8_output_is_bf16_only(monkeypatch, device, native_probe_passes, no_torch_scaled_grouped_mm):
     monkeypatch.setattr(GG, "_capability", lambda device: (10, 0))
     with pytest.raises(ValueError, match="out_dtype"):
         GG.mxfp8_scaled_grouped_mm(**mx_operands(device), backend="native", out_dtype=torch.float32)

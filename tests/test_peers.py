@@ -3,29 +3,32 @@ peers table. Driven by a fake pipeline and fake instruments on CPU; the real thi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from helpers import FakePower, FakeTelemetry, FakeTiming
+from helpers import FakePower, FakeTelemetry, FakeTiming, fake_stage
 from mxkernels.cost import Cost
-from mxkernels.pipeline import Stage
+from mxkernels.names import Recipe
 
-from mxbench import peers
-from mxbench.peers import IMPLS, peer_rows, run_peers
+from mxbench import implementations
+from mxbench.instruments import Instruments
+from mxbench.measure import SweepOptions
+from mxbench.peers import BUILTIN_COLUMNS, peer_rows, run_peers
+from mxbench.registry import Implementation, Registry, builtin_registry
 from mxbench.results import Point, Record, Run, load_run
-from mxbench.sweep import Instruments, SweepOptions
 
 COST = Cost(300, 100)
 
 
 def stage(pass_name, name, kernel, category, inputs, outputs):
-    return Stage(pass_name, name, kernel, category, name.replace("_", " "), "(64, 32)", COST, None, inputs, outputs,
-                  lambda *args: tuple(f"{name}({', '.join(map(str, args))})" for _ in outputs))  # fmt: skip
+    fn = lambda *args, **kw: tuple(f"{name}({', '.join(map(str, args))})" for _ in outputs)
+    return fake_stage(pass_name, name, kernel, category, name.replace("_", " "), "(64, 32)", COST, None, inputs,
+                      outputs, fn)  # fmt: skip
 
 
 class FakePipeline:
     """An mxfp8 step of one quantize, one rearrange and a GEMM; the padded step adds pad and unpad."""
-
-    ALIGNMENT = {"mxfp8": 32}
 
     def __init__(self):
         self.ran = []
@@ -38,7 +41,7 @@ class FakePipeline:
         body = [
             stage("forward", "quantize_a", "quantize_dim0", "quantize", (a,), ("a_q", "a_s")),
             stage("forward", "rearrange_a", "rearrange_m_groups", "rearrange", ("a_s", "offs"), ("a_sb",)),
-            stage("forward", "gemm", "mxfp8_grouped_mm", "gemm", ("a_q", "a_sb"), ("out",)),
+            stage("forward", "gemm_fwd", "mxfp8_scaled_grouped_mm", "gemm", ("a_q", "a_sb"), ("out",)),
         ]
         if not pad:
             return body
@@ -59,7 +62,7 @@ class FakePipeline:
 
 
 class PeerFakes:
-    """Instruments whose timer records (stage name, use_graph, fn) instead of calling fn."""
+    """Instruments whose timer records (use_graph, fn) instead of calling fn."""
 
     def __init__(self):
         self.timed = []
@@ -76,117 +79,124 @@ class PeerFakes:
         )  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def no_compile(request, monkeypatch):
-    """torch.compile as the identity on CPU (compiling is the GPU test's business, and slow to import)."""
-    if "gpu" not in request.keywords:
-        monkeypatch.setattr(torch, "compile", lambda f: f)
+def echo(name):
+    """An implementation that returns what it was called with (so a test sees its inputs)."""
+    return lambda *args, **kwargs: (name, args, kwargs)
 
 
-@pytest.fixture
-def fake_torchao(monkeypatch):
-    """torchao "installed": every torchao function records its arguments."""
-    calls = []
-
-    def ao(module, name):
-        return lambda *args, **kwargs: calls.append((name, args, kwargs))
-
-    monkeypatch.setattr(peers, "_torchao_status", lambda: "9.9-test")
-    monkeypatch.setattr(peers, "_ao", ao)
-    monkeypatch.setattr(peers, "_ao_quantizer", lambda name: ao(peers._MX, name))
-    return calls
-
-
-def test_torchao_quantizers_below_sm100_say_why(monkeypatch):
-    """torchao defines its Triton MXFP8 quantizers only on SM100+: a Hopper row names that, not torchao's stub."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    with pytest.raises(RuntimeError, match="only on SM100"):
-        peers._ao_quantizer("triton_to_mxfp8_dim0")
+def fake_registry(*, peer_available=None, compiled_graph_safe=False) -> Registry:
+    """mxkernels for every stage of the fake step, a "peer" for quantize_a and rearrange_a (available unless
+    ``peer_available`` gives a reason), and a host-syncing "reference" for every stage."""
+    registry = Registry()
+    for name in ("quantize_a", "rearrange_a", "pad_a", "unpad_out", "gemm_fwd"):
+        registry.add(Implementation(Recipe.MXFP8, name, "mxkernels", echo(f"ours:{name}"), f"ours_{name}"))
+    for name in ("quantize_a", "rearrange_a"):
+        registry.add(Implementation(Recipe.MXFP8, name, "peer", echo(f"peer:{name}"), f"peer_{name}",
+                                    available=lambda d: peer_available))  # fmt: skip
+    for name in ("quantize_a", "rearrange_a", "pad_a", "unpad_out"):
+        registry.add(Implementation(Recipe.MXFP8, name, "reference", echo(f"ref:{name}"), f"ref_{name}",
+                                    graph_safe=name == "quantize_a" or compiled_graph_safe))  # fmt: skip
+    return registry
 
 
-def run(fakes, tmp_path=None):
+def run(fakes, tmp_path=None, registry=None, pipeline=None):
     options = SweepOptions(samples=3, out=None if tmp_path is None else tmp_path / "peers.json")
-    return run_peers(64, 64, 32, 2, options=options, instruments=fakes.instruments(), pipeline=FakePipeline(),
-                     progress=False)  # fmt: skip
+    return run_peers(64, 64, 32, 2, options=options, instruments=fakes.instruments(), registry=registry or
+                     fake_registry(), pipeline=pipeline or FakePipeline(), progress=False)  # fmt: skip
 
 
-def test_every_data_movement_stage_for_each_implementation(fake_torchao):
+def test_every_data_movement_stage_for_each_implementation_ours_first():
     result = run(PeerFakes())
-    got = [(r.backend, r.stage, r.kernel) for r in result.records]
+    got = [(r.impl, r.stage, r.kernel) for r in result.records]
     assert got == [
-        ("mxkernels", "quantize_a/mxkernels", "quantize_dim0"),
-        ("mxkernels", "rearrange_a/mxkernels", "rearrange_m_groups"),
-        ("torchao", "quantize_a/torchao", "triton_to_mxfp8_dim0"),
-        ("torchao", "rearrange_a/torchao", "triton_mx_block_rearrange_2d_M_groups"),
-        ("torch.compile", "quantize_a/torch.compile", "quantize_reference"),
-        ("torch.compile", "rearrange_a/torch.compile", "rearrange_m_groups_reference"),
-        # aligned groups: the padded step contributes its pad and unpad stages
-        ("mxkernels", "pad_a/mxkernels", "pad_token_groups"),
-        ("mxkernels", "unpad_out/mxkernels", "unpad_token_groups"),
-        ("torch.compile", "pad_a/torch.compile", "pad_token_groups_reference"),
-        ("torch.compile", "unpad_out/torch.compile", "unpad_token_groups_reference"),
+        ("mxkernels", "quantize_a", "ours_quantize_a"),
+        ("mxkernels", "rearrange_a", "ours_rearrange_a"),
+        ("peer", "quantize_a", "peer_quantize_a"),
+        ("peer", "rearrange_a", "peer_rearrange_a"),
+        ("reference", "quantize_a", "ref_quantize_a"),
+        ("reference", "rearrange_a", "ref_rearrange_a"),
+        # aligned groups: the padded step contributes its pad and unpad stages (no GEMM anywhere)
+        ("mxkernels", "pad_a", "ours_pad_a"),
+        ("mxkernels", "unpad_out", "ours_unpad_out"),
+        ("reference", "pad_a", "ref_pad_a"),
+        ("reference", "unpad_out", "ref_unpad_out"),
     ]
     assert all(r.ok and (r.bytes_read, r.bytes_written) == (300, 100) for r in result.records)
-    assert result.meta["kind"] == "peers" and result.meta["torchao"] == "9.9-test"
+    assert result.meta["kind"] == "peers" and result.meta["implementations"] == ["mxkernels", "peer", "reference"]
 
 
-def test_host_syncing_references_are_timed_without_a_graph(fake_torchao):
+def test_an_implementation_that_cannot_run_here_is_a_skipped_row_with_its_reason():
+    fakes = PeerFakes()
+    result = run(fakes, registry=fake_registry(peer_available="needs SM100"))
+    skipped = [r for r in result.records if r.skipped]
+    assert [(r.impl, r.stage, r.skipped) for r in skipped] == [
+        ("peer", "quantize_a", "needs SM100"), ("peer", "rearrange_a", "needs SM100"),
+    ]  # fmt: skip
+    assert all(r.error is None and not r.ok for r in skipped)
+    assert len(fakes.timed) == len(result.records) - 2  # never timed
+    (row, _) = peer_rows(result)[:2]
+    assert row["peer (us)"] == "skipped"
+
+
+def test_host_syncing_implementations_are_timed_without_a_graph():
     fakes = PeerFakes()
     result = run(fakes)
-    graph = {r.stage: use_graph for r, (use_graph, _) in zip(result.records, fakes.timed, strict=True)}
-    assert graph["rearrange_a/torch.compile"] is False and graph["pad_a/torch.compile"] is False
-    assert graph["quantize_a/torch.compile"] is True and graph["quantize_a/mxkernels"] is True
+    graph = {(r.stage, r.impl): use_graph for r, (use_graph, _) in zip(result.records, fakes.timed, strict=True)}
+    assert graph["rearrange_a", "reference"] is False and graph["pad_a", "reference"] is False
+    assert graph["quantize_a", "reference"] is True and graph["quantize_a", "mxkernels"] is True
 
 
-def test_every_implementation_runs_on_the_stage_inputs_of_one_eager_step(fake_torchao):
+def test_every_implementation_runs_on_the_stage_inputs_of_one_eager_step():
     fakes = PeerFakes()
     result = run(fakes)
-    fns = {r.stage: fn for r, (_, fn) in zip(result.records, fakes.timed, strict=True)}
-    assert fns["quantize_a/mxkernels"]() == ("quantize_a(A[64x32])", "quantize_a(A[64x32])")
-    fns["quantize_a/torchao"]()
-    fns["rearrange_a/torchao"]()
-    assert fake_torchao == [
-        ("triton_to_mxfp8_dim0", ("A[64x32]",), {"inner_block_size": 32, "scaling_mode": "rceil"}),
-        ("triton_mx_block_rearrange_2d_M_groups", ("quantize_a(A[64x32])", "offs"), {}),
-    ]
+    fns = {(r.stage, r.impl): fn for r, (_, fn) in zip(result.records, fakes.timed, strict=True)}
+    assert fns["quantize_a", "peer"]() == ("peer:quantize_a", ("A[64x32]",), {})
+    assert fns["rearrange_a", "mxkernels"]() == ("ours:rearrange_a", ("quantize_a(A[64x32])", "offs"), {})
+    assert fns["pad_a", "reference"]()[1] == ("A[64x32]", "offs")
 
 
-def test_torchao_k_groups_takes_group_ends_in_scale_columns(fake_torchao):
-    offs = torch.tensor([64, 64, 320], dtype=torch.int32)
-    fn = peers._ao_k_groups("scales", offs, peers.Context(320, "rceil", 32))
-    fn()
-    (_, (scales, scale_offs), _) = fake_torchao[0]
-    assert scales == "scales" and scale_offs.tolist() == [2, 2, 10]
+def test_an_implementation_that_cannot_be_set_up_is_an_error_row(tmp_path):
+    registry = fake_registry()
 
+    def broken(inputs, params):
+        raise ImportError("cannot import name 'kernel'")
 
-def test_without_torchao_there_are_no_torchao_rows(monkeypatch):
-    monkeypatch.setattr(peers, "_torchao_status", lambda: None)
-    result = run(PeerFakes())
-    assert "torchao" not in {r.backend for r in result.records}
-    assert result.meta["torchao"].startswith("not installed")
-
-
-def test_a_torchao_function_that_is_missing_gives_error_rows(monkeypatch, tmp_path):
-    def missing(module, name):
-        raise ImportError(f"cannot import name {name!r} from {module!r}")
-
-    monkeypatch.setattr(peers, "_torchao_status", lambda: "0.1-old")
-    monkeypatch.setattr(peers, "_ao", missing)
-    result = run(PeerFakes(), tmp_path)
-    ao = [r for r in result.records if r.backend == "torchao"]
-    assert len(ao) == 2 and all("ImportError: cannot import name" in r.error for r in ao)
-    assert all(r.ok for r in result.records if r.backend != "torchao")
+    registry.add(replace(registry.get("mxfp8", "quantize_a", "peer"), prepare=broken), replace=True)
+    result = run(PeerFakes(), tmp_path, registry=registry)
+    (bad,) = [r for r in result.records if not r.ok]
+    assert (bad.impl, bad.stage) == ("peer", "quantize_a") and "ImportError: cannot import name" in bad.error
     assert len(load_run(tmp_path / "peers.json").records) == len(result.records)
 
 
-def test_real_pipeline_every_implementation_runs_on_its_stage_inputs(monkeypatch):
-    """The real step (kernels under the interpreter on CPU): each implementation is called once on its inputs."""
+def test_a_step_that_cannot_run_gives_error_rows_for_its_stages():
+    class Broken(FakePipeline):
+        def run_stages(self, stages, env):
+            if any(s.category == "pad" for s in stages):
+                raise RuntimeError("CUDA out of memory")
+            return super().run_stages(stages, env)
+
+    result = run(PeerFakes(), pipeline=Broken())
+    failed = [r for r in result.records if not r.ok]
+    assert {(r.stage, r.impl) for r in failed} == {
+        (s, i) for s in ("pad_a", "unpad_out") for i in ("mxkernels", "reference")
+    }
+    assert all("CUDA out of memory" in r.error for r in failed)
+
+
+def test_real_pipeline_ours_and_the_oracles_agree_on_every_data_movement_stage():
+    """The real step on CPU (kernels under the interpreter): mxkernels and the plain-torch oracle, registered as an
+    implementation, each called once on the same inputs, compute the same bytes."""
     from types import SimpleNamespace
 
     from mxkernels import pipeline
+    from mxkernels.names import MEMORY_CATEGORIES
+    from mxkernels.stages import all_specs
 
-    monkeypatch.setattr(peers, "_torchao_status", lambda: None)
+    registry = Registry()
+    for spec in all_specs().values():
+        if spec.recipe == Recipe.MXFP8 and spec.category in MEMORY_CATEGORIES:
+            registry.add(Implementation(spec.recipe, spec.name, "mxkernels", spec.impl, spec.kernel))
+            registry.add(Implementation(spec.recipe, spec.name, "oracle", spec.oracle, "reference", graph_safe=False))
     ran = []
 
     def call_once(fn, *, cold_l2, use_graph, samples, window=None):
@@ -196,37 +206,44 @@ def test_real_pipeline_every_implementation_runs_on_its_stage_inputs(monkeypatch
     fakes = PeerFakes()
     fakes.time_fn = call_once
     on_cpu = SimpleNamespace(
-        **{k: getattr(pipeline, k) for k in ("ALIGNMENT", "plan_step", "step_stages", "run_stages")},
+        **{k: getattr(pipeline, k) for k in ("plan_step", "step_stages", "run_stages")},
         make_inputs=lambda *a, device, seed: pipeline.make_inputs(*a, device="cpu", seed=seed),
     )
     result = run_peers(64, 64, 64, 2, options=SweepOptions(samples=1), instruments=fakes.instruments(),
-                       pipeline=on_cpu, progress=False)  # fmt: skip
-    assert all(r.ok for r in result.records), [r.error for r in result.records if not r.ok]
-    by_stage = {r.stage: out for r, out in zip(result.records, ran, strict=True)}
-    # ours and the plain-torch reference agree on what they computed (bit-exact quantizers and layouts)
-    for name in ("quantize_a", "rearrange_a", "quantize_w_t", "rearrange_a_t", "pad_a"):
-        ours, ref = by_stage[f"{name}/mxkernels"], by_stage[f"{name}/torch.compile"]
-        ours, ref = (ours if isinstance(ours, tuple) else (ours,)), (ref if isinstance(ref, tuple) else (ref,))
+                       registry=registry, pipeline=on_cpu, progress=False)  # fmt: skip
+    assert all(r.ok for r in result.records), [r.error or r.skipped for r in result.records if not r.ok]
+    out = {(r.stage, r.impl): o for r, o in zip(result.records, ran, strict=True)}
+    for name in ("quantize_a", "rearrange_a", "quantize_w_t", "rearrange_a_t", "pad_a", "unpad_grad_a"):
+        ours, ref = out[name, "mxkernels"], out[name, "oracle"]
         assert torch.equal(ours[0].view(torch.uint8), ref[0].view(torch.uint8)), name
     assert {r.category for r in result.records} == {"quantize", "rearrange", "pad"}
 
 
-def test_a_step_that_cannot_run_gives_error_rows_for_its_stages(monkeypatch):
-    class Broken(FakePipeline):
-        def run_stages(self, stages, env):
-            if any(s.category == "pad" for s in stages):
-                raise RuntimeError("CUDA out of memory")
-            return super().run_stages(stages, env)
+# ---- the torchao adapters ------------------------------------------------------------------------------------
 
-    monkeypatch.setattr(peers, "_torchao_status", lambda: None)
-    result = run_peers(64, 64, 32, 2, options=SweepOptions(), instruments=PeerFakes().instruments(), pipeline=Broken(),
-                       progress=False)  # fmt: skip
-    failed = [r for r in result.records if not r.ok]
-    assert {r.stage for r in failed} == {
-        f"{s}/{i}" for s in ("pad_a", "unpad_out") for i in ("mxkernels", "torch.compile")
-    }
-    assert all("CUDA out of memory" in r.error for r in failed)
-    assert sum(r.ok for r in result.records) == 4  # the unpadded step's stages, ours and the references
+
+def test_torchao_k_groups_takes_group_ends_in_scale_columns_converted_untimed(monkeypatch):
+    calls = []
+    monkeypatch.setattr(implementations, "_ao", lambda module, name: lambda *a: calls.append(a) or "blocked")
+    offs = torch.tensor([64, 64, 320], dtype=torch.int32)
+    call = implementations._ao_k_groups_prepared(("scales", offs), {})
+    assert call() == ("blocked",)
+    ((scales, scale_offs),) = calls
+    assert scales == "scales" and scale_offs.tolist() == [2, 2, 10]
+
+
+def test_torchao_says_why_it_cannot_run(monkeypatch):
+    registry = builtin_registry()
+    quantizer = registry.get("mxfp8", "quantize_a", "torchao")
+    rearrange = registry.get("mxfp8", "rearrange_a", "torchao")
+    monkeypatch.setattr(implementations, "torchao_version", lambda: None)
+    assert "not installed" in quantizer.unavailable("cpu")
+    monkeypatch.setattr(implementations, "torchao_version", lambda: "0.17.0")
+    assert "CUDA" in quantizer.unavailable("cpu")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert "only on SM100" in quantizer.unavailable(torch.device("cuda", 0))
+    assert rearrange.unavailable(torch.device("cuda", 0)) is None
+    assert quantizer.deviation is not None and rearrange.deviation is None
 
 
 def peer_run() -> Run:
@@ -234,8 +251,8 @@ def peer_run() -> Run:
     cost = dict(bytes_read=2_000_000, bytes_written=1_000_000)
 
     def rec(impl, us, error=None):
-        return Record(p, "forward", f"quantize_a/{impl}", "k", "quantize", "Quantize A", "(131072, 7168)",
-                      backend=impl, samples_us=[] if error else [us], error=error, **cost)  # fmt: skip
+        return Record(p, "forward", "quantize_a", "k", "quantize", "Quantize A", "(131072, 7168)", impl=impl,
+                      samples_us=[] if error else [us], error=error, **cost)  # fmt: skip
 
     return Run(
         meta={"card": "Fake GPU"},
@@ -246,7 +263,7 @@ def peer_run() -> Run:
 def test_peer_rows_pivot_implementations_per_stage():
     (row,) = peer_rows(peer_run())
     assert row["Stage"] == "quantize_a" and row["Input shape"] == "(131072, 7168)"
-    assert [row[f"{i} (us)"] for i in IMPLS] == ["10.0", "20.0", "error"]
+    assert [row[f"{i} (us)"] for i in BUILTIN_COLUMNS] == ["10.0", "20.0", "error"]
     assert row["mxkernels GB/s"] == "300"  # 3 MB in 10 us
     assert row["Best peer / ours"] == "2.00x"  # the fastest peer that ran, 20 us, over our 10 us
 
@@ -259,9 +276,9 @@ def test_peer_rows_filter_by_M():
 def test_peers_on_gpu(tmp_path):
     options = SweepOptions(samples=5, out=tmp_path / "peers.json")
     result = run_peers(4096, 256, 512, 4, options=options, progress=False)
-    ours = [r for r in result.records if r.backend == "mxkernels"]
+    ours = [r for r in result.records if r.impl == "mxkernels"]
     assert ours and all(r.ok for r in ours), [r.error for r in ours if not r.ok]
-    compiled = [r for r in result.records if r.backend == "torch.compile"]
+    compiled = [r for r in result.records if r.impl == "torch.compile"]
     assert compiled and all(r.ok for r in compiled), [r.error for r in compiled if not r.ok]
     assert {r.category for r in ours} == {"quantize", "rearrange", "pad"}
     assert peer_rows(load_run(tmp_path / "peers.json"))

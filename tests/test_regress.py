@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from mxbench.compare import CompareError
 from mxbench.regress import measure_rounds, regress
-from mxbench.report import CompareError
 from mxbench.results import Point, Record, Run
 
 CARD = "NVIDIA H100 80GB HBM3"

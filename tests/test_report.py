@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from mxbench import report
+from mxbench import render, tables
 from mxbench.hardware import Peak
 from mxbench.results import Point, Record, Run
 
@@ -103,7 +103,7 @@ BREAKDOWN_COLUMNS = ["Pass", "Kernel", "Purpose", "Input shape", "Time (us)", "I
 
 
 def test_breakdown_is_the_seed_table_at_the_largest_M():
-    rows = report.breakdown_rows(synthetic_run(), peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(), peaks=PEAKS)
     assert len(rows) == 15 and list(rows[0]) == BREAKDOWN_COLUMNS
     assert [r["Pass"] for r in rows] == ["Forward"] * 5 + ["Backward (dA)"] * 5 + ["Backward (dB)"] * 5
     qa = rows[0]
@@ -119,57 +119,57 @@ def test_breakdown_is_the_seed_table_at_the_largest_M():
 
 
 def test_breakdown_at_a_chosen_M_and_pass():
-    rows = report.breakdown_rows(synthetic_run(), M=16384, passes="backward_weight", peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(), M=16384, passes="backward_weight", peaks=PEAKS)
     assert [r["Pass"] for r in rows] == ["Backward (dB)"] * 5
     assert rows[1]["Time (us)"] == "59.0"  # 472 us * 16384 / 131072
     assert rows[1]["Input shape"] == "(16384, 7168)"
 
 
 def test_breakdown_of_the_baseline_only_on_request():
-    rows = report.breakdown_rows(synthetic_run(), recipe="bf16", peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(), recipe="bf16", peaks=PEAKS)
     assert [r["Kernel"] for r in rows] == ["grouped_mm"] * 3
     # 3848.3 TFLOP in 2000 us = 1924.1 TFLOP/s = 85.5% of 2250
     assert rows[0]["Efficiency"] == "85.5% of B200 datasheet bf16"
 
 
 def test_breakdown_marks_model_rows():
-    rows = report.breakdown_rows(synthetic_run(model=True), peaks=PEAKS)
-    assert all(r["IQR (us)"] == report.MODEL_MARK for r in rows)
+    rows = tables.breakdown_rows(synthetic_run(model=True), peaks=PEAKS)
+    assert all(r["IQR (us)"] == render.MODEL_MARK for r in rows)
     assert rows[0]["Time (us)"] == "500.0"
 
 
 def test_breakdown_shows_errors_in_place_of_times():
-    rows = report.breakdown_rows(synthetic_run(errors=("gemm",)), passes="forward", peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(errors=("gemm",)), passes="forward", peaks=PEAKS)
     gemm = rows[4]
     assert gemm["Time (us)"] == "error: RuntimeError: CUDA error: an illegal memory access"
     assert gemm["Efficiency"] is None and gemm["TFLOP/s"] is None
 
 
 def test_breakdown_names_power_limits_when_they_vary():
-    rows = report.breakdown_rows(synthetic_run(power_limits=(1000.0, 750.0)), passes="forward", peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(power_limits=(1000.0, 750.0)), passes="forward", peaks=PEAKS)
     assert [r["Power limit (W)"] for r in rows] == ["1000"] * 5 + ["750"] * 5
 
 
 def test_breakdown_without_denominator_leaves_efficiency_blank():
-    rows = report.breakdown_rows(synthetic_run(), denominator=None)
+    rows = tables.breakdown_rows(synthetic_run(), denominator=None)
     assert all(r["Efficiency"] is None for r in rows) and rows[0]["GB/s"] == "5696"
 
 
 def test_breakdown_of_another_card_is_empty():
-    assert report.breakdown_rows(synthetic_run(), card="NVIDIA H100 80GB HBM3", peaks=PEAKS) == []
-    assert report.breakdown_rows(synthetic_run(), card="nvidia b200", peaks=PEAKS)
+    assert tables.breakdown_rows(synthetic_run(), card="NVIDIA H100 80GB HBM3", peaks=PEAKS) == []
+    assert tables.breakdown_rows(synthetic_run(), card="nvidia b200", peaks=PEAKS)
 
 
 def test_unknown_pass_is_rejected():
     with pytest.raises(ValueError, match="passes"):
-        report.breakdown_rows(synthetic_run(), passes="sideways", peaks=PEAKS)
+        tables.breakdown_rows(synthetic_run(), passes="sideways", peaks=PEAKS)
 
 
 def test_breakdown_takes_the_datasheet_peaks_of_the_run_spec(monkeypatch):
     monkeypatch.setattr(
-        report, "peaks_for_run", lambda run, denominator: {**PEAKS, "bandwidth": Peak(4.0, "TB/s", "X")}
+        tables, "peaks_for_run", lambda run, denominator: {**PEAKS, "bandwidth": Peak(4.0, "TB/s", "X")}
     )
-    rows = report.breakdown_rows(synthetic_run())
+    rows = tables.breakdown_rows(synthetic_run())
     assert rows[0]["Efficiency"] == "142.4% of X"  # 5.696 TB/s of 4.0
 
 
@@ -177,7 +177,7 @@ def test_breakdown_takes_the_datasheet_peaks_of_the_run_spec(monkeypatch):
 
 
 def test_speedup_rows_net_and_per_gemm():
-    rows = report.speedup_rows(synthetic_run())
+    rows = tables.speedup_rows(synthetic_run())
     assert [r["M"] for r in rows] == [str(m) for m in MS]
     last = rows[-1]
     assert last["bf16 fwd+bwd (us)"] == "6100.0" and last["Recipe fwd+bwd (us)"] == "4000.0"
@@ -188,14 +188,14 @@ def test_speedup_rows_net_and_per_gemm():
 
 
 def test_speedup_rows_of_a_model_run_say_so():
-    rows = report.speedup_rows(synthetic_run(model=True), M=131072)
-    assert len(rows) == 1 and rows[0]["Net speedup"] == "1.525x" and rows[0]["Source"] == report.MODEL_MARK
+    rows = tables.speedup_rows(synthetic_run(model=True), M=131072)
+    assert len(rows) == 1 and rows[0]["Net speedup"] == "1.525x" and rows[0]["Source"] == render.MODEL_MARK
 
 
 def test_speedup_without_a_baseline_is_blank():
     run = synthetic_run()
     run.records = [r for r in run.records if not (r.point.recipe == "bf16" and r.pass_name == "backward_weight")]
-    row = report.speedup_rows(run, M=131072)[0]
+    row = tables.speedup_rows(run, M=131072)[0]
     assert row["dB GEMM 2Dx2D"] is None and row["Fwd GEMM 2Dx3D"] == "2.000x"
 
 
@@ -204,7 +204,7 @@ def test_baseline_matching_ignores_the_scale_mode():
     for r in run.records:
         if r.point.recipe == "bf16":
             r.point = Point(r.point.M, N, K, G, recipe="bf16", mode="floor")
-    assert report.speedup_rows(run)[0]["Net speedup"] == "1.525x"
+    assert tables.speedup_rows(run)[0]["Net speedup"] == "1.525x"
 
 
 # ---------------------------------------------------------------------------------------------- sweep, power
@@ -212,7 +212,7 @@ def test_baseline_matching_ignores_the_scale_mode():
 
 def test_sweep_rows_hold_every_record():
     run = synthetic_run()
-    rows = report.sweep_rows(run, peaks=PEAKS)
+    rows = tables.sweep_rows(run, peaks=PEAKS)
     assert len(rows) == len(run.records) == 4 * (16 + 4)
     assert {r["M"] for r in rows} == {str(m) for m in MS} and {r["Recipe"] for r in rows} == {"mxfp8", "bf16"}
     e2e = [r for r in rows if r["Pass"] == "End to end"]
@@ -221,7 +221,7 @@ def test_sweep_rows_hold_every_record():
 
 def test_power_rows_per_limit():
     run = synthetic_run(Ms=(131072,), power_limits=(1000.0, 500.0))
-    rows = report.power_rows(run, passes="forward", recipe="mxfp8", peaks=PEAKS)
+    rows = tables.power_rows(run, passes="forward", recipe="mxfp8", peaks=PEAKS)
     qa = [r for r in rows if r["Stage"] == "quantize_a"]
     assert [r["Power limit (W)"] for r in qa] == ["500", "1000"]
     # at 500 W: 500 us * 1000/500 = 1000 us; 700 W for 1000 us = 0.7 J
@@ -234,11 +234,11 @@ def test_power_rows_per_limit():
 
 
 def small_rows():
-    return report.breakdown_rows(synthetic_run(), passes="forward", peaks=PEAKS)
+    return tables.breakdown_rows(synthetic_run(), passes="forward", peaks=PEAKS)
 
 
 def test_render_markdown_is_a_pipe_table_with_alignment():
-    lines = report.render(small_rows(), "markdown").splitlines()
+    lines = render.render(small_rows(), "markdown").splitlines()
     assert len(lines) == 2 + 5
     assert [c.strip() for c in lines[0].strip("|").split("|")] == BREAKDOWN_COLUMNS
     assert re.fullmatch(r"\|[-:|]+\|", lines[1]) and ":" in lines[1]
@@ -246,14 +246,14 @@ def test_render_markdown_is_a_pipe_table_with_alignment():
 
 
 def test_render_github_has_a_plain_rule():
-    lines = report.render(small_rows(), "github").splitlines()
+    lines = render.render(small_rows(), "github").splitlines()
     assert re.fullmatch(r"\|[-|]+\|", lines[1])
     assert "—" in lines[6]  # the GEMM row has no GB/s
 
 
 def test_render_csv_round_trips():
     rows = small_rows()
-    parsed = list(csv.reader(io.StringIO(report.render(rows, "csv"))))
+    parsed = list(csv.reader(io.StringIO(render.render(rows, "csv"))))
     assert parsed[0] == BREAKDOWN_COLUMNS
     assert len(parsed) == 6
     assert parsed[1][BREAKDOWN_COLUMNS.index("Time (us)")] == "500.0"
@@ -261,44 +261,44 @@ def test_render_csv_round_trips():
 
 
 def test_render_plain_is_for_terminals():
-    text = report.render(small_rows(), "plain")
+    text = render.render(small_rows(), "plain")
     assert "|" not in text and text.splitlines()[0].split()[:2] == ["Pass", "Kernel"]
 
 
-@pytest.mark.parametrize("fmt", report.FORMATS)
+@pytest.mark.parametrize("fmt", render.FORMATS)
 def test_render_speedup_in_every_format(fmt):
-    text = report.render(report.speedup_rows(synthetic_run()), fmt)
+    text = render.render(tables.speedup_rows(synthetic_run()), fmt)
     assert "1.525x" in text and "1.500x" in text and "Net speedup" in text
 
 
 def test_render_column_choice():
-    text = report.render(small_rows(), "csv", columns=["Time (us)", "Kernel"])
+    text = render.render(small_rows(), "csv", columns=["Time (us)", "Kernel"])
     assert text.splitlines()[:2] == ["Time (us),Kernel", "500.0,quantize_dim0"]
     with pytest.raises(ValueError, match="columns"):
-        report.render(small_rows(), "csv", columns=["Nope"])
+        render.render(small_rows(), "csv", columns=["Nope"])
 
 
 def test_render_rejects_unknown_format():
     with pytest.raises(ValueError, match="fmt"):
-        report.render(small_rows(), "html")
+        render.render(small_rows(), "html")
 
 
 def test_header_block_names_card_denominators_version_and_command():
-    text = report.header_block(synthetic_run(), PEAKS)
+    text = render.header_block(synthetic_run(), PEAKS)
     assert "NVIDIA B200" in text and "B200 datasheet BW (8 TB/s)" in text and "B200 datasheet mxfp8 (4500" in text
     assert "0.1.0, commit abc1234" in text and "`mxbench roofline --K 7168 --N 2048`" in text
 
 
 def test_header_block_of_a_model_run():
-    assert "b200 (model, not measured)" in report.header_block(synthetic_run(model=True), PEAKS)
+    assert "b200 (model, not measured)" in render.header_block(synthetic_run(model=True), PEAKS)
 
 
 def test_table_front_door(monkeypatch):
-    monkeypatch.setattr(report, "peaks_for_run", lambda run, denominator: PEAKS)
-    md = report.table(synthetic_run(), "breakdown", "markdown", passes="forward")
+    monkeypatch.setattr(tables, "peaks_for_run", lambda run, denominator: PEAKS)
+    md = tables.table(synthetic_run(), "breakdown", "markdown", passes="forward")
     assert md.startswith("- **Card:** NVIDIA B200") and "| Forward" in md
-    csv_text = report.table(synthetic_run(), "breakdown", "csv", passes="forward", columns=["Kernel"])
+    csv_text = tables.table(synthetic_run(), "breakdown", "csv", passes="forward", columns=["Kernel"])
     assert csv_text.splitlines()[0] == "Kernel"
-    assert "Net speedup" in report.table(synthetic_run(), "speedup", "plain")
+    assert "Net speedup" in tables.table(synthetic_run(), "speedup", "plain")
     with pytest.raises(ValueError, match="kind"):
-        report.table(synthetic_run(), "pie")
+        tables.table(synthetic_run(), "pie")

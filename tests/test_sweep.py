@@ -13,21 +13,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import pytest
-from helpers import FakePower, FakeTelemetry, FakeTiming
-from mxkernels.cost import Cost
-from mxkernels.pipeline import Stage
+from dataclasses import replace
 
-from mxbench import sweep
+from helpers import FakePower, FakeTelemetry, FakeTiming, fake_stage
+from mxkernels.cost import Cost
+
+import mxbench.points
+from mxbench import metadata
+from mxbench.instruments import Instruments
+from mxbench.measure import SweepOptions
+from mxbench.points import group_sizes, plan_points, with_baselines
 from mxbench.results import Point, load_run
-from mxbench.sweep import (
-    Instruments,
-    SweepOptions,
-    group_sizes,
-    model_run,
-    plan_points,
-    run_sweep,
-    with_baselines,
-)
+from mxbench.sweep import model_run, run_sweep
 
 # ------------------------------------------------------------------------------------------------ planning
 
@@ -98,8 +95,8 @@ class TestGroupSizes:
 
     def test_largest_remainder_rounding(self):
         # floors 1 + 2 + 3 = 6; the one unit left goes to the largest fraction (a tie: the first group)
-        assert sweep._largest_remainder([1.5, 2.5, 3.0], 7) == [2, 2, 3]
-        assert sweep._largest_remainder([0.2, 0.9, 1.9], 3) == [0, 1, 2]
+        assert mxbench.points._largest_remainder([1.5, 2.5, 3.0], 7) == [2, 2, 3]
+        assert mxbench.points._largest_remainder([0.2, 0.9, 1.9], 3) == [0, 1, 2]
 
     @pytest.mark.parametrize(
         "args, match",
@@ -123,12 +120,12 @@ def test_with_baselines_puts_each_bf16_point_after_its_recipe_once():
 def fake_plan(recipe, M, N, K, G, sizes, *, mode="rceil", backend=None):
     """A two-stage mxfp8 step and a one-GEMM bf16 step whose costs depend on M (so records can be told apart)."""
     assert sum(sizes) == M and len(sizes) == G
-    gemm = Stage(
-        "forward", "gemm", f"{recipe}_mm", "gemm", "GEMM", f"({M}, {K})", Cost(7 * M, 3 * M, 2 * M * N * K, recipe)
+    gemm = fake_stage(
+        "forward", "gemm_fwd", f"{recipe}_mm", "gemm", "GEMM", f"({M}, {K})", Cost(7 * M, 3 * M, 2 * M * N * K, recipe)
     )
     if recipe == "bf16":
         return [gemm]
-    quant = Stage(
+    quant = fake_stage(
         "forward", "quantize_a", "quantize_dim0", "quantize", "Quantize A", f"({M}, {K})", Cost(2 * M * K, M * K)
     )
     return [quant, gemm]
@@ -150,9 +147,7 @@ class Fakes:
         if (recipe, M) in self.fail:
             raise self.fail[(recipe, M)]
         stages = fake_plan(recipe, M, N, K, G, sizes, mode=mode, backend=backend)
-        for s in stages:
-            s.run = lambda s=s: s.name
-        return stages
+        return [replace(s, run=lambda s=s: s.name) for s in stages]
 
     def end_to_end(self, recipe, M, N, K, G, sizes, *, mode, backend, device, seed):
         return lambda: "step"
@@ -198,7 +193,7 @@ class TestRunSweep:
         assert [(r.point.recipe, r.point.M, r.pass_name, r.stage) for r in run.records] == [
             (recipe, M, p, s)
             for M in (64, 128)
-            for recipe, stages in (("mxfp8", ("quantize_a", "gemm")), ("bf16", ("gemm",)))
+            for recipe, stages in (("mxfp8", ("quantize_a", "gemm_fwd")), ("bf16", ("gemm_fwd",)))
             for p, s in [*(("forward", s) for s in stages), ("end_to_end", "fwd+bwd")]
         ]
         assert all(r.ok and r.samples_us == [1.0, 2.0, 4.0] and r.method == "graph-cold" for r in run.records)
@@ -226,7 +221,7 @@ class TestRunSweep:
         run = run_sweep(sweep_points([64]), options=options, progress=False, instruments=f.instruments())
         assert {(cold, graph, n) for _, cold, graph, n in f.timed} == {(False, True, 2)}
         # each stage timed its own run(); the end-to-end rows their step
-        assert [t[0] for t in f.timed] == ["quantize_a", "gemm", "step", "gemm", "step"]
+        assert [t[0] for t in f.timed] == ["quantize_a", "gemm_fwd", "step", "gemm_fwd", "step"]
         telemetry = run.records[0].telemetry
         assert telemetry["calls"] == 2 * 10  # samples x calls per replay
         assert (telemetry["calls_per_replay"], telemetry["flush_us"], telemetry["sm_clock_mhz"]) == (10, 0.5, 1980.0)
@@ -247,7 +242,7 @@ class TestRunSweep:
         run = run_sweep(sweep_points(), options=SweepOptions(), progress=False, instruments=f.instruments())
         failed = records_of(run, "mxfp8", 64)
         stages = [r for r in failed if r.pass_name != "end_to_end"]
-        assert [r.stage for r in stages] == ["quantize_a", "gemm"]  # the planned stages, each with the message
+        assert [r.stage for r in stages] == ["quantize_a", "gemm_fwd"]  # the planned stages, each with the message
         assert all("RuntimeError: CUDA out of memory" in r.error and not r.ok for r in stages)
         assert stages[1].flops == 2 * 64 * 64 * 32  # error rows still say what the stage would have cost
         assert [r.ok for r in records_of(run, "bf16", 64)] == [True, True]
@@ -406,8 +401,8 @@ def test_git_commit_without_a_checkout_comes_from_the_environment(monkeypatch):
     def no_git(*args):
         raise subprocess.CalledProcessError(128, ["git", *args])
 
-    monkeypatch.setattr(sweep, "_git", no_git)
+    monkeypatch.setattr(metadata, "_git", no_git)
     monkeypatch.delenv("MXBENCH_GIT_COMMIT", raising=False)
-    assert sweep.git_commit() is None
+    assert metadata.git_commit() is None
     monkeypatch.setenv("MXBENCH_GIT_COMMIT", "abc123")
-    assert sweep.git_commit() == "abc123"
+    assert metadata.git_commit() == "abc123"

@@ -1,0 +1,65 @@
+"""The vocabulary stages are described in: recipes, passes, categories, the end-to-end pseudo-stage, and the display
+form of input shapes. Plain Python (no torch, no kernels), so the harness's tables and results can use it cheaply;
+``stages`` declares the stages themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+OURS = "mxkernels"
+"""The implementation name of this package's own kernels, in the harness's records and registry."""
+
+
+class Recipe(StrEnum):
+    """The precision a step runs its GEMMs in."""
+
+    MXFP8 = "mxfp8"
+    FP8_ROWWISE = "fp8_rowwise"
+    BF16 = "bf16"
+
+
+BASELINE = Recipe.BF16
+"""The recipe every other recipe's speedup is measured against."""
+
+
+class Pass(StrEnum):
+    FORWARD = "forward"
+    BACKWARD_INPUT = "backward_input"
+    BACKWARD_WEIGHT = "backward_weight"
+    END_TO_END = "end_to_end"
+
+
+PASSES = (Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT)
+"""The passes of a step, in execution order (END_TO_END is the pseudo-pass of the whole step)."""
+
+
+class Category(StrEnum):
+    QUANTIZE = "quantize"
+    REARRANGE = "rearrange"
+    PAD = "pad"
+    GEMM = "gemm"
+    ALL_TO_ALL = "all_to_all"  # expert parallelism: rows exchanged between ranks (roof: the interconnect)
+    PERMUTE = "permute"  # expert parallelism: rows reordered within a rank (roof: memory bandwidth)
+    END_TO_END = "end_to_end"
+
+
+MEMORY_CATEGORIES = (Category.QUANTIZE, Category.REARRANGE, Category.PAD, Category.PERMUTE)
+"""Categories whose roof is memory bandwidth (they do no arithmetic worth counting)."""
+
+END_TO_END_STAGE = "fwd+bwd"
+"""Name of the end-to-end pseudo-stage: one forward + backward of a recipe's autograd function."""
+
+
+def format_shapes(shapes: Sequence[Sequence[int]]) -> str:
+    """Display form of a stage's input shapes: "(M, K)", or "(M, K) @ (G, K, N)" for a GEMM's two operands."""
+    return " @ ".join("(" + ", ".join(str(d) for d in shape) + ")" for shape in shapes)
+
+
+def end_to_end_kernel(recipe: str) -> str:
+    return f"{recipe} autograd (forward + backward)"
+
+
+def end_to_end_purpose(recipe: str) -> str:
+    return f"One forward + backward of the {recipe} grouped GEMM autograd function"

@@ -1,0 +1,5 @@
+"""``python -m mxbench.cli``: the same command line as ``mxbench``."""
+
+from . import main
+
+main()

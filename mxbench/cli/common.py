@@ -1,0 +1,134 @@
+"""What the commands share: the group that turns bad input into exit code 2, option types and helpers, the
+command line as typed (for a run's metadata), and the echo of a comparison.
+
+Nothing here imports torch or the kernels at import time: ``mxbench --help`` must stay fast.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+FORMATS = ("markdown", "github", "csv", "plain")
+"""``render.FORMATS``, stated here so that building the options imports no table code."""
+
+
+class BadInput(click.ClickException):
+    """Bad input found below the option parser: exit code 2 with a one-line message, as click's usage errors."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
+
+
+class Group(click.Group):
+    """The command group: ``InputError`` raised anywhere below a command exits with code 2 and its message on one
+    line; any other exception is a bug and propagates with its traceback (exit 1)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ValueError as e:
+            # imported here, not at the top: mxkernels loads torch and every kernel, and `--help` must stay fast
+            from mxkernels.errors import InputError
+
+            if not isinstance(e, InputError):
+                raise  # a bug, not bad input: its traceback says where
+            raise BadInput(str(e)) from None
+
+
+class CommaList(click.ParamType):
+    """A comma-separated list of ``item`` values ("16384,32768")."""
+
+    name = "list"
+
+    def __init__(self, item: Callable[[str], Any]):
+        self.item = item
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        try:
+            return [self.item(v.strip()) for v in str(value).split(",") if v.strip()]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of {self.item.__name__} values", param, ctx)
+
+
+def command_line() -> str:
+    """The running command as typed (the options given on the command line, in declaration order), for metadata."""
+    return shlex.join(["mxbench", *command_words(click.get_current_context())])
+
+
+def command_words(ctx: click.Context, skip: tuple[str, ...] = ()) -> list[str]:
+    """The command's name and the parameters given on its command line as words (but those named in ``skip``):
+    what reruns it, e.g. on every worker that ``mxbench ep --nproc`` starts."""
+    words = [ctx.info_name]
+    for param in ctx.command.params:
+        if param.name in skip or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        if isinstance(param, click.Option) and param.multiple:
+            words += [w for v in value for w in (param.opts[0], _word(v))]
+        elif isinstance(param, click.Option):
+            words += [param.opts[0]] if param.is_flag else [param.opts[0], _word(value)]
+        else:  # an argument; nargs=-1 gives a tuple
+            words += [_word(v) for v in (value if isinstance(value, tuple) else (value,))]
+    return words
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(_word, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def shape_args(K: int | None, N: int | None, G: int | None, preset: str | None) -> tuple[int, int, int, str]:
+    """(K, N, G, label) from --preset or --K/--N; G defaults to the preset's, else 8."""
+    from ..points import check_shape
+    from ..presets import get_preset
+
+    if preset is not None:
+        if K is not None or N is not None:
+            raise click.UsageError("give either --preset or --K/--N, not both")
+        p = get_preset(preset)
+        K, N, G, label = p.K, p.N, p.G if G is None else G, preset
+    elif K is None or N is None:
+        raise click.UsageError("give --K and --N (or --preset NAME; `mxbench presets` lists them)")
+    else:
+        G, label = 8 if G is None else G, f"{K}x{N}"
+    check_shape(N, K, G)
+    return K, N, G, label
+
+
+def hardware_spec(key: str):
+    """The hardware spec ``--hardware`` (or a run's meta) names; an unknown key is a usage error of that option."""
+    from mxkernels.errors import InputError
+
+    from ..hardware import get_spec
+
+    try:
+        return get_spec(key)
+    except InputError as e:
+        raise click.BadParameter(str(e).strip("'\""), param_hint="--hardware") from None
+
+
+def echo_comparison(cmp, fmt: str) -> None:
+    """A comparison's table in ``fmt`` and its one-line summary (``compare`` and ``regress`` print both alike)."""
+    from ..compare import comparison_rows
+    from ..render import render
+
+    click.echo(render(comparison_rows(cmp), fmt), nl=False)
+    click.echo(cmp.summary())
+
+
+def peer_table(run, fmt: str, M: list[int] | None = None, columns: list[str] | None = None) -> str:
+    """The peers table of ``run`` under its header block (a peers run has no denominators)."""
+    from ..peers import peer_rows
+    from ..render import header_block, render
+
+    return header_block(run, None, fmt) + "\n" + render(peer_rows(run, M=M), fmt, columns)

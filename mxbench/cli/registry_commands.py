@@ -1,0 +1,127 @@
+"""``mxbench impls`` and ``mxbench check``: which implementations each stage has, whether they run here, and
+whether they compute what the stage's oracle computes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from .common import FORMATS, CommaList, shape_args
+
+
+def _device():
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _interpreter_on_cpu() -> None:
+    """Without a GPU the Triton kernels run in the interpreter, which must be chosen before mxkernels is imported:
+    ``impls`` and ``check`` choose it for the user (``TRITON_INTERPRET`` already set is left as it is)."""
+    import torch
+
+    if not torch.cuda.is_available() and "mxkernels" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _registry(impl_texts, recipe):
+    from ..registry import default_registry, with_cli_impls
+
+    registry = default_registry()
+    added = with_cli_impls(registry, impl_texts, recipe)
+    return registry, added
+
+
+@click.command()
+@click.option("--stage", help="One stage (STAGE, or RECIPE/STAGE): print its calling contract too.")
+@click.option("--recipe", type=click.Choice(["mxfp8", "fp8_rowwise", "bf16"]), help="Only this recipe's stages.")
+@click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function", help="Register this too.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
+def impls(stage, recipe, impl_texts, fmt) -> None:
+    """Stages x implementations, with availability on this machine and the reason when one cannot run."""
+    _interpreter_on_cpu()
+    from mxkernels.stages import PARAM_DOCS, all_specs
+
+    from ..registry import split_stage
+    from ..render import render
+
+    registry, _ = _registry(impl_texts, recipe or "mxfp8")
+    device = _device()
+    wanted = split_stage(stage, recipe or "mxfp8") if stage else None
+    rows = []
+    for spec in all_specs().values():
+        if (recipe and spec.recipe != recipe) or (wanted and spec.key != wanted):
+            continue
+        for impl in registry.of(spec.recipe, spec.name):
+            reason = impl.unavailable(device)
+            rows.append({"Recipe": str(spec.recipe), "Stage": spec.name, "Category": str(spec.category),
+                         "Implementation": impl.name, "Kernel": impl.kernel,
+                         "Available": "yes" if reason is None else f"no: {reason}", "From": impl.origin})  # fmt: skip
+    if wanted:
+        spec = all_specs()[wanted]
+        click.echo(f"{spec.recipe}/{spec.name} ({spec.pass_}, {spec.category}): {spec.purpose}")
+        click.echo(f"  contract: {spec.signature()}; compared {spec.rule.describe()} with the oracle")
+        for what, ports in (("input", spec.inputs), ("output", spec.outputs)):
+            for i, port in enumerate(ports):
+                click.echo(f"  {what} {i}: {port.name}: {port.doc}")
+        for p in spec.params:
+            click.echo(f"  keyword {p}: {PARAM_DOCS[p]}")
+        click.echo("")
+    click.echo(render(rows, fmt), nl=False)
+    for origin, message in registry.load_errors:
+        click.echo(f"not loaded: {origin}: {message}", err=True)
+
+
+CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 2, "M": 512}
+
+
+@click.command()
+@click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function",
+              help="Check this implementation (repeatable). With --impl, only these are checked unless --name.")
+@click.option("--stage", "stages", type=CommaList(str), help="Only these stages (comma list). [default: all]")
+@click.option("--name", "names", type=CommaList(str), help="Only implementations with these names (comma list).")
+@click.option("--recipe", type=click.Choice(["mxfp8", "fp8_rowwise", "bf16"]), default="mxfp8", show_default=True)
+@click.option("--K", "K", type=int, help=f"Model dim. [default: {CHECK_DEFAULTS['K']}, or the preset's]")
+@click.option("--N", "N", type=int, help=f"Expert hidden dim. [default: {CHECK_DEFAULTS['N']}, or the preset's]")
+@click.option("--G", "G", type=click.IntRange(1, 512), help=f"Experts. [default: {CHECK_DEFAULTS['G']}]")
+@click.option("--M", "M", type=click.IntRange(min=1), default=CHECK_DEFAULTS["M"], show_default=True,
+              help="Tokens (group 0 is empty, the others uneven).")
+@click.option("--preset", help="K, N, G of a model preset.")
+@click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
+def check(impl_texts, stages, names, recipe, K, N, G, M, preset, mode, seed, fmt) -> None:
+    """Run implementations on seeded inputs with adversarial blocks and compare each with the stage's oracle.
+
+    Exit 0 when every checked implementation passes (or deviates only in its declared way), 1 when one fails or
+    raises, 2 on bad input (and when nothing could be checked here).
+    """
+    _interpreter_on_cpu()
+    from ..check import check_step, exit_code
+    from ..registry import split_stage
+    from ..render import render
+
+    if preset is None:
+        K, N = K or CHECK_DEFAULTS["K"], N or CHECK_DEFAULTS["N"]
+        G = G or CHECK_DEFAULTS["G"]
+    K, N, G, _ = shape_args(K, N, G, preset)
+    registry, added = _registry(impl_texts, recipe)
+    selected_stages = {split_stage(s, recipe)[1] for s in stages} if stages else None
+    if added and not names:
+        chosen = added
+    else:
+        chosen = [i for i in registry if i.recipe == recipe and (not names or i.name in names)]
+    chosen = [i for i in chosen if selected_stages is None or i.stage in selected_stages]
+    by_stage: dict[str, list] = {}
+    for impl in chosen:
+        by_stage.setdefault(impl.stage, []).append(impl)
+    results = check_step(recipe, M, N, K, G, by_stage, mode=mode, device=_device(), seed=seed)
+    rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": r.detail}
+            for r in results]  # fmt: skip
+    click.echo(render(rows, fmt), nl=False)
+    for r in results:
+        if r.verdict in ("FAIL", "ERROR", "DEVIATES"):
+            click.echo(f"{r.verdict} {r.stage} / {r.impl}: {r.finding()}")
+    sys.exit(exit_code(results))

@@ -1,0 +1,339 @@
+"""The commands that measure (or, without a GPU, model): roofline, ceilings, regress and peers."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from .common import FORMATS, BadInput, CommaList, command_line, echo_comparison, hardware_spec, peer_table, shape_args
+
+DEFAULT_MS = "16384,32768,65536,131072"
+CHECK_M = 256
+"""Tokens per expert of the check an ``--impl`` passes before it is timed: small, so it costs seconds."""
+RESULTS_DIR = Path("results")
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _require_gpu(what: str) -> None:
+    if not _has_gpu():
+        raise BadInput(f"no CUDA GPU found: {what}")
+
+
+def _card_dir(device: int = 0) -> str:
+    """``results/<card>/``: the running card's name made path-safe, the folder its ceilings are stored in."""
+    from ..hardware import card_slug
+
+    return card_slug(_card_name(device))
+
+
+def _detected_spec(device: int = 0) -> str | None:
+    """Key of the running card's hardware spec, None for a card without one."""
+    from ..hardware import detect
+
+    spec = detect(device)
+    return None if spec is None else spec.key
+
+
+def _card_name(device: int = 0) -> str:
+    from ..hardware import device_properties
+
+    return str(device_properties(device).get("name", "unknown"))
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def _echo_tables(run, breakdown_M: int | None, denominator: str | None, fmt: str = "plain") -> None:
+    from ..tables import table
+
+    click.echo(table(run, "breakdown", fmt, M=breakdown_M, denominator=denominator))
+    click.echo("Net speedup over bf16 by M")
+    click.echo(table(run, "speedup", fmt, header=False))
+
+
+# ------------------------------------------------------------------------------------------------- roofline
+
+
+def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | None, gpu: bool):
+    """Watts per requested limit ([None] = the card's limit as found) and the controller that will set them.
+
+    Permission is checked here, before anything runs. Without a GPU the request is checked for sign only.
+    """
+    if not percents and not watts:
+        return [None], None
+    for name, values in (("--power-limit", percents), ("--power-limit-watts", watts)):
+        if values and any(v <= 0 for v in values):
+            raise click.BadParameter(f"must be positive, got {values}", param_hint=name)
+    if not gpu:
+        return [None], None
+    from ..power import PowerController, PowerError
+
+    try:
+        controller = PowerController(0)
+        limits = controller.resolve(percents=percents or None, watts=watts or None)
+        for w in limits:
+            controller.check_permission(w)
+    except PowerError as e:  # no NVML, or no permission to set a limit: before anything runs
+        raise BadInput(str(e)) from None
+    return limits, controller
+
+
+@click.command()
+@click.option("--K", "K", type=int, help="Model dim (contraction dim of the forward GEMM); multiple of 32.")
+@click.option("--N", "N", type=int, help="Expert hidden dim; multiple of 32.")
+@click.option("--preset", help="Shapes of a model (see `mxbench presets`) instead of --K/--N.")
+@click.option(
+    "--G", "G", type=click.IntRange(1, 512), help="Local experts (token groups). [default: 8 or the preset's]"
+)
+@click.option("--M", "Ms", type=CommaList(int), default=DEFAULT_MS, show_default=True, help="Tokens, comma list.")
+@click.option(
+    "--recipe",
+    "recipes",
+    type=CommaList(str),
+    default="mxfp8",
+    show_default=True,
+    help="mxfp8, fp8_rowwise, bf16; comma list. bf16 is always measured as the baseline.",
+)
+@click.option(
+    "--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True, help="MX scale mode."
+)
+@click.option(
+    "--groups",
+    type=click.Choice(["balanced", "skewed"]),
+    default="balanced",
+    show_default=True,
+    help="Token-group sizes: even, or router-like (seeded, recorded).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of inputs and skewed group sizes.")
+@click.option(
+    "--power-limit",
+    "power_percent",
+    type=CommaList(float),
+    help="Power limits in percent of the default limit, comma list (needs permission to set).",
+)
+@click.option("--power-limit-watts", "power_watts", type=CommaList(float), help="Power limits in watts, comma list.")
+@click.option("--breakdown-M", "breakdown_M", type=int, help="M of the per-pass breakdown table. [default: largest]")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Results file. [default: results/<card>/roofline-<preset or KxN>-<date>.json]",
+)
+@click.option("--plot-file", type=click.Path(path_type=Path), help="Also draw the figures (a .png, or a folder).")
+@click.option(
+    "--hardware",
+    help="Hardware spec of the datasheet peaks and of the model without a GPU. "
+    "[default: the detected card's; b200 without a GPU]",
+)
+@click.option(
+    "--denominator",
+    type=click.Choice(["datasheet", "measured"]),
+    default="datasheet",
+    show_default=True,
+    help="Peak that efficiencies are shown against.",
+)
+@click.option("--warm-l2", is_flag=True, help="Time with a warm L2 (default: cold, flushed).")
+@click.option("--samples", type=click.IntRange(min=1), default=25, show_default=True, help="Samples per stage.")
+@click.option(
+    "--impl",
+    "impl_texts",
+    multiple=True,
+    metavar="STAGE=module:function",
+    help="Run this implementation of STAGE (or RECIPE/STAGE) in place of mxkernels' in the whole step; repeatable. "
+    "It is checked against the stage's oracle first (`mxbench check`) and not timed if it fails.",
+)
+def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
+             plot_file, hardware, denominator, warm_l2, samples, impl_texts):  # fmt: skip
+    """Time every stage of every pass over a sweep of M (or, without a GPU, print the analytic model)."""
+    from ..points import plan_points
+
+    K, N, G, label = shape_args(K, N, G, preset)
+    impls = _checked_impls(impl_texts, recipes, K, N, G, mode)
+    if any(M <= 0 for M in Ms):
+        raise click.BadParameter(f"every M must be positive, got {Ms}", param_hint="--M")
+    if breakdown_M is not None and breakdown_M not in Ms:
+        raise click.BadParameter(f"{breakdown_M} is not one of the swept M {Ms}", param_hint="--breakdown-M")
+    gpu = _has_gpu()
+    hardware = hardware or (_detected_spec() if gpu else "b200")
+    spec = hardware_spec(hardware) if hardware else None
+    limits, controller = _power_limits(power_percent, power_watts, gpu)
+    points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits)
+    if gpu:
+        out = out or RESULTS_DIR / _card_dir() / f"roofline-{label}-{_stamp()}.json"
+        run = _measure(points, hardware, denominator, out, controller, warm_l2, samples, impls)
+    else:
+        run = _model(points, spec, hardware, power_percent or power_watts, denominator)
+        if out is not None:
+            from ..results import save_run
+
+            save_run(run, out)
+    _echo_tables(run, breakdown_M, denominator if hardware or denominator == "measured" else None)
+    if out is not None:
+        click.echo(f"results: {out}")
+    if plot_file is not None:
+        from ..plots import plot_all
+
+        for path in plot_all(run, plot_file, spec=spec):
+            click.echo(f"figure: {path}")
+    if run.meta.get("interrupted"):
+        click.echo("interrupted: the partial results above were saved", err=True)
+        sys.exit(130)
+
+
+def _model(points, spec, hardware: str, power_requested, denominator: str):
+    from ..sweep import model_run
+
+    if denominator == "measured":
+        raise click.BadParameter("measured ceilings need a GPU; use datasheet", param_hint="--denominator")
+    click.echo(f"no CUDA GPU found: showing the analytic model over the {hardware} spec (model, not measured)")
+    if power_requested:
+        click.echo("power limits need a GPU: ignored")
+    return model_run(points, spec=spec, hardware=hardware, command=command_line())
+
+
+def _checked_impls(texts: Sequence[str], recipes: Sequence[str], K: int, N: int, G: int, mode: str) -> tuple:
+    """The ``--impl`` implementations, each checked against its stage's oracle on this machine first (at a small M,
+    the run's K, N, G). A failing check exits 1 with its finding; one that cannot run here is bad input."""
+    if not texts:
+        return ()
+    from ..check import Verdict, check_step
+    from ..registry import default_registry, with_cli_impls
+
+    impls = with_cli_impls(default_registry(), texts, recipes[0] if recipes else "mxfp8")
+    keys = [(i.recipe, i.stage) for i in impls]
+    twice = sorted({f"{r}/{s}" for r, s in keys if keys.count((r, s)) > 1})
+    if twice:
+        raise BadInput(f"--impl: one implementation per stage in a step; given twice: {', '.join(twice)}")
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for recipe in dict.fromkeys(i.recipe for i in impls):
+        mine = {i.stage: [i] for i in impls if i.recipe == recipe}
+        for r in check_step(recipe, CHECK_M * G, N, K, G, mine, mode=mode, device=device):
+            click.echo(f"check {r.recipe}/{r.stage} [{r.impl}]: {r.verdict} {r.finding()}", err=True)
+            if r.verdict == Verdict.SKIP:
+                raise BadInput(f"--impl {r.impl} cannot run here: {r.detail}")
+            if r.verdict not in (Verdict.PASS, Verdict.DEVIATES):
+                click.echo(f"--impl {r.impl} failed its check against the {r.stage} oracle: not timed", err=True)
+                sys.exit(1)
+    return tuple(impls)
+
+
+def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2: bool, samples: int, impls=()):
+    from ..instruments import Instruments
+    from ..measure import SweepOptions
+    from ..sweep import run_sweep
+
+    options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR, hardware=hardware,
+                           denominator=denominator, command=command_line(), impls=impls)  # fmt: skip
+    instruments = Instruments.real(0, RESULTS_DIR, power=controller)
+    if denominator == "measured" and not instruments.ceilings(_card_name()):
+        raise click.BadParameter("no measured ceilings stored for this card: run `mxbench ceilings` first",
+                                 param_hint="--denominator")  # fmt: skip
+    return run_sweep(points, options=options, instruments=instruments)
+
+
+# ------------------------------------------------------------------------------------------------ ceilings
+
+
+@click.command()
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=RESULTS_DIR, show_default=True)
+def ceilings(out_dir: Path) -> None:
+    """Measure this card's achievable bandwidth and GEMM throughput at its current power limit, and store them.
+
+    Each GEMM ceiling is the best of the square matmul and the training step's own grouped GEMMs (DeepSeek-V3, Llama 4
+    Scout; the roofline's token counts; balanced and skewed groups), with the shape that gave it. Under torchrun with
+    several processes: the all-to-all ceiling of these GPUs instead (``ep.ceiling``)."""
+    _require_gpu("ceilings are measured on a GPU")
+    from ..ep.dist import under_torchrun
+
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        from ..ep.ceiling import run_alltoall_ceiling
+
+        click.get_current_context().exit(run_alltoall_ceiling(out_dir, echo=click.echo))
+    from dataclasses import asdict
+
+    from ..ceilings import measure_ceilings, save_ceilings
+
+    c = measure_ceilings(0)
+    path = save_ceilings(c, out_dir)
+    for k, v in asdict(c).items():
+        click.echo(f"{k}: {v}")
+    click.echo(f"stored: {path}")
+
+
+# -------------------------------------------------------------------------------------------------- regress
+
+
+@click.command()
+@click.option(
+    "--baseline",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="A stored run of this card (results/baselines/<card>.json).",
+)
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Interleaved rounds.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
+def regress(baseline: Path, rounds: int, fmt: str) -> None:
+    """Re-measure the baseline's points on this card; exit 1 only on a confirmed regression."""
+    _require_gpu("regress re-measures the baseline on a GPU")
+    from ..instruments import Instruments
+    from ..measure import SweepOptions
+    from ..regress import regress as run_regress
+    from ..results import load_run
+    from ..sweep import run_sweep
+
+    base = load_run(baseline)
+    timing = base.meta.get("timing") or {}
+    options = SweepOptions(cold_l2=timing.get("cold_l2", True), use_graph=timing.get("use_graph", True),
+                           samples=timing.get("samples", 25), hardware=base.meta.get("hardware"),
+                           backend=base.meta.get("backend"), command=command_line())  # fmt: skip
+    instruments = Instruments.real(0, RESULTS_DIR)
+    result = run_regress(base, lambda pts: run_sweep(pts, options=options, instruments=instruments), rounds=rounds)
+    echo_comparison(result.comparison, fmt)
+    sys.exit(result.exit_code)
+
+
+# --------------------------------------------------------------------------------------------------- peers
+
+
+@click.command()
+@click.option("--K", "K", type=int, help="Model dim; multiple of 32.")
+@click.option("--N", "N", type=int, help="Expert hidden dim; multiple of 32.")
+@click.option("--preset", help="Shapes of a model instead of --K/--N.")
+@click.option("--G", "G", type=click.IntRange(1, 512), help="Local experts. [default: 8 or the preset's]")
+@click.option("--M", "M", type=click.IntRange(min=1), default=131072, show_default=True, help="Tokens.")
+@click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True)
+@click.option("--groups", type=click.Choice(["balanced", "skewed"]), default="balanced", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--samples", type=click.IntRange(min=1), default=25, show_default=True)
+@click.option("--warm-l2", is_flag=True, help="Time with a warm L2 (default: cold).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Results file. [default: results/<card>/peers-<preset or KxN>-<date>.json]",
+)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
+def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt) -> None:
+    """Our quantize / rearrange / pad kernels beside torchao's Triton kernels and torch.compile of the references."""
+    K, N, G, label = shape_args(K, N, G, preset)
+    _require_gpu("peers are timed on a GPU")
+    from ..measure import SweepOptions
+    from ..peers import run_peers
+
+    out = out or RESULTS_DIR / _card_dir() / f"peers-{label}-M{M}-{_stamp()}.json"
+    options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,
+                           hardware=_detected_spec(), command=command_line())  # fmt: skip
+    run = run_peers(M, N, K, G, mode=mode, groups=groups, seed=seed, options=options)
+    click.echo(peer_table(run, fmt), nl=False)
+    click.echo(f"results: {out}")

@@ -1,0 +1,121 @@
+"""Sweep points and their token-group sizes.
+
+A sweep is a list of ``Point``s: the cross product of M, recipe and power limit for one N, K, G. Each point's
+token groups are split evenly or like a router (seeded), and every recipe is measured beside its bf16 baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from mxkernels.errors import InputError
+from mxkernels.names import BASELINE
+from mxkernels.pipeline import RECIPES
+from mxkernels.runtime import MAX_GROUPS
+
+from .results import Point
+
+BLOCK = 32  # K and N must hold whole MX blocks
+GROUP_KINDS = ("balanced", "skewed")
+MODES = ("rceil", "floor")
+# Concentration of the skewed (router-like) split: Dirichlet(0.5) over experts gives the heavy few and the idle
+# many of an imperfectly balanced router (the largest of 8 groups typically holds 2-4x the balanced share).
+SKEW_ALPHA = 0.5
+SKEW_METHOD = f"dirichlet(alpha={SKEW_ALPHA}) from numpy.random.default_rng(seed), largest-remainder rounding"
+
+
+def check_shape(N: int, K: int, G: int) -> None:
+    for name, value in (("N", N), ("K", K)):
+        if value <= 0 or value % BLOCK:
+            raise InputError(f"{name} must be a positive multiple of {BLOCK}, got {value}")
+    _check_groups(G)
+
+
+def _check_groups(G: int) -> None:
+    if not 1 <= G <= MAX_GROUPS:
+        raise InputError(f"G must be between 1 and {MAX_GROUPS}, got {G}")
+
+
+def plan_points(
+    Ms: Sequence[int],
+    N: int,
+    K: int,
+    G: int,
+    recipes: Sequence[str] = ("mxfp8",),
+    mode: str = "rceil",
+    groups: str = "balanced",
+    seed: int = 0,
+    power_limits: Sequence[float | None] = (None,),
+) -> list[Point]:
+    """The cross product power limit x M x recipe (in that nesting, so each limit is applied once).
+
+    ``power_limits`` in watts; None means the card's limit as found. Duplicates are dropped, order kept.
+    """
+    check_shape(N, K, G)
+    if not Ms or any(not isinstance(M, int) or M <= 0 for M in Ms):
+        raise InputError(f"M must be one or more positive integers, got {list(Ms)}")
+    if not recipes or any(r not in RECIPES for r in recipes):
+        raise InputError(f"recipe must be one or more of {', '.join(RECIPES)}; got {list(recipes)}")
+    if mode not in MODES:
+        raise InputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if groups not in GROUP_KINDS:
+        raise InputError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {groups!r}")
+    if not power_limits or any(w is not None and w <= 0 for w in power_limits):
+        raise InputError(f"power limits must be positive watts or None, got {list(power_limits)}")
+    points = [
+        Point(M, N, K, G, recipe, mode, groups, seed, None if w is None else float(w))
+        for w in power_limits
+        for M in Ms
+        for recipe in recipes
+    ]
+    return list(dict.fromkeys(points))
+
+
+def group_sizes(M: int, G: int, kind: str = "balanced", seed: int = 0, alignment: int | None = None) -> list[int]:
+    """Rows of each of the G token groups; they sum to exactly M.
+
+    balanced: M split evenly, the remainder spread one row (or one ``alignment`` unit) over the first groups.
+    skewed: router-like, Dirichlet(``SKEW_ALPHA``) shares drawn from ``seed``; some groups may be small or empty.
+    ``alignment``: every size a multiple of it (M must be one).
+    """
+    if M < 0:
+        raise InputError(f"M must be non-negative, got {M}")
+    _check_groups(G)
+    unit = alignment or 1
+    if unit < 1 or M % unit:
+        raise InputError(f"alignment {alignment} must be a positive divisor of M={M}")
+    units = M // unit
+    if kind == "balanced":
+        base, extra = divmod(units, G)
+        sizes = [base + (g < extra) for g in range(G)]
+    elif kind == "skewed":
+        import numpy as np
+
+        shares = np.random.default_rng(seed).dirichlet(np.full(G, SKEW_ALPHA))
+        sizes = _largest_remainder([float(s) * units for s in shares], units)
+    else:
+        raise InputError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {kind!r}")
+    return [s * unit for s in sizes]
+
+
+def _largest_remainder(quotas: Sequence[float], total: int) -> list[int]:
+    """Integers summing to ``total``, each the floor of its quota, the leftover units to the largest fractions."""
+    sizes = [int(q) for q in quotas]
+    by_fraction = sorted(range(len(quotas)), key=lambda g: (sizes[g] - quotas[g], g))
+    for g in by_fraction[: total - sum(sizes)]:
+        sizes[g] += 1
+    return sizes
+
+
+def point_group_sizes(point: Point) -> list[int]:
+    return group_sizes(point.M, point.G, point.groups, point.seed)
+
+
+def with_baselines(points: Iterable[Point]) -> list[Point]:
+    """``points`` with the bf16 point at the same shape after each other recipe's point, each point once."""
+    out: dict[Point, None] = {}
+    for p in points:
+        out[p] = None
+        out[dataclasses.replace(p, recipe=BASELINE)] = None
+    return list(out)

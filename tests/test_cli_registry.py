@@ -1,0 +1,162 @@
+"""``mxbench impls``, ``mxbench check`` and ``roofline --impl`` through the command line, and a third party's
+package registered by entry point after a real ``pip install``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from mxkernels.names import Recipe
+from mxkernels.stages import all_specs
+from test_cli import FakeController, synthetic_run
+
+import mxbench.power
+import mxbench.sweep
+from mxbench import registry
+from mxbench.cli import cli, run_commands
+from mxbench.results import save_run
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "plain_quantizer"
+SMALL = ("--K", "256", "--N", "128", "--G", "2", "--M", "512")
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch):
+    """Each test starts from the built-in registry (``--impl`` adds to the process-wide one)."""
+    monkeypatch.setattr(registry, "_DEFAULT", None)
+
+
+@pytest.fixture
+def plain(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    sys.modules.pop("plain_quantizer", None)
+    import plain_quantizer
+
+    def flipped(a, *, mode):
+        q, s = plain_quantizer.quantize_a(a, mode=mode)
+        q = q.clone()
+        q.view(torch.uint8)[33, 65] ^= 0x40
+        return q, s
+
+    monkeypatch.setattr(plain_quantizer, "flipped", flipped, raising=False)
+    return plain_quantizer
+
+
+def test_impls_lists_every_stage_with_the_builtin_implementations_and_reasons():
+    result = invoke("impls", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    rows = [line.split(",", 6) for line in result.output.splitlines()[1:]]
+    listed = {(r[0], r[1]) for r in rows}
+    assert listed == {(str(recipe), name) for recipe, name in all_specs()}
+    quantize_a = {r[3]: r[5] for r in rows if r[:2] == ["mxfp8", "quantize_a"]}
+    assert set(quantize_a) == {"mxkernels", "torchao", "torch.compile"}
+    assert quantize_a["mxkernels"] == "yes"  # the interpreter runs it here
+    assert quantize_a["torch.compile"].startswith("no: ")
+    assert quantize_a["torchao"].startswith("no: ")
+
+
+def test_impls_of_one_stage_prints_its_calling_contract():
+    result = invoke("impls", "--stage", "quantize_a")
+    assert result.exit_code == 0, result.output
+    assert "contract: quantize_a(a, *, mode) -> (a_q, a_s); compared bit-exact" in result.output
+    assert "output 1: a_s: float8_e8m0fnu (M, K/32), row-major" in result.output
+    assert "keyword mode: the MX scale mode, 'rceil' or 'floor'" in result.output
+    assert "fp8_rowwise/quantize_a" in invoke("impls", "--stage", "fp8_rowwise/quantize_a").output
+
+
+def test_check_passes_a_correct_plain_torch_implementation(plain):
+    result = invoke("check", "--impl", "quantize_a=plain_quantizer:quantize_a", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert "plain_quantizer:quantize_a  PASS" in result.output
+
+
+def test_check_fails_one_flipped_byte_and_names_it(plain):
+    result = invoke("check", "--impl", "quantize_a=plain_quantizer:flipped", *SMALL)
+    assert result.exit_code == 1, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("FAIL ")]
+    assert "a_q: 1 of" in line and "first at index (33, 65)" in line and "input a[33, 65] = " in line
+    assert "expected" in line and "got" in line
+
+
+def test_check_of_builtin_stages_on_a_cpu(plain):
+    result = invoke("check", "--stage", "rearrange_a,pad_a", "--name", "mxkernels", *SMALL)
+    assert result.exit_code == 0, result.output
+    assert result.output.count("PASS") == 2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--impl", "quantize_a=plain_quantizer:nope"), "has no 'nope'"),
+        (("--impl", "quantize_z=plain_quantizer:quantize_a"), "no stage 'quantize_z'"),
+        (("--stage", "quantize_a", "--name", "torchao"), "nothing was checked"),
+        (("--K", "100"), "multiple of 32"),
+    ],
+)
+def test_check_bad_input_exits_2(plain, args, message):
+    result = invoke("check", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    calls = {}
+
+    def fake_sweep(points, *, options, progress=True, instruments=None):
+        calls.update(points=points, options=options)
+        run = synthetic_run()
+        save_run(run, options.out)
+        return run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
+    monkeypatch.setattr(mxbench.sweep, "run_sweep", fake_sweep)
+    return calls
+
+
+def test_roofline_impl_is_checked_then_runs_in_the_whole_step(fake_gpu, plain):
+    result = invoke("roofline", "--K", 256, "--N", 128, "--G", 2, "--M", 512,
+                    "--impl", "quantize_a=plain_quantizer:quantize_a")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (impl,) = fake_gpu["options"].impls
+    assert (impl.recipe, impl.stage, impl.name, impl.fn) == (
+        Recipe.MXFP8, "quantize_a", "plain_quantizer:quantize_a", plain.quantize_a,
+    )  # fmt: skip
+    assert fake_gpu["options"].impls_for("mxfp8") == {"quantize_a": impl} and not fake_gpu["options"].impls_for("bf16")
+
+
+def test_roofline_refuses_to_time_an_implementation_that_fails_its_check(fake_gpu, plain):
+    result = invoke("roofline", "--K", 256, "--N", 128, "--G", 2, "--M", 512,
+                    "--impl", "quantize_a=plain_quantizer:flipped")  # fmt: skip
+    assert result.exit_code == 1
+    assert "FAIL a_q: 1 of" in result.output and "not timed" in result.output
+    assert "options" not in fake_gpu  # the sweep never started
+
+
+def test_an_entry_point_package_installed_with_pip_shows_up_in_impls(tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--target", str(target), str(EXAMPLE)],
+        check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *sys.path])}
+    done = subprocess.run([sys.executable, "-m", "mxbench", "impls", "--stage", "quantize_a"], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if "plain_quantizer" in line]
+    assert "quantize_a" in row and " yes " in row and "entry point plain_quantizer" in row
