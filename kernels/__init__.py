@@ -10,7 +10,8 @@ Depends on torch and triton only; knows nothing of the mxbench harness. Modules,
 * ``padding``: token-group padding and unpadding;
 * ``grouped_gemm``: the grouped GEMMs behind one front door, by recipe and backend, which run in ``gemm_native``
   (torch's grouped GEMMs), ``gemm_triton`` (Triton MX GEMMs), ``gemm_dequant`` (exact dequantization to bf16, then
-  torch) and ``gemm_emulated`` (the fp32 reference);
+  torch), ``gemm_fused`` (Triton GEMMs dequantizing the token operand in registers) and ``gemm_emulated`` (the fp32
+  reference);
 * ``names``: the vocabulary (recipes, passes, categories);
 * ``stages``: what each stage of a step computes (specs: contract, oracle, comparison rule);
 * ``pipeline``: the passes of a training step as stages bound to shapes, costs and tensors;

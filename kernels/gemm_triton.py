@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .layouts import blocked_word
 from .padding import group_bounds, locate, pick
-from .runtime import INTERPRET, InputError, check_int, check_power_of_two
+from .runtime import INTERPRET, InputError, check_int, check_power_of_two, tile_launch
 
 
 @triton.jit
@@ -285,17 +285,7 @@ def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, *, backend: str, out_dtype: torch.dtyp
     if not out.numel():
         return out
     args = (a_q, b_q, _scale_words(a_sb), _scale_words(b_sb), offs, out)
-    launch = {
-        "G": G,
-        "BLOCK_G": triton.next_power_of_2(G),
-        "FP8_DOT": backend == "triton_fp8",
-        "BLOCK_M": config.block_m,
-        "BLOCK_N": config.block_n,
-        "num_warps": config.num_warps,
-        "num_stages": config.num_stages,
-    }
-    if config.maxnreg is not None:
-        launch["maxnreg"] = config.maxnreg
+    launch = {"G": G, "BLOCK_G": triton.next_power_of_2(G), "FP8_DOT": backend == "triton_fp8", **tile_launch(config)}
     if case == "2d3d":
         grid = ((triton.cdiv(M, config.block_m) + G) * triton.cdiv(N, config.block_n),)
         _mx_2d3d_kernel[grid](*args, M=M, N=N, K=K, **launch)

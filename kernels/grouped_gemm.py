@@ -32,11 +32,13 @@ check every operand, then hand them to one backend module:
   an fp32 rescale per 32-wide chunk;
 * "triton_dequant" (``gemm_dequant``): exact MXFP8 -> bf16 dequantization from the blocked scales, then
   ``torch._grouped_mm``;
+* "triton_fused" (``gemm_fused``): persistent Triton grouped GEMMs that dequantize the token operand to bf16 in
+  registers, in the GEMM's load path, and multiply on bf16 tensor cores (no full-size bf16 copy);
 * "emulated" (``gemm_emulated``): dequantize and multiply in fp32, a host loop over groups: the reference.
 
-Default backend (``available_backends``, best first): SM100 native > triton > triton_dequant > triton_fp8; SM90
-triton_dequant > triton_fp8 > triton; SM89 triton_fp8 > triton_dequant > triton; CPU emulated (the Triton
-backends run there only under the interpreter, for tests).
+Default backend (``available_backends``, best first): SM100 native > triton > triton_dequant > triton_fused >
+triton_fp8; SM90 triton_dequant > triton_fused > triton_fp8 > triton; SM89 triton_fp8 > triton_dequant >
+triton_fused > triton; CPU emulated (the Triton backends run there only under the interpreter, for tests).
 """
 
 from __future__ import annotations
@@ -46,10 +48,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import gemm_dequant, gemm_emulated, gemm_native, gemm_triton
+from . import gemm_dequant, gemm_emulated, gemm_fused, gemm_native, gemm_triton
 from .cost import Cost
 from .format import BLOCK_SIZE, DATA_DTYPE, ScaleMode
 from .fp8_rowwise import quantize_fp8_rowwise, quantize_fp8_rowwise_3d, quantize_fp8_rowwise_k_groups
+from .gemm_fused import FusedConfig
 from .gemm_triton import TileConfig
 from .layouts import (
     SCALE_DTYPES,
@@ -76,8 +79,10 @@ RECIPES = ("mxfp8", "fp8_rowwise", "bf16")
 BACKENDS = {
     "bf16": ("native", "emulated"),
     "fp8_rowwise": ("native", "emulated"),
-    "mxfp8": ("native", "triton", "triton_dequant", "triton_fp8", "emulated"),
+    "mxfp8": ("native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated"),
 }
+# The launch configuration type of each backend that takes ``config=``.
+CONFIG_TYPES = {"triton": TileConfig, "triton_fp8": TileConfig, "triton_fused": FusedConfig}
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -121,13 +126,15 @@ def _preference(recipe: str, device: torch.device) -> tuple[str, ...]:
         return BACKENDS[recipe]
     if cap is None:
         # On CPU the Triton backends run in the interpreter, for tests; the emulation is the fast one there.
-        return ("emulated", "triton_dequant", "triton_fp8", "triton")
+        return ("emulated", "triton_dequant", "triton_fused", "triton_fp8", "triton")
     if cap[0] == 10:
-        return ("native", "triton", "triton_dequant", "triton_fp8", "emulated")
+        return ("native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated")
     if cap == (9, 0):
-        return ("triton_dequant", "triton_fp8", "triton", "emulated")
+        # triton_fused stays behind triton_dequant until it is measured faster at the DeepSeek-V3 shapes
+        # (scripts/tune_issue11_gemm.py, docs/perf-log.md).
+        return ("triton_dequant", "triton_fused", "triton_fp8", "triton", "emulated")
     # Below SM90 torch._grouped_mm is a host loop over offs (a sync, not graph-capturable): not the default there.
-    return ("triton_fp8", "triton_dequant", "triton", "emulated")
+    return ("triton_fp8", "triton_dequant", "triton_fused", "triton", "emulated")
 
 
 def _default_device() -> torch.device:
@@ -199,6 +206,15 @@ def _check_same_device(a_q: torch.Tensor, **tensors: torch.Tensor) -> None:
         check_same_device(name, x, a_q, "a_q")
 
 
+def _check_launch_config(config: object, backend: str) -> None:
+    """``config`` must be None or the backend's launch configuration type; backends without one ignore any."""
+    if backend in CONFIG_TYPES:
+        check_config("config", config, CONFIG_TYPES[backend], f" for backend {backend!r}")
+    elif config is not None and not isinstance(config, tuple(CONFIG_TYPES.values())):
+        raise InputError(f"config must be a launch configuration ({TileConfig.__name__} or {FusedConfig.__name__}) "
+                         f"or None, got {config!r}")  # fmt: skip
+
+
 def _check_out_dtype(out_dtype: object, backend: str) -> torch.dtype:
     # torch._grouped_mm and the native MX kernel write bf16 only.
     allowed = (torch.bfloat16,) if backend in ("native", "triton_dequant") else OUT_DTYPES
@@ -221,7 +237,7 @@ def mxfp8_scaled_grouped_mm(
     *,
     backend: str | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
-    config: TileConfig | None = None,
+    config: TileConfig | FusedConfig | None = None,
 ) -> torch.Tensor:
     """MXFP8 grouped GEMM on quantized TN operands with blocked scales (shapes in the module doc).
 
@@ -230,7 +246,8 @@ def mxfp8_scaled_grouped_mm(
     e4m3 data and e8m0 (or uint8) scales, all contiguous; K (2D x 3D) or M (2D x 2D) a multiple of 32.
     ``backend``: None picks ``default_backend("mxfp8", device)``. ``out_dtype``: bf16, or fp32 (not "native" nor
     "triton_dequant").
-    ``config``: the Triton backends' launch (None: ``gemm_triton.default_config``); other backends ignore it.
+    ``config``: the Triton backends' launch, a ``CONFIG_TYPES[backend]`` (None: ``gemm_triton.default_config`` /
+    ``gemm_fused.default_config``); other backends ignore it.
     """
     case, M, N, K, G = _check_quantized(a_q, b_q, offs, BLOCK_SIZE)
     contraction = K if case == "2d3d" else M
@@ -247,7 +264,7 @@ def mxfp8_scaled_grouped_mm(
         check_shape("b_sb", b_sb, k_groups_shape(K, M // BLOCK_SIZE, G))
     backend = _resolve_backend("mxfp8", backend, a_q.device)
     out_dtype = _check_out_dtype(out_dtype, backend)
-    check_config("config", config, TileConfig)
+    _check_launch_config(config, backend)
 
     if backend == "native":
         return gemm_native.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype)
@@ -255,6 +272,8 @@ def mxfp8_scaled_grouped_mm(
         return gemm_emulated.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype)
     if backend == "triton_dequant":
         return gemm_dequant.run_mxfp8(a_q, a_sb, b_q, b_sb, offs)
+    if backend == "triton_fused":
+        return gemm_fused.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype=out_dtype, config=config)
     return gemm_triton.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, backend=backend, out_dtype=out_dtype, config=config)
 
 

@@ -96,6 +96,16 @@ def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return value
 
 
+def tile_launch(config) -> dict:
+    """Launch arguments of a tiled kernel's configuration (fields block_m, block_n, num_warps, num_stages, maxnreg):
+    the BLOCK_M / BLOCK_N constexprs and Triton's options, maxnreg only when set (None leaves it to ptxas)."""
+    launch = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "num_warps": config.num_warps,
+              "num_stages": config.num_stages}  # fmt: skip
+    if config.maxnreg is not None:
+        launch["maxnreg"] = config.maxnreg
+    return launch
+
+
 def check_config(name: str, config: object, kind: type | tuple[type, ...], why: str = "") -> None:
     """``config`` must be None (the measured default) or a ``kind`` launch configuration (one of them, for a
     tuple); ``why`` says more."""

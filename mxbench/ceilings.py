@@ -8,16 +8,23 @@ sizes and torch's own op as a cross-check (``meta`` records every candidate and 
 ``copy_`` is a memcpy, which a CUDA graph hands to the slower copy engines (see ``timing``), hence the kernels.
 ``bandwidth_tbps`` is the best kind.
 
-GEMM ceilings are ``torch.mm`` in bf16 and ``torch._scaled_mm`` in fp8 (e4m3, tensorwise scales, fast accumulation)
-on N x N x N random data. HBM bandwidth need not fall in proportion to a power cap, so ceilings are measured at each
-cap rather than scaled; ``results/<card-slug>/ceilings.json`` keeps one entry per power limit.
+GEMM ceilings are likewise the best of a set of shapes (``gemm_points``), so that no GEMM the pipeline times can beat
+its own ceiling: an N x N x N matmul (``torch.mm`` in bf16, ``torch._scaled_mm`` e4m3 with tensorwise scales and fast
+accumulation in fp8) and the grouped GEMMs of the training step itself, built by ``mxkernels.pipeline.build_step`` at
+the model presets' shapes (DeepSeek-V3, Llama 4 Scout), the roofline sweep's token counts and both group kinds:
+forward and dgrad 2D x 3D, wgrad 2D x 2D, as ``torch._grouped_mm`` in bf16 and FP8 rowwise
+``torch._scaled_grouped_mm`` in fp8. ``bf16_shape`` / ``fp8_shape`` name the shape that gave each ceiling and
+``meta["gemm_candidates_tflops"]`` keeps every candidate. HBM bandwidth need not fall in proportion to a power cap, so
+ceilings are measured at each cap rather than scaled; ``results/<card-slug>/ceilings.json`` keeps one entry per power
+limit (entries written before the shape fields existed load with them None).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from functools import partial
@@ -40,13 +47,21 @@ TILES = (8192, 16384, 32768)
 NUM_WARPS = 8
 # A stored entry matches a requested power limit within this many watts (NVML works in milliwatts).
 _LIMIT_TOLERANCE_W = 0.5
+_GEMM_KINDS = {"bf16": "bf16_tflops", "fp8": "fp8_tflops"}
+# The grouped GEMM shapes of the ceilings: the model presets the committed runs use, the roofline sweep's default
+# token counts (`mxbench roofline --M`) and both of its group kinds.
+GEMM_PRESETS = ("deepseek-v3", "llama4-scout")
+GEMM_TOKENS = (16384, 32768, 65536, 131072)
+GEMM_GROUPS = ("balanced", "skewed")
 
 
 @dataclass
 class Ceilings:
     """Ceilings of ``card`` (the torch device name) at ``power_limit_w`` (the enforced limit while measuring; None
-    when NVML could not tell). Bandwidths in TB/s, ``bandwidth_tbps`` the best of the three; GEMMs in TFLOP/s,
-    ``fp8_tflops`` None where the card or torch has no fp8 GEMM (``meta["fp8_error"]`` says why)."""
+    when NVML could not tell). Bandwidths in TB/s, ``bandwidth_tbps`` the best of the three; GEMMs in TFLOP/s, each
+    the best of its candidate shapes, ``bf16_shape`` / ``fp8_shape`` naming the one that gave it (None in entries
+    measured before shapes were recorded); ``fp8_tflops`` None where the card or torch has no fp8 GEMM
+    (``meta["fp8_error"]`` says why)."""
 
     card: str
     power_limit_w: float | None
@@ -57,6 +72,8 @@ class Ceilings:
     bf16_tflops: float
     fp8_tflops: float | None
     meta: dict[str, Any] = field(default_factory=dict)
+    bf16_shape: str | None = None
+    fp8_shape: str | None = None
 
 
 # ----------------------------------------------------------------------------------------- streaming kernels
@@ -145,13 +162,19 @@ def best_bandwidths(measured: dict[str, dict[str, float]]) -> tuple[dict[str, fl
 
 
 def measure_ceilings(
-    device: int = 0, *, size_bytes: int = 2**31, gemm_n: int = 8192, tiles: tuple[int, ...] = TILES
+    device: int = 0,
+    *,
+    size_bytes: int = 2**31,
+    gemm_n: int = 8192,
+    tiles: tuple[int, ...] = TILES,
+    points: Sequence[GemmPoint] | None = None,
 ) -> Ceilings:
     """Measure the ceilings of CUDA device ``device`` at its current power limit.
 
     ``size_bytes``: bytes of the bf16 source each streaming kernel reads, a whole number of MiB (needs about 2.5x
     that in free memory).
-    ``gemm_n``: the GEMM is ``gemm_n``^3. ``tiles``: tile sizes tried for each Triton streaming kernel. Raises
+    ``gemm_n``: the square GEMM candidate is ``gemm_n``^3. ``tiles``: tile sizes tried for each Triton streaming
+    kernel. ``points``: the steps whose grouped GEMMs are candidates too (None: ``gemm_points()``). Raises
     ``timing.TimingError`` without a CUDA device.
     """
     from .timing import TimingError
@@ -167,10 +190,12 @@ def measure_ceilings(
         _check_tile(tile)
     if not torch.cuda.is_available():
         raise TimingError("no CUDA device: ceilings are measured on a GPU")
+    points = gemm_points() if points is None else list(points)
     with torch.cuda.device(device):
         measured, copy_engine = _bandwidth_tbps(size_bytes, tiles)
-        bf16, fp8, fp8_error = _gemm_tflops(gemm_n)
+        gemms, gemm_errors = _gemm_ceilings(gemm_n, points)
     bandwidth, winners = best_bandwidths(measured)
+    gemm_best, gemm_shapes = best_gemms(gemms)
     props = device_properties(device)
     meta = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -183,18 +208,22 @@ def measure_ceilings(
         "copy_engine_candidates": copy_engine,
         "triton_num_warps": NUM_WARPS,
         "gemm_n": gemm_n,
-        "fp8_gemm": "torch._scaled_mm e4m3 tensorwise, use_fast_accum=True",
+        "gemm_points": [asdict(p) for p in points],
+        "gemm_candidates_tflops": gemms,
+        "bf16_gemm": "torch.mm (square), torch._grouped_mm (the step's grouped GEMMs)",
+        "fp8_gemm": "torch._scaled_mm e4m3 tensorwise, use_fast_accum=True (square); FP8 rowwise "
+        "torch._scaled_grouped_mm (the step's grouped GEMMs)",
         "device_properties": props,
     }
-    if fp8_error:
-        meta["fp8_error"] = fp8_error
+    for kind, error in gemm_errors.items():
+        meta[f"{kind}_error"] = error
     return Ceilings(
         card=str(props["name"]),
         power_limit_w=_enforced_limit_w(device),
         **bandwidth,
-        bf16_tflops=bf16,
-        fp8_tflops=fp8,
+        **gemm_best,
         meta=meta,
+        **gemm_shapes,
     )
 
 
@@ -218,28 +247,133 @@ def _bandwidth_tbps(size_bytes: int, tiles: tuple[int, ...]) -> tuple[dict[str, 
     return measured, copy_engine
 
 
-def _gemm_tflops(n: int) -> tuple[float, float | None, str | None]:
-    """(bf16 TFLOP/s, fp8 TFLOP/s or None, why fp8 failed or None) of an n^3 GEMM; 1 TFLOP/s = 1e6 FLOP per us."""
-    from .timing import time_fn
+@dataclass(frozen=True)
+class GemmPoint:
+    """A training step whose grouped GEMMs are ceiling candidates: a model preset's K, N, G at M tokens in G groups of
+    the ``groups`` kind (``points.group_sizes``)."""
 
-    flops = 2 * n**3
-    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    out = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
-    bf16 = flops / time_fn(lambda: torch.mm(a, b, out=out)).median_us / 1e6
+    preset: str
+    K: int
+    N: int
+    G: int
+    M: int
+    groups: str = "balanced"
+
+    @property
+    def label(self) -> str:
+        return f"{self.preset} M={self.M} {self.groups}"
+
+
+def gemm_points(
+    presets: Sequence[str] = GEMM_PRESETS, tokens: Sequence[int] = GEMM_TOKENS, groups: Sequence[str] = GEMM_GROUPS
+) -> list[GemmPoint]:
+    """The steps whose GEMMs the ceilings time: every preset (by name, ``shapes/``) x token count x group kind."""
+    from .presets import get_preset
+
+    points = []
+    for name in presets:
+        p = get_preset(name)
+        points += [GemmPoint(p.name, p.K, p.N, p.G, M, kind) for M in tokens for kind in groups]
+    return points
+
+
+@dataclass(frozen=True)
+class GemmCandidate:
+    """One GEMM the ceilings time: ``kind`` "bf16" or "fp8", a ``name`` saying the shape, a zero-argument ``call`` on
+    tensors already built, and its FLOPs."""
+
+    kind: str
+    name: str
+    call: Callable[[], object]
+    flops: int
+
+
+def square_candidates(n: int, device="cuda") -> tuple[list[GemmCandidate], str | None]:
+    """The n^3 matmuls: ``torch.mm`` bf16 and ``torch._scaled_mm`` e4m3 (tensorwise, fast accumulation), with why
+    the fp8 one cannot run here (None when it can)."""
+    flops, name = 2 * n**3, f"matmul {n}x{n}x{n}"
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+    candidates = [GemmCandidate("bf16", name, partial(torch.mm, a, b, out=out), flops)]
     # _scaled_mm wants the second operand column-major: the transpose of a row-major (N, K) tensor
-    a8 = a.to(torch.float8_e4m3fn)
-    b8 = b.to(torch.float8_e4m3fn).t()
-    one = torch.ones((), dtype=torch.float32, device="cuda")
-
-    def fp8_mm():
-        return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
-
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
+    one = torch.ones((), dtype=torch.float32, device=device)
+    fp8_mm = partial(torch._scaled_mm, a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
     try:
         fp8_mm()
     except RuntimeError as e:  # no fp8 tensor cores (e.g. A100) or no fp8 GEMM in this torch
-        return bf16, None, " ".join(str(e).split())[:300]
-    return bf16, flops / time_fn(fp8_mm).median_us / 1e6, None
+        return candidates, " ".join(str(e).split())[:300]
+    return [*candidates, GemmCandidate("fp8", name, fp8_mm, flops)], None
+
+
+def grouped_candidates(point: GemmPoint, device="cuda", fp8_backend: str | None = "native") -> Iterator[GemmCandidate]:
+    """The GEMM stages of ``point``'s bf16 step (``torch._grouped_mm``) and, unless ``fp8_backend`` is None, of its
+    FP8 rowwise step on that backend, bound to real tensors by ``pipeline.build_step``: exactly the calls the
+    pipeline times. Lazy, one recipe's tensors alive at a time."""
+    from mxkernels import pipeline
+
+    from .points import group_sizes
+
+    recipes = {"bf16": ("bf16", None), "fp8": ("fp8_rowwise", fp8_backend)}
+    for kind, (recipe, backend) in recipes.items():
+        if kind == "fp8" and fp8_backend is None:
+            continue
+        sizes = group_sizes(point.M, point.G, point.groups)
+        stages = pipeline.build_step(recipe, point.M, point.N, point.K, point.G, sizes, backend=backend,
+                                     device=device)  # fmt: skip
+        for stage in stages:
+            if stage.category == "gemm":
+                case = "2D x 2D" if stage.name == "gemm_wgrad" else "2D x 3D"
+                yield GemmCandidate(kind, f"{point.label} {stage.name} {case}", stage.run, stage.cost.flops)
+        del stages
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def measure_gemms(
+    candidates: Iterator[GemmCandidate] | Sequence[GemmCandidate],
+) -> dict[str, dict[str, float]]:
+    """TFLOP/s (1 TFLOP/s = 1e6 FLOP per us) of each candidate by kind and name, timed with ``timing.time_fn``."""
+    from .timing import time_fn
+
+    measured: dict[str, dict[str, float]] = {kind: {} for kind in _GEMM_KINDS}
+    for c in candidates:
+        measured[c.kind][c.name] = c.flops / time_fn(c.call).median_us / 1e6
+    return measured
+
+
+def best_gemms(measured: dict[str, dict[str, float]]) -> tuple[dict[str, float | None], dict[str, str | None]]:
+    """From TFLOP/s per kind and candidate: (each kind's best as ``Ceilings`` fields, None for a kind with no
+    candidate; the winning candidate of each kind as ``bf16_shape`` / ``fp8_shape``)."""
+    if not measured.get("bf16"):
+        raise InputError("measured must hold at least one bf16 GEMM candidate")
+    best, shapes = {}, {}
+    for kind, field_name in _GEMM_KINDS.items():
+        candidates = measured.get(kind) or {}
+        winner = max(candidates, key=candidates.get) if candidates else None
+        best[field_name] = candidates[winner] if winner else None
+        shapes[f"{kind}_shape"] = winner
+    return best, shapes
+
+
+def _gemm_ceilings(n: int, points: Sequence[GemmPoint]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """(TFLOP/s of every GEMM candidate by kind, why a kind's candidates could not run), on the current device."""
+    from mxkernels.grouped_gemm import available_backends
+
+    square, fp8_error = square_candidates(n)
+    fp8_backend = "native" if fp8_error is None and "native" in available_backends("fp8_rowwise") else None
+    errors = {"fp8": fp8_error} if fp8_error else {}
+    if fp8_error is None and fp8_backend is None:
+        errors["fp8_grouped"] = "FP8 rowwise torch._scaled_grouped_mm does not run on this card"
+
+    def candidates():
+        yield from square
+        for point in points:
+            yield from grouped_candidates(point, fp8_backend=fp8_backend)
+
+    return measure_gemms(candidates()), errors
 
 
 def _enforced_limit_w(device: int) -> float | None:
@@ -323,8 +457,9 @@ def measured_peaks(c: Ceilings) -> dict[str, Peak]:
     kernel = max(_BANDWIDTH_KERNELS, key=lambda k: getattr(c, _BANDWIDTH_KERNELS[k]))
     peaks = {
         "bandwidth": Peak(c.bandwidth_tbps, "TB/s", f"measured {kernel} ceiling {c.bandwidth_tbps:.3g} TB/s ({where})"),
-        "bf16": Peak(c.bf16_tflops, "TFLOP/s", f"measured bf16 GEMM ceiling {c.bf16_tflops:.4g} TFLOP/s ({where})"),
     }
-    if c.fp8_tflops is not None:
-        peaks["fp8"] = Peak(c.fp8_tflops, "TFLOP/s", f"measured fp8 GEMM ceiling {c.fp8_tflops:.4g} TFLOP/s ({where})")
+    for kind, value, shape in (("bf16", c.bf16_tflops, c.bf16_shape), ("fp8", c.fp8_tflops, c.fp8_shape)):
+        if value is not None:
+            by = f"; {shape}" if shape else ""
+            peaks[kind] = Peak(value, "TFLOP/s", f"measured {kind} GEMM ceiling {value:.4g} TFLOP/s ({where}{by})")
     return peaks

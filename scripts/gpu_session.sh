@@ -33,7 +33,7 @@ for s in "$@"; do
     tests) step tests 900 python -m pytest -q -p no:cacheprovider -rfE --timeout 600 tests ;;
     gputests) step gputests "${GPUTESTS_LIMIT:-420}" python -m pytest -q -p no:cacheprovider -rfE --timeout 600 -m gpu tests ;;
     torchao) step torchao 120 bash -c 'python -m pip install --no-deps -q .wheels/torchao-*.whl && python -c "import torchao; print(torchao.__version__)"' ;;
-    ceilings) step ceilings 180 mxbench ceilings --out-dir results ;;
+    ceilings) step ceilings 480 mxbench ceilings --out-dir results ;;
     roofline) step roofline 500 mxbench roofline --K 7168 --N 2048 --out "$RES/roofline-deepseek-v3.json" --plot-file plots/deepseek-v3 ;;
     scout) step scout 500 mxbench roofline --preset llama4-scout --out "$RES/roofline-llama4-scout.json" --plot-file plots/llama4-scout ;;
     fp8) step fp8 400 mxbench roofline --K 7168 --N 2048 --recipe fp8_rowwise --out "$RES/roofline-deepseek-v3-fp8_rowwise.json" ;;
@@ -44,6 +44,7 @@ for s in "$@"; do
     regress) step regress 500 make regress ;;
     quick) step quick 200 mxbench roofline --K 7168 --N 2048 --M 131072 --samples 10 --out /tmp/quick.json ;;
     tune_gemm) step tune_gemm 300 env OUT="$TUNE" python scripts/tune_gemm.py ;;
+    tune_issue11) step tune_issue11 360 python scripts/tune_issue11_gemm.py --profile --out "$TUNE/tune_issue11_gemm.json" ;;
     tune_layouts) step tune_layouts 240 env OUT="$TUNE" python scripts/tune_layouts.py ;;
     tune_quantize) step tune_quantize 240 env OUT="$TUNE" python scripts/tune_quantize.py ;;
     *) echo "unknown step $s" ;;

@@ -1,17 +1,41 @@
-"""What the memory-bound tuning scripts share: their command line, their header, and the roof they report against."""
+"""What the tuning scripts share: their command line, their header, the copy roof they report against, and imports
+that work from a plain checkout (the package not installed)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
 
+
+def _importable_from_checkout() -> None:
+    """Make ``python scripts/<name>.py`` run this checkout's code, installed or not (a fresh GPU machine has no
+    install; a development machine may have another worktree's): the repository root goes first on sys.path for
+    ``mxbench``, and ``kernels/`` is loaded as ``mxkernels``, the name the installed package gives it (pyproject.toml's
+    package-dir)."""
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    if "mxkernels" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "mxkernels", root / "kernels" / "__init__.py", submodule_search_locations=[str(root / "kernels")]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["mxkernels"] = module
+        spec.loader.exec_module(module)
+
+
+_importable_from_checkout()
+
+# Imported after the path set-up above.
 from mxbench.ceilings import stream_convert
 from mxbench.timing import time_fn
 
@@ -42,12 +66,14 @@ class Session:
     roof: float
 
     def finish(self, script: str, rows: list, skipped: list, summary: dict) -> None:
-        """Say what the time budget skipped and how long the run took; write every number to ``--out``, else to
-        ``$OUT/<script>.json`` when ``$OUT`` is set."""
+        """Say what the time budget skipped and how long the run took; write every number to ``--out`` where the
+        script has that option and it is given, else to ``$OUT/<script>.json`` when ``$OUT`` is set."""
         if skipped:
             print(f"{len(skipped)} configs skipped: time budget of {self.args.budget_s:.0f} s spent")
         print(f"done in {time.monotonic() - self.t0:.0f} s")
-        path = self.args.out or (os.path.join(os.environ["OUT"], f"{script}.json") if os.environ.get("OUT") else None)
+        path = getattr(self.args, "out", None)
+        if path is None and os.environ.get("OUT"):
+            path = os.path.join(os.environ["OUT"], f"{script}.json")
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             meta = {"device": self.device, "torch": torch.__version__, "triton": triton.__version__,
@@ -57,14 +83,24 @@ class Session:
             print(f"wrote {path}")
 
 
-def start(script: str, description: str, only_default: str, only_help: str, rows: int, cols: int) -> Session:
-    """Parse the shared options (--budget-s, --samples, --only), check for a GPU, print the header, and time the copy
-    roof over a (rows, cols) bf16 tensor."""
+def start(
+    script: str,
+    description: str,
+    only_default: str,
+    only_help: str,
+    rows: int,
+    cols: int,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> Session:
+    """Parse the shared options (--budget-s, --samples, --only) and the script's own (``add_arguments``), check for a
+    GPU, print the header, and time the copy roof over a (rows, cols) bf16 tensor."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--budget-s", type=float, default=170.0, help="stop starting new configs after this")
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--only", default=only_default, help=only_help)
     parser.add_argument("--out", default=None, help="JSON file for every number (default: $OUT/<script>.json)")
+    if add_arguments:
+        add_arguments(parser)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit(f"{script} needs a CUDA GPU")

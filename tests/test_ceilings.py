@@ -8,7 +8,8 @@ import torch
 
 from mxbench import ceilings as ceil
 from mxbench import hardware
-from mxbench.ceilings import Ceilings, load_ceilings, measure_ceilings, measured_peaks, save_ceilings
+from mxbench.ceilings import Ceilings, GemmPoint, load_ceilings, measure_ceilings, measured_peaks, save_ceilings
+from mxbench.timing import Timing
 
 CARD = "NVIDIA H100 80GB HBM3"
 
@@ -101,6 +102,22 @@ class TestStorage:
         assert path == tmp_path / "nvidia-h100-80gb-hbm3" / "ceilings.json"
         assert load_ceilings(tmp_path, CARD, 700.0) == c
 
+    def test_round_trip_with_the_shapes_that_gave_the_gemm_ceilings(self, tmp_path):
+        c = Ceilings(CARD, 700.0, 2.9, 3.0, 3.1, 3.1, 790.0, 1400.0, {}, bf16_shape="deepseek-v3 M=65536 balanced "
+                     "gemm_wgrad 2D x 2D", fp8_shape="matmul 8192x8192x8192")  # fmt: skip
+        save_ceilings(c, tmp_path)
+        assert load_ceilings(tmp_path, CARD, 700.0) == c
+
+    def test_an_entry_stored_before_the_shape_fields_still_loads(self, tmp_path):
+        path = tmp_path / "nvidia-h100-80gb-hbm3" / "ceilings.json"
+        path.parent.mkdir()
+        old = {"card": CARD, "power_limit_w": 700.0, "copy_tbps": 2.9, "read2write1_tbps": 3.0, "read_tbps": 3.1,
+               "bandwidth_tbps": 3.1, "bf16_tflops": 672.2, "fp8_tflops": 1284.2, "meta": {"gemm_n": 8192}}  # fmt: skip
+        path.write_text(json.dumps({"schema": 1, "card": CARD, "entries": [old]}))
+        c = load_ceilings(tmp_path, CARD)
+        assert (c.bf16_tflops, c.bf16_shape, c.fp8_shape) == (672.2, None, None)
+        assert measured_peaks(c)["bf16"].label == f"measured bf16 GEMM ceiling 672.2 TFLOP/s ({CARD}, 700 W)"
+
     def test_entries_merge_by_power_limit(self, tmp_path):
         save_ceilings(ceilings(700.0, bf16=780.0), tmp_path)
         save_ceilings(ceilings(500.0, bf16=690.0), tmp_path)
@@ -147,6 +164,14 @@ class TestPeaks:
         peaks = measured_peaks(ceilings(copy=2.8, r2w1=2.9, read=3.1))
         assert peaks["bandwidth"].value == 3.1 and "measured read ceiling" in peaks["bandwidth"].label
 
+    def test_gemm_labels_name_the_shape_that_gave_them(self):
+        c = Ceilings(CARD, 700.0, 2.9, 3.0, 3.1, 3.1, 790.0, 1400.0, {}, bf16_shape="llama4-scout M=32768 skewed "
+                     "gemm_fwd 2D x 3D", fp8_shape="matmul 8192x8192x8192")  # fmt: skip
+        peaks = measured_peaks(c)
+        assert peaks["bf16"].label == (f"measured bf16 GEMM ceiling 790 TFLOP/s ({CARD}, 700 W; llama4-scout M=32768 "
+                                       "skewed gemm_fwd 2D x 3D)")  # fmt: skip
+        assert peaks["fp8"].label.endswith("; matmul 8192x8192x8192)")
+
     def test_no_fp8_ceiling_no_fp8_peak_and_unknown_limit(self):
         peaks = measured_peaks(ceilings(None, fp8=None))
         assert set(peaks) == {"bandwidth", "bf16"}
@@ -161,13 +186,84 @@ class TestPeaks:
             measure_ceilings(**kwargs)
 
 
+GEMMS = {
+    "bf16": {"matmul 64x64x64": 650.0, "deepseek-v3 M=65536 balanced gemm_wgrad 2D x 2D": 698.0},
+    "fp8": {"matmul 64x64x64": 1280.0, "deepseek-v3 M=131072 balanced gemm_fwd 2D x 3D": 1050.0},
+}
+
+# A step small enough for the CPU: K = 64, N = 32, G = 2 at M = 64 tokens.
+TINY = GemmPoint("tiny", K=64, N=32, G=2, M=64)
+
+
+class TestGemmCeilings:
+    def test_each_kind_keeps_its_fastest_shape(self):
+        best, shapes = ceil.best_gemms(GEMMS)
+        assert best == {"bf16_tflops": 698.0, "fp8_tflops": 1280.0}
+        assert shapes == {"bf16_shape": "deepseek-v3 M=65536 balanced gemm_wgrad 2D x 2D",
+                          "fp8_shape": "matmul 64x64x64"}  # fmt: skip
+
+    def test_no_fp8_candidate_no_fp8_ceiling(self):
+        best, shapes = ceil.best_gemms({"bf16": GEMMS["bf16"], "fp8": {}})
+        assert best["fp8_tflops"] is None and shapes["fp8_shape"] is None
+
+    def test_a_bf16_candidate_is_required(self):
+        with pytest.raises(ValueError, match="bf16"):
+            ceil.best_gemms({"bf16": {}, "fp8": GEMMS["fp8"]})
+
+    def test_points_are_the_presets_token_counts_and_group_kinds(self):
+        points = ceil.gemm_points()
+        assert len(points) == len(ceil.GEMM_PRESETS) * len(ceil.GEMM_TOKENS) * len(ceil.GEMM_GROUPS)
+        assert GemmPoint("deepseek-v3", 7168, 2048, 8, 131072, "skewed") in points
+        assert GemmPoint("llama4-scout", 5120, 8192, 8, 16384, "balanced") in points
+        assert points[0].label == "deepseek-v3 M=16384 balanced"
+        with pytest.raises(ValueError, match="unknown preset"):
+            ceil.gemm_points(presets=("gpt-5",))
+
+    def test_grouped_candidates_are_the_steps_own_gemms(self, device):
+        # The bf16 step's GEMMs (torch._grouped_mm) and the FP8 rowwise step's (here on its emulated backend).
+        candidates = list(ceil.grouped_candidates(TINY, device=device, fp8_backend="emulated"))
+        names = [f"tiny M=64 balanced {stage} {case}" for stage, case in
+                 (("gemm_fwd", "2D x 3D"), ("gemm_dgrad", "2D x 3D"), ("gemm_wgrad", "2D x 2D"))]  # fmt: skip
+        assert [(c.kind, c.name) for c in candidates] == [("bf16", n) for n in names] + [("fp8", n) for n in names]
+        assert {c.flops for c in candidates} == {2 * 64 * 32 * 64}
+        for c in candidates:
+            c.call()
+        assert all(c.kind == "bf16" for c in ceil.grouped_candidates(TINY, device=device, fp8_backend=None))
+
+    def test_measure_times_every_candidate_with_time_fn(self, monkeypatch, device):
+        times = iter([4.0, 2.0, 8.0, 1.0])
+        calls = []
+
+        def fake_time_fn(fn):
+            calls.append(fn)
+            fn()
+            return Timing([next(times)], "graph-cold", calls_per_replay=1)
+
+        monkeypatch.setattr("mxbench.timing.time_fn", fake_time_fn)
+        square, _ = ceil.square_candidates(32, device=device)
+        bf16_square = [c for c in square if c.kind == "bf16"]
+        grouped = [c for c in ceil.grouped_candidates(TINY, device=device, fp8_backend=None)]
+        measured = ceil.measure_gemms([*bf16_square, *grouped])
+        assert len(calls) == 4 and measured["fp8"] == {}
+        flops = 2 * 64 * 32 * 64
+        assert measured["bf16"] == {
+            "matmul 32x32x32": 2 * 32**3 / 4.0 / 1e6,
+            "tiny M=64 balanced gemm_fwd 2D x 3D": flops / 2.0 / 1e6,
+            "tiny M=64 balanced gemm_dgrad 2D x 3D": flops / 8.0 / 1e6,
+            "tiny M=64 balanced gemm_wgrad 2D x 2D": flops / 1.0 / 1e6,
+        }
+        assert ceil.best_gemms(measured)[1]["bf16_shape"] == "tiny M=64 balanced gemm_wgrad 2D x 2D"
+
+
 @pytest.mark.gpu
 def test_measured_ceilings_are_plausible(tmp_path):
     spec = hardware.detect()
     if spec is None:
         pytest.skip(f"no spec for {torch.cuda.get_device_name(0)!r}")
-    c = measure_ceilings(size_bytes=2**30)
+    c = measure_ceilings(size_bytes=2**30, points=[GemmPoint("deepseek-v3", 7168, 2048, 8, 16384)])
     assert c.card == torch.cuda.get_device_name(0)
+    gemms = c.meta["gemm_candidates_tflops"]
+    assert len(gemms["bf16"]) == 4 and c.bf16_tflops == gemms["bf16"][c.bf16_shape] == max(gemms["bf16"].values())
     assert c.bandwidth_tbps == max(c.copy_tbps, c.read2write1_tbps, c.read_tbps)
     for kind, field in (("copy", "copy_tbps"), ("read2write1", "read2write1_tbps"), ("read", "read_tbps")):
         candidates = c.meta["bandwidth_candidates_tbps"][kind]

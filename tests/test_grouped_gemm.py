@@ -17,7 +17,7 @@ import torch
 import triton
 from crosscompile import compile_ptx
 from helpers import offsets
-from mxkernels import gemm_dequant, gemm_native, gemm_triton
+from mxkernels import gemm_dequant, gemm_fused, gemm_native, gemm_triton
 from mxkernels import grouped_gemm as GG
 from mxkernels.cost import Cost, ceil_to
 from mxkernels.format import dequantize_reference, quantize_reference
@@ -157,20 +157,28 @@ def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
 
 
 @pytest.mark.parametrize(
-    "fields, error",
+    "kind, fields, error",
     [
-        ({"block_m": 48}, "block_m must be a power of two"),
-        ({"block_n": 8}, "block_n must be a power of two"),
-        ({"num_warps": 2}, "num_warps must be 4 or 8"),
-        ({"num_stages": 0}, "num_stages must be a positive int"),
-        ({"group_m": 0}, "group_m must be a positive int"),
-        ({"maxnreg": 16}, "maxnreg must be None or an int in"),
-        ({"maxnreg": 256}, "maxnreg must be None or an int in"),
+        *[(kind, fields, error) for kind in (gemm_triton.TileConfig, gemm_fused.FusedConfig) for fields, error in [
+            ({"block_m": 48}, "block_m must be a power of two"),
+            ({"block_n": 8}, "block_n must be a power of two"),
+            ({"num_warps": 2}, "num_warps must be 4 or 8"),
+            ({"num_stages": 0}, "num_stages must be a positive int"),
+            ({"group_m": 0}, "group_m must be a positive int"),
+        ]],
+        (gemm_triton.TileConfig, {"maxnreg": 16}, "maxnreg must be None or an int in"),
+        (gemm_triton.TileConfig, {"maxnreg": 256}, "maxnreg must be None or an int in"),
+        (gemm_fused.FusedConfig, {"maxnreg": 16}, "maxnreg must be an int from 24 to 255"),
+        (gemm_fused.FusedConfig, {"block_k": 256}, "block_k must be 32, 64 or 128"),
+        (gemm_fused.FusedConfig, {"programs_per_sm": 0}, "programs_per_sm must be a positive int"),
+        (gemm_fused.FusedConfig, {"max_programs": 0}, "max_programs must be a positive int"),
+        (gemm_fused.FusedConfig, {"fuse_both": 1}, "fuse_both must be a bool"),
+        (gemm_fused.FusedConfig, {"exact_fp32": "yes"}, "exact_fp32 must be a bool"),
     ],
-)
-def test_bad_tile_config_raises_value_error(fields, error):
+)  # fmt: skip
+def test_bad_launch_config_raises_value_error(kind, fields, error):
     with pytest.raises(ValueError, match=error):
-        gemm_triton.TileConfig(**{"block_m": 64, "block_n": 64, **fields})
+        kind(**{"block_m": 64, "block_n": 64, **fields})
 
 
 def test_config_must_be_a_tile_config(device):
@@ -380,6 +388,7 @@ FRONT_DOOR = [
     ("mxfp8", "triton", 25),
     ("mxfp8", "triton_fp8", 25),
     ("mxfp8", "triton_dequant", 25),
+    ("mxfp8", "triton_fused", 25),
 ]
 
 
@@ -435,10 +444,11 @@ def native_probe_passes(monkeypatch):
     "cap,expected",
     [
         ((10, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "emulated"],
-                   "mxfp8": ["native", "triton", "triton_dequant", "triton_fp8", "emulated"]}),
+                   "mxfp8": ["native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated"]}),
         ((9, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "emulated"],
-                  "mxfp8": ["triton_dequant", "triton_fp8", "triton", "emulated"]}),
-        ((8, 9), {"fp8_rowwise": ["emulated"], "mxfp8": ["triton_fp8", "triton_dequant", "triton", "emulated"]}),
+                  "mxfp8": ["triton_dequant", "triton_fused", "triton_fp8", "triton", "emulated"]}),
+        ((8, 9), {"fp8_rowwise": ["emulated"],
+                  "mxfp8": ["triton_fp8", "triton_dequant", "triton_fused", "triton", "emulated"]}),
         ((8, 0), {"fp8_rowwise": ["emulated"], "mxfp8": ["emulated"]}),
     ],
 )  # fmt: skip
@@ -745,7 +755,7 @@ def test_gpu_native_fp8_rowwise_matches_emulated(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["2d3d", "2d2d"])
-@pytest.mark.parametrize("backend", [*TRITON_BACKENDS, "triton_dequant"])
+@pytest.mark.parametrize("backend", [*TRITON_BACKENDS, "triton_dequant", "triton_fused"])
 def test_gpu_triton_backends_replay_in_a_cuda_graph(case, backend):
     M, K, N, G = 8192, 2048, 1024, 8
     sizes = gpu_sizes(M, G, 32)

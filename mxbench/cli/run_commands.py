@@ -250,7 +250,10 @@ def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2:
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=RESULTS_DIR, show_default=True)
 def ceilings(out_dir: Path) -> None:
     """Measure this card's achievable bandwidth and GEMM throughput at its current power limit, and store them.
-    Under torchrun with several processes: the all-to-all ceiling of these GPUs instead (``ep.ceiling``)."""
+
+    Each GEMM ceiling is the best of the square matmul and the training step's own grouped GEMMs (DeepSeek-V3, Llama 4
+    Scout; the roofline's token counts; balanced and skewed groups), with the shape that gave it. Under torchrun with
+    several processes: the all-to-all ceiling of these GPUs instead (``ep.ceiling``)."""
     _require_gpu("ceilings are measured on a GPU")
     from ..ep.dist import under_torchrun
 
