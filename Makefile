@@ -17,9 +17,19 @@ test-gpu:
 roofline:
 	mxbench roofline --K 7168 --N 2048
 
+# A baseline and its check measure the card they track: without a GPU they refuse (exit 2) rather than store the
+# analytic model as a baseline or look for results/baselines/no-gpu.json.
+define require_gpu
+	@if [ -z "$(CARD)" ] || [ "$(CARD)" = no-gpu ]; then \
+		echo "make $@: no CUDA GPU found: $@ measures the card it tracks; run it on the GPU machine" >&2; exit 2; fi
+endef
+
 # The points `make regress` re-measures: DeepSeek-V3 shapes at two token counts, every stage plus end to end.
 baseline:
+	$(require_gpu)
 	mxbench roofline --K 7168 --N 2048 --M 16384,32768 --out results/baselines/$(CARD).json
 
+# REGRESS_FLAGS: more options of `mxbench regress`, e.g. "--format markdown --out regress/run.json" in CI.
 regress:
-	mxbench regress --baseline results/baselines/$(CARD).json
+	$(require_gpu)
+	mxbench regress --baseline results/baselines/$(CARD).json $(REGRESS_FLAGS)
