@@ -1,7 +1,8 @@
 # Everyday commands. `make test` is what CI runs (see .ci/run).
 PYTHON ?= python
-# The card's folder name under results/ (e.g. nvidia-h200), from the CUDA device name.
-CARD ?= $(shell $(PYTHON) -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'no-gpu')" 2>/dev/null)
+# The card's folder name under results/ (e.g. nvidia-h200), from the CUDA device name; worked out on first use only
+# (importing torch takes seconds) and then kept.
+CARD ?= $(eval CARD := $(shell $(PYTHON) -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'no-gpu')" 2>/dev/null))$(CARD)
 
 .PHONY: install test test-gpu roofline baseline regress
 
