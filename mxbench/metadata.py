@@ -28,7 +28,9 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _versions() -> dict[str, Any]:
+def versions() -> dict[str, Any]:
+    """The software a run was made with: torch, CUDA, triton, mxbench and its commit (``provenance.git_commit``),
+    Python."""
     import torch
     import triton
 
@@ -54,7 +56,7 @@ def common_metadata(
     return {
         "date": now(),
         "command": command or " ".join(sys.argv),
-        **_versions(),
+        **versions(),
         "implementations": implementations_meta(implementations or implementation_modules()),
         "seeds": sorted({p.seed for p in points}),
         "group_sizes_method": {"balanced": "even split, remainder over the first groups", "skewed": SKEW_METHOD},

@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
+from mxkernels.errors import InputError
+from mxkernels.names import BASELINE
 from mxkernels.pipeline import RECIPES
-from mxkernels.runtime import MAX_GROUPS, InputError
+from mxkernels.runtime import MAX_GROUPS
 
 from .results import Point
 
@@ -21,7 +23,6 @@ MODES = ("rceil", "floor")
 # many of an imperfectly balanced router (the largest of 8 groups typically holds 2-4x the balanced share).
 SKEW_ALPHA = 0.5
 SKEW_METHOD = f"dirichlet(alpha={SKEW_ALPHA}) from numpy.random.default_rng(seed), largest-remainder rounding"
-BASELINE = "bf16"
 
 
 def check_shape(N: int, K: int, G: int) -> None:

@@ -58,11 +58,12 @@ def test_the_command_line_loads_no_kernels_until_a_command_runs():
 
 
 def test_the_options_offer_what_the_harness_knows():
+    from mxbench import ep
     from mxbench.cli import common, report_commands
     from mxbench.render import FORMATS
     from mxbench.tables import TABLES
 
-    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == (*TABLES, "peers")
+    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == (*TABLES, "peers", *ep.TABLE_KINDS)
 
 
 def test_presets_lists_every_model_with_its_shapes():

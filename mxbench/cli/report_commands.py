@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..ep import TABLE_KINDS as EP_TABLE_KINDS
 from .common import (
     EXIT_CODES_HELP,
     FORMATS,
@@ -18,7 +19,7 @@ from .common import (
     peer_table,
 )
 
-TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers")
+TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS)
 
 
 # ------------------------------------------------------------------------------------------------- presets
@@ -78,6 +79,11 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
             continue
         if kind == "peers":
             texts.append(peer_table(run, fmt, Ms, columns))
+            continue
+        if kind in EP_TABLE_KINDS:
+            from ..ep.tables import ep_table
+
+            texts.append(ep_table(run, kind, fmt, columns=columns, strategies=recipes))
             continue
         filters = {"M": _breakdown_M(Ms) if kind == "breakdown" else Ms, "recipe": recipes}
         if kind != "speedup":
