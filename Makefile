@@ -1,7 +1,8 @@
 # Everyday commands. `make test` is what CI runs (see .ci/run).
 PYTHON ?= python
-# The card's folder name under results/ (e.g. nvidia-h200), from the CUDA device name.
-CARD ?= $(shell $(PYTHON) -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'no-gpu')" 2>/dev/null)
+# The card's folder name under results/ (e.g. nvidia-h200), from the CUDA device name; worked out on first use only
+# (importing torch takes seconds) and then kept.
+CARD ?= $(eval CARD := $(shell $(PYTHON) -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'no-gpu')" 2>/dev/null))$(CARD)
 
 .PHONY: install test test-gpu roofline baseline regress
 
@@ -17,9 +18,19 @@ test-gpu:
 roofline:
 	mxbench roofline --K 7168 --N 2048
 
+# A baseline and its check measure the card they track: without a GPU they refuse (exit 2) rather than store the
+# analytic model as a baseline or look for results/baselines/no-gpu.json.
+define require_gpu
+	@if [ -z "$(CARD)" ] || [ "$(CARD)" = no-gpu ]; then \
+		echo "make $@: no CUDA GPU found: $@ measures the card it tracks; run it on the GPU machine" >&2; exit 2; fi
+endef
+
 # The points `make regress` re-measures: DeepSeek-V3 shapes at two token counts, every stage plus end to end.
 baseline:
+	$(require_gpu)
 	mxbench roofline --K 7168 --N 2048 --M 16384,32768 --out results/baselines/$(CARD).json
 
+# REGRESS_FLAGS: more options of `mxbench regress`, e.g. "--format markdown --out regress/run.json" in CI.
 regress:
-	mxbench regress --baseline results/baselines/$(CARD).json
+	$(require_gpu)
+	mxbench regress --baseline results/baselines/$(CARD).json $(REGRESS_FLAGS)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mxkernels.errors import InputError
 
+from .provenance import CodeChange, code_changes
 from .render import Row, card_label
 from .results import Point, Record, Run
 from .tables import PASS_TITLES, SM_CLOCK_KEY
@@ -90,7 +91,7 @@ class Match:
 @dataclass
 class Comparison:
     """``matches`` in base order; ``only_base``/``only_new``: stages with no counterpart; ``broken``: stages that
-    completed in base but only errored in new."""
+    completed in base but only errored in new; ``code``: the implementations whose code differs between the runs."""
 
     base_card: str
     new_card: str
@@ -99,6 +100,7 @@ class Comparison:
     only_new: list[MatchKey] = field(default_factory=list)
     broken: list[MatchKey] = field(default_factory=list)
     forced: bool = False
+    code: list[CodeChange] = field(default_factory=list)
 
     def by_verdict(self, verdict: str) -> list[Match]:
         return [m for m in self.matches if m.verdict == verdict]
@@ -249,6 +251,7 @@ def compare_runs(
     [1 - delta, 1 + delta] (or any change it allows is under the floor); UNSURE otherwise. When both records carry
     telemetry ``sm_clock_mhz``, a SLOWER (FASTER) in time that is not so in cycles (time x clock) becomes UNSURE.
     Runs of different cards (a model run counts as its spec's own card) raise ``CompareError`` unless ``force``.
+    ``code`` lists the implementations whose recorded code (version, commit) differs between the two runs.
     """
     base_card, new_card = card_label(base), card_label(new)
     if base_card != new_card and not force:
@@ -270,6 +273,7 @@ def compare_runs(
         only_new=[k for k in n_ok if k not in b_ok],
         broken=[k for k in b_ok if k in n_failed],
         forced=base_card != new_card,
+        code=code_changes(base.meta, new.meta),
     )
 
 

@@ -181,7 +181,8 @@ def register_torchao(registry: Registry) -> None:
     for stage, (fn, kernel, quantizer, prepare) in _TORCHAO.items():
         registry.add(Implementation(Recipe.MXFP8, stage, TORCHAO, fn, kernel, _torchao_available(quantizer),
                                     prepare=prepare, origin="builtin",
-                                    deviation=TORCHAO_MX_DEVIATION if quantizer else None))  # fmt: skip
+                                    deviation=TORCHAO_MX_DEVIATION if quantizer else None,
+                                    code=TORCHAO))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------

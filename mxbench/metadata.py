@@ -1,21 +1,26 @@
 """What every run records beside its measurements: versions, git commit, date, command line, seeds, the token-group
-sizes of every point and, for a measured run, the card with its clocks, limits and stored ceilings."""
+sizes of every point, the code of every implementation that ran (``provenance``) and, for a measured run, the card
+with its clocks, limits and stored ceilings."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from . import REPO_ROOT, __version__
+from mxkernels.names import OURS
+
+from . import __version__
 from .instruments import Instruments
 from .measure import SweepOptions
 from .points import SKEW_METHOD, group_sizes
+from .provenance import git_commit, implementations_meta
 from .results import Point
+
+OUR_MODULE = "mxkernels"
+"""The module named for our own implementation (``Record.impl`` "mxkernels"): the kernel package."""
 
 
 def now() -> str:
@@ -23,23 +28,9 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True)
-    return done.stdout.strip()
-
-
-def git_commit() -> str | None:
-    """The repository's HEAD commit (with "+dirty" when tracked files changed); without a git checkout (a copy of
-    the tree shipped to a GPU machine) the ``MXBENCH_GIT_COMMIT`` environment variable names it; else None."""
-    try:
-        sha = _git("rev-parse", "HEAD")
-        return sha + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("MXBENCH_GIT_COMMIT") or None
-
-
 def versions() -> dict[str, Any]:
-    """The software a run was made with: torch, CUDA, triton, mxbench and its commit, Python."""
+    """The software a run was made with: torch, CUDA, triton, mxbench and its commit (``provenance.git_commit``),
+    Python."""
     import torch
     import triton
 
@@ -47,13 +38,26 @@ def versions() -> dict[str, Any]:
             "mxbench": __version__, "git_commit": git_commit(), "python": sys.version.split()[0]}  # fmt: skip
 
 
-def common_metadata(points: Sequence[Point], command: str) -> dict[str, Any]:
-    """What any run records: versions, date, command line, seeds and the token-group sizes of every point."""
+def implementation_modules(impls: Iterable = ()) -> dict[str, str | None]:
+    """Implementation name -> module for ``meta["implementations"]``: ours (always: every step runs some of our
+    stages) and each of ``impls`` (``registry.Implementation``; the first module seen for a name)."""
+    modules: dict[str, str | None] = {OURS: OUR_MODULE}
+    for impl in impls:
+        modules.setdefault(impl.name, impl.module)
+    return modules
+
+
+def common_metadata(
+    points: Sequence[Point], command: str, implementations: Mapping[str, str | None] | None = None
+) -> dict[str, Any]:
+    """What any run records: versions, date, command line, seeds, the token-group sizes of every point, and the
+    code of every implementation (``implementations``: name -> module; default ours alone)."""
     sizes = {(p.M, p.G, p.groups, p.seed): None for p in points}
     return {
         "date": now(),
         "command": command or " ".join(sys.argv),
         **versions(),
+        "implementations": implementations_meta(implementations or implementation_modules()),
         "seeds": sorted({p.seed for p in points}),
         "group_sizes_method": {"balanced": "even split, remainder over the first groups", "skewed": SKEW_METHOD},
         "group_sizes": [
@@ -73,7 +77,7 @@ def run_metadata(points: Sequence[Point], options: SweepOptions, ins: Instrument
         "uuid": props.get("uuid"),
         "driver": nvml.get("driver_version"),
         "device_properties": props,
-        **common_metadata(points, options.command),
+        **common_metadata(points, options.command, implementation_modules(options.impls)),
         "nvml": nvml,
         "timing": options.timing(),
         "backend": options.backend,

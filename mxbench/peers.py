@@ -23,8 +23,9 @@ from mxkernels.names import MEMORY_CATEGORIES, Category, Recipe
 from .implementations import COMPILED, TORCHAO, torchao_version
 from .instruments import Instruments
 from .measure import StageTimer, SweepOptions, error_message, stage_record
-from .metadata import run_metadata
+from .metadata import implementation_modules, run_metadata
 from .points import point_group_sizes
+from .provenance import implementations_meta
 from .registry import OURS, Registry, default_registry
 from .results import Point, Record, Run, save_run
 
@@ -71,8 +72,10 @@ def run_peers(
     timer = StageTimer(options, ins)
     device = f"cuda:{options.device}"
     names = registry.names()
-    run = Run(meta={**run_metadata([point], options, ins), "kind": "peers", "implementations": names,
-                    "torchao": torchao_version() or "not installed (pip install mxbench[peers])"})  # fmt: skip
+    meta = run_metadata([point], options, ins)
+    # every registered implementation may time a stage here: each one's code is recorded, not ours alone
+    meta["implementations"] = implementations_meta(implementation_modules(registry))
+    run = Run(meta={**meta, "kind": "peers", "torchao": torchao_version() or "not installed (pip install mxbench[peers])"})
     for step, stages in _steps(pipeline, point):
         try:
             inputs = pipeline.make_inputs(M, N, K, G, point_group_sizes(point), device=device, seed=seed)

@@ -12,7 +12,15 @@ from mxkernels.errors import InputError
 from . import REPO_ROOT
 from .points import check_shape
 
-SHAPES_DIR = REPO_ROOT / "shapes"
+
+def _shapes_dir() -> Path:
+    """``mxbench/shapes/`` where a wheel installed the presets, else the checkout's top-level ``shapes/`` (their
+    source, which the wheel's copy comes from: see pyproject.toml)."""
+    installed = Path(__file__).resolve().parent / "shapes"
+    return installed if installed.is_dir() else REPO_ROOT / "shapes"
+
+
+SHAPES_DIR = _shapes_dir()
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ def _read_preset(path: Path) -> Preset:
 
 
 def load_presets(directory: Path = SHAPES_DIR) -> dict[str, Preset]:
-    """Every ``<name>.toml`` in ``directory`` (``shapes/`` at the repository root), by name."""
+    """Every ``<name>.toml`` in ``directory`` (``SHAPES_DIR``: the installed presets, or the checkout's), by name."""
     return {p.stem: _read_preset(p) for p in sorted(Path(directory).glob("*.toml"))}
 
 

@@ -70,6 +70,9 @@ class Implementation:
     prepare: Callable[[Sequence[torch.Tensor], Mapping[str, Any]], Callable[[], object]] | None = None
     origin: str = "python"
     deviation: Deviation | None = None
+    code: str | None = None
+    """The module whose code runs, where ``fn`` is an adapter defined elsewhere (torchao's kernels behind the
+    adapters in ``implementations``); None: ``fn``'s own module."""
 
     @property
     def spec(self) -> StageSpec:
@@ -77,7 +80,9 @@ class Implementation:
 
     @property
     def module(self) -> str | None:
-        """The module the callable comes from (what provenance records name)."""
+        """The module whose code this implementation runs (what a run's provenance records name)."""
+        if self.code is not None:
+            return self.code
         fn = getattr(self.fn, "func", self.fn)  # functools.partial
         return getattr(fn, "__module__", None)
 

@@ -24,12 +24,14 @@ Measure = Callable[[list[Point]], Run]
 class RegressResult:
     """``comparison``: the verdicts that decide, each suspect's replaced by its confirmation;
     ``first``: the comparison before confirmation; ``confirmation``: the suspects' comparison (None when nothing
-    was SLOWER or ``confirm`` was off); ``confirmed``: the regressions that reproduced."""
+    was SLOWER or ``confirm`` was off); ``confirmed``: the regressions that reproduced; ``measured``: the fresh
+    measurement of every point (its rounds pooled), what a CI keeps beside the verdict."""
 
     comparison: Comparison
     first: Comparison
     confirmation: Comparison | None
     confirmed: list[Match]
+    measured: Run | None = None
 
     @property
     def exit_code(self) -> int:
@@ -61,16 +63,17 @@ def regress(
     points = list(dict.fromkeys(r.point for r in baseline.records))
     if not points:
         raise InputError("baseline holds no records to re-measure")
-    first = compare_runs(baseline, measure_rounds(points, measure, rounds), thresholds=thresholds, seed=seed)
+    measured = measure_rounds(points, measure, rounds)
+    first = compare_runs(baseline, measured, thresholds=thresholds, seed=seed)
     suspects = {m.key for m in first.by_verdict("SLOWER")}
     if not (confirm and suspects):
-        return RegressResult(first, first, None, first.by_verdict("SLOWER"))
+        return RegressResult(first, first, None, first.by_verdict("SLOWER"), measured)
     suspect_points = list(dict.fromkeys(r.point for r in baseline.records if MatchKey.of(r) in suspects))
     again = measure_rounds(suspect_points, measure, rounds)
     suspects_base = Run(baseline.meta, [r for r in baseline.records if MatchKey.of(r) in suspects])
     confirmation = compare_runs(suspects_base, again, thresholds=thresholds, seed=seed)
     final = _settle(first, confirmation, suspects)
-    return RegressResult(final, first, confirmation, final.by_verdict("SLOWER"))
+    return RegressResult(final, first, confirmation, final.by_verdict("SLOWER"), measured)
 
 
 def _settle(first: Comparison, confirmation: Comparison, suspects: set[MatchKey]) -> Comparison:

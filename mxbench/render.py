@@ -1,5 +1,5 @@
 """Rendering rows as text: markdown, github, csv or plain tables, and the header block that says what a table came
-from (card, denominators, mxbench version and commit, command, timing).
+from (card, denominators, mxbench version and commit, the implementations' code, command, timing).
 
 A row is a dict of column name -> display string (None where a cell has no value, printed as "—"). Model runs are
 marked "model, not measured" wherever a table could be mistaken for a measurement.
@@ -16,7 +16,9 @@ from typing import Any
 from mxkernels.errors import InputError
 from tabulate import tabulate
 
+from .provenance import describe
 from .results import Run
+from .roofline import MODEL_ASSUMPTION
 
 Row = dict[str, Any]
 
@@ -84,8 +86,21 @@ def card_label(run: Run) -> str:
     return run.card
 
 
+def _implementations_text(meta: dict) -> str | None:
+    """The code of each implementation the run recorded ("mxkernels 0.1.0 (mxbench), commit ..."); None when it
+    recorded none, or only their names (runs made before provenance was recorded)."""
+    entries = meta.get("implementations")
+    if not isinstance(entries, dict):
+        return None
+    known = [f"{name} {describe(entry)}" for name, entry in entries.items() if any(v is not None for v in entry.values())]
+    return "; ".join(known) or None
+
+
 def header_block(run: Run, peaks: dict | None = None, fmt: str = "markdown") -> str:
-    """What a table came from: card (and spec), denominators, mxbench version and commit, command, timing."""
+    """What a table came from: card (and spec), denominators, mxbench version and commit, the implementations'
+    versions and commits, the model's assumption (model runs), command, timing, and whether the run is partial.
+
+    Lines a run has nothing for are left out, so older runs render as they always did."""
     meta = run.meta
     card = card_label(run)
     if meta.get("measured") is not False and meta.get("hardware"):
@@ -94,15 +109,17 @@ def header_block(run: Run, peaks: dict | None = None, fmt: str = "markdown") -> 
     if meta.get("git_commit"):
         version += f", commit {meta['git_commit']}"
     timing = meta.get("timing")
-    lines = [
-        ("Card", card),
-        ("Denominators", _denominator_text(peaks)),
-        ("mxbench", version),
-        ("Command", meta.get("command") or "unknown"),
-    ]
+    lines = [("Card", card), ("Denominators", _denominator_text(peaks)), ("mxbench", version)]
+    if implementations := _implementations_text(meta):
+        lines.append(("Implementations", implementations))
+    if meta.get("measured") is False:
+        lines.append(("Model", meta.get("model") or MODEL_ASSUMPTION))
+    lines.append(("Command", meta.get("command") or "unknown"))
     if timing:
         text = timing if isinstance(timing, str) else ", ".join(f"{k}={v}" for k, v in timing.items())
         lines.append(("Timing", text))
+    if meta.get("partial") or meta.get("interrupted"):
+        lines.append(("Partial", meta.get("partial") or "interrupted before the sweep finished"))
     if fmt in ("markdown", "github"):
         return "\n".join(f"- **{k}:** " + (f"`{v}`" if k == "Command" else v) for k, v in lines) + "\n"
     return "\n".join(f"{k}: {v}" for k, v in lines) + "\n"

@@ -17,6 +17,9 @@ from typing import Any
 from mxkernels.errors import InputError
 from mxkernels.names import OURS, format_shapes
 
+from .provenance import FIELDS as PROVENANCE_FIELDS
+from .schema import check_payload
+
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 """Schema 1 (before implementations were declarations) is read and migrated on load: see ``_migrate_v1``."""
@@ -167,15 +170,29 @@ def run_to_json(run: Run) -> str:
     return json.dumps(payload, indent=1, sort_keys=False)
 
 
+def _migrate_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """Peers runs written before provenance was recorded list their implementations' names only: each becomes an
+    entry whose code is unknown, so ``meta["implementations"]`` always maps a name to its code."""
+    names = meta.get("implementations")
+    if isinstance(names, list):
+        meta = {**meta, "implementations": {name: dict.fromkeys(PROVENANCE_FIELDS) for name in names}}
+    return meta
+
+
 def run_from_json(text: str) -> Run:
+    """The Run a results file's text holds; every field is checked against its schema first (``schema``), so a
+    file that is JSON but not a run raises ``InputError`` naming the field."""
     payload = json.loads(text)
+    if not isinstance(payload, dict):
+        raise InputError(f"a results file holds a JSON object, got {type(payload).__name__}")
     schema = payload.get("schema")
     if schema not in READABLE_SCHEMAS:
         raise InputError(f"results schema {schema!r} is not supported (readable: {READABLE_SCHEMAS})")
+    check_payload(payload, schema)
     records = payload["records"]
     if schema == 1:
         records = [_migrate_v1(d) for d in records]
-    return Run(meta=payload["meta"], records=[_record_from_dict(d) for d in records])
+    return Run(meta=_migrate_meta(payload["meta"]), records=[_record_from_dict(d) for d in records])
 
 
 CSV_COLUMNS = [
@@ -216,7 +233,7 @@ def load_run(path: str | Path) -> Run:
     path = Path(path)
     try:
         return run_from_json(path.read_text())
-    except InputError as e:  # a results file of another schema
+    except InputError as e:  # another schema, or a field of the wrong type
         raise InputError(f"{path}: {e}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, TypeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"{path}: not an mxbench results file ({e})") from None

@@ -30,6 +30,14 @@ LAUNCH_FLOOR_US = 2.0
 """Added to every modelled stage: the launch overhead no kernel avoids (torchao uses the same 2 us)."""
 
 DENOMINATORS = ("datasheet", "measured")
+MODEL_ASSUMPTION = (
+    f"time = max(bytes / bandwidth, FLOPs / peak) + {LAUNCH_FLOOR_US:g} us launch overhead, per kernel, at the "
+    "spec's datasheet peaks"
+)
+"""What the analytic model assumes, stated in the header of every model table (stored in a model run's meta)."""
+MODEL_AT_PEAK = "model at peak"
+"""The efficiency of a model row: the model runs every kernel at its roof by construction, so a percentage of that
+roof (99.x%, short of 100% only by the launch overhead) would be circular."""
 
 
 def achieved_tbps(nbytes: float, us: float) -> float:
@@ -78,6 +86,15 @@ def efficiency(record: Record, peaks: dict[str, Peak]) -> tuple[float, Peak] | N
     else:
         return None
     return (100.0 * achieved / peak.value, peak) if peak is not None else None
+
+
+def efficiency_text(record: Record, peaks: dict[str, Peak]) -> str | None:
+    """The efficiency cell of ``record``: "95.3% of <peak>" for a measurement, ``MODEL_AT_PEAK`` for a model row
+    that has a roof, None where no roof applies."""
+    eff = efficiency(record, peaks)
+    if eff is None:
+        return None
+    return MODEL_AT_PEAK if not record.measured else f"{eff[0]:.1f}% of {eff[1].label}"
 
 
 def peaks_for_run(run: Run, denominator: str = "datasheet") -> dict[str, Peak]:

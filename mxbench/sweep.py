@@ -35,13 +35,14 @@ def run_sweep(
 
     Points are grouped by power limit and each limit is applied once through ``PowerController.applied`` (a None
     limit is never touched). After each point GPU memory is released and, with ``options.out``, the Run saved.
-    Ctrl-C stops the sweep: the limit is restored, the partial Run saved and returned with
-    ``meta["interrupted"] = True``.
+    Ctrl-C stops the sweep: the limit is restored, the partial Run (the points measured whole) saved and returned
+    with ``meta["interrupted"] = True`` and ``meta["partial"]`` saying how many points it holds.
     """
     ins = instruments or Instruments.real(options.device, options.results_dir)
     work = with_baselines(points)
     run = Run(meta=run_metadata(work, options, ins))
     timer = StageTimer(options, ins)
+    done = 0
     try:
         with Progress(len(work), progress) as bar:
             for limit, group in _by_power_limit(work).items():
@@ -49,12 +50,14 @@ def run_sweep(
                     run.meta.setdefault("power_snapshots", []).append({"requested_w": limit, **ins.snapshot()})
                     for point in group:
                         bar.start(point)
-                        run.records += timer.measure(point)
+                        run.records += timer.measure(point)  # a point goes in whole or not at all
+                        done += 1
                         ins.release()
                         _save(run, options.out)
                         bar.finish(point)
     except KeyboardInterrupt:
         run.meta["interrupted"] = True
+        run.meta["partial"] = f"interrupted (Ctrl-C) after {done} of {len(work)} points"
     run.meta["finished"] = now()
     _save(run, options.out)
     return run
@@ -83,11 +86,13 @@ def model_run(
     """
     if plan_step is None:
         from mxkernels.pipeline import plan_step
+    from .roofline import MODEL_ASSUMPTION
+
     if model_records is None:
         from .roofline import model_records
     work = with_baselines(points)
     run = Run(meta={**common_metadata(work, command), "hardware": hardware, "measured": False,
-                    "label": "model, not measured"})  # fmt: skip
+                    "label": "model, not measured", "model": MODEL_ASSUMPTION})  # fmt: skip
     for p in work:
         try:
             stages = plan_step(p.recipe, p.M, p.N, p.K, p.G, point_group_sizes(p), mode=p.mode)

@@ -46,3 +46,16 @@ def poisoned_empty(monkeypatch):
         return t
 
     monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.fixture
+def stored(tmp_path):
+    """``stored(name, run)``: ``run`` saved as ``<tmp_path>/<name>.json`` (and its CSV); returns the JSON's path."""
+    from mxbench.results import save_run
+
+    def store(name: str, run):
+        path = tmp_path / f"{name}.json"
+        save_run(run, path)
+        return path
+
+    return store

@@ -121,3 +121,50 @@ def fake_stage(pass_name, name, kernel, category, purpose="", shapes=(), cost=No
                      fn, kernel)  # fmt: skip
     shapes = parse_shapes(shapes) if isinstance(shapes, str) else shapes
     return Stage(spec, shapes, cost or Cost(0, 0), tuple(inputs), tuple(outputs), fn, kernel=kernel, backend=backend)
+
+
+class FakeGPU:
+    """Instruments of a sweep on no GPU: the real plan (stages, costs, implementation names), stages bound to calls
+    that do nothing, and a timer that returns ``us`` (+0.1% per sample) for every stage.
+
+    ``on_point(n)`` is called as point n (0-based) is built: a test raises or signals there. ``drop``: stage names
+    this "code version" no longer runs.
+    """
+
+    def __init__(self, us: float = 10.0, on_point=None, drop=()):
+        self.us, self.on_point, self.drop, self.points = us, on_point, set(drop), 0
+
+    def build(self, recipe, M, N, K, G, sizes, *, mode, backend, device, seed, impls=None):
+        from dataclasses import replace
+
+        from mxkernels.pipeline import plan_step
+
+        if self.on_point is not None:
+            self.on_point(self.points)
+        self.points += 1
+        stages = plan_step(recipe, M, N, K, G, sizes, mode=mode, backend=backend, impls=impls)
+        return [replace(s, run=lambda: None) for s in stages]
+
+    def plan(self, *args, **kwargs):
+        from mxkernels.pipeline import plan_step
+
+        return [s for s in plan_step(*args, **kwargs) if s.name not in self.drop]
+
+    def time_fn(self, fn, *, cold_l2, use_graph, samples, window=None):
+        fn()
+        with window() if window else FakeTelemetry():
+            pass
+        return FakeTiming([self.us * (1 + 0.001 * i) for i in range(samples)])
+
+    def instruments(self):
+        from mxbench.instruments import Instruments
+
+        def build(*args, **kwargs):
+            return [s for s in self.build(*args, **kwargs) if s.name not in self.drop]
+
+        return Instruments(
+            plan_step=self.plan, build_step=build, end_to_end=lambda *a, **k: (lambda: None), time_fn=self.time_fn,
+            telemetry=FakeTelemetry, snapshot=lambda: {"driver_version": "999.1"},
+            device_properties=lambda: {"name": "Fake GPU", "uuid": "GPU-fake"}, ceilings=lambda card: None,
+            release=lambda: None, power=FakePower(), make_power=FakePower,
+        )  # fmt: skip

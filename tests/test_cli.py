@@ -26,7 +26,8 @@ def invoke(*args: str):
 
 
 @pytest.fixture
-def no_gpu(monkeypatch):
+def no_gpu(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the model run is saved under results/ of the working folder
     monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)
 
 
@@ -217,21 +218,11 @@ def synthetic_run(card: str = CARD, slow: float = 1.0, seed: int = 0) -> Run:
     return Run(meta=meta, records=rows)
 
 
-@pytest.fixture
-def stored(tmp_path):
-    def store(name: str, run: Run):
-        path = tmp_path / f"{name}.json"
-        save_run(run, path)
-        return path
-
-    return store
-
-
 def test_table_markdown_names_card_and_denominator(stored):
     result = invoke("table", stored("a", synthetic_run()), "--format", "markdown")
     assert result.exit_code == 0, result.output
     assert CARD in result.output and "H100" in result.output and "datasheet" in result.output
-    assert [line for line in result.output.splitlines() if "quantize_dim0" in line][0].startswith("|")
+    assert next(line for line in result.output.splitlines() if "quantize_dim0" in line).startswith("|")
     assert "synthetic" in result.output  # the command that produced the run
 
 
@@ -248,7 +239,7 @@ def test_table_speedup_is_bf16_over_the_recipe(stored):
     result = invoke("table", stored("a", synthetic_run()), "--kind", "speedup", "--format", "plain")
     assert result.exit_code == 0, result.output
     # fwd+bwd 300 us / 200 us, forward GEMM 75 us / 50 us (medians of samples within 0.5% of those)
-    line = [line for line in result.output.splitlines() if line.lstrip().startswith("1024")][0]
+    line = next(line for line in result.output.splitlines() if line.lstrip().startswith("1024"))
     speedups = [float(w[:-1]) for w in line.split() if w.endswith("x")]
     assert speedups == pytest.approx([1.5, 1.5], abs=0.02)
 

@@ -122,7 +122,10 @@ def test_every_data_movement_stage_for_each_implementation_ours_first():
         ("reference", "unpad_out", "ref_unpad_out"),
     ]
     assert all(r.ok and (r.bytes_read, r.bytes_written) == (300, 100) for r in result.records)
-    assert result.meta["kind"] == "peers" and result.meta["implementations"] == ["mxkernels", "peer", "reference"]
+    # every registered implementation's code, once per run, keyed by the names the records carry
+    implementations = result.meta["implementations"]
+    assert result.meta["kind"] == "peers" and list(implementations) == ["mxkernels", "peer", "reference"]
+    assert [e["module"] for e in implementations.values()] == ["mxkernels", __name__, __name__]
 
 
 def test_an_implementation_that_cannot_run_here_is_a_skipped_row_with_its_reason():
@@ -248,7 +251,7 @@ def test_torchao_says_why_it_cannot_run(monkeypatch):
 
 def peer_run() -> Run:
     p = Point(131072, 2048, 7168, 8)
-    cost = dict(bytes_read=2_000_000, bytes_written=1_000_000)
+    cost = {"bytes_read": 2_000_000, "bytes_written": 1_000_000}
 
     def rec(impl, us, error=None):
         return Record(p, "forward", "quantize_a", "k", "quantize", "Quantize A", "(131072, 7168)", impl=impl,

@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 import subprocess
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import pytest
-from dataclasses import replace
-
 from helpers import FakePower, FakeTelemetry, FakeTiming, fake_stage
 from mxkernels.cost import Cost
 
 import mxbench.points
-from mxbench import metadata
+from mxbench import metadata, provenance
 from mxbench.instruments import Instruments
 from mxbench.measure import SweepOptions
 from mxbench.points import group_sizes, plan_points, with_baselines
@@ -48,20 +46,20 @@ class TestPlanPoints:
     @pytest.mark.parametrize(
         "kwargs, name",
         [
-            (dict(N=48), "N"),
-            (dict(K=0), "K"),
-            (dict(G=0), "G"),
-            (dict(G=513), "G"),
-            (dict(Ms=[64, 0]), "M"),
-            (dict(Ms=[]), "M"),
-            (dict(recipes=["fp4"]), "recipe"),
-            (dict(mode="ceil"), "mode"),
-            (dict(groups="zipf"), "groups"),
-            (dict(power_limits=[-5.0]), "power limits"),
+            ({"N": 48}, "N"),
+            ({"K": 0}, "K"),
+            ({"G": 0}, "G"),
+            ({"G": 513}, "G"),
+            ({"Ms": [64, 0]}, "M"),
+            ({"Ms": []}, "M"),
+            ({"recipes": ["fp4"]}, "recipe"),
+            ({"mode": "ceil"}, "mode"),
+            ({"groups": "zipf"}, "groups"),
+            ({"power_limits": [-5.0]}, "power limits"),
         ],
     )
     def test_bad_arguments_raise_naming_them(self, kwargs, name):
-        args = dict(Ms=[64], N=64, K=64, G=2, recipes=["mxfp8"], mode="rceil", groups="balanced")
+        args = {"Ms": [64], "N": 64, "K": 64, "G": 2, "recipes": ["mxfp8"], "mode": "rceil", "groups": "balanced"}
         with pytest.raises(ValueError, match=name):
             plan_points(**{**args, **kwargs})
 
@@ -398,10 +396,10 @@ def test_real_sweep_on_gpu(tmp_path):
 def test_git_commit_without_a_checkout_comes_from_the_environment(monkeypatch):
     """A tree copied to a GPU machine has no .git: the session names the commit it shipped."""
 
-    def no_git(*args):
+    def no_git(cwd, *args):
         raise subprocess.CalledProcessError(128, ["git", *args])
 
-    monkeypatch.setattr(metadata, "_git", no_git)
+    monkeypatch.setattr(provenance, "_git", no_git)
     monkeypatch.delenv("MXBENCH_GIT_COMMIT", raising=False)
     assert metadata.git_commit() is None
     monkeypatch.setenv("MXBENCH_GIT_COMMIT", "abc123")

@@ -15,6 +15,8 @@ from click.core import ParameterSource
 
 FORMATS = ("markdown", "github", "csv", "plain")
 """``render.FORMATS``, stated here so that building the options imports no table code."""
+COMPARE_FORMATS = (*FORMATS, "json")
+"""A comparison also prints as JSON (for machines); its markdown is a CI step summary."""
 
 
 class BadInput(click.ClickException):
@@ -57,6 +59,18 @@ class CommaList(click.ParamType):
             return [self.item(v.strip()) for v in str(value).split(",") if v.strip()]
         except ValueError:
             self.fail(f"{value!r} is not a comma-separated list of {self.item.__name__} values", param, ctx)
+
+
+class Seed(click.IntRange):
+    """A seed of numpy's and torch's generators: 0 <= seed < 2**63 (torch.manual_seed's range), said in words."""
+
+    name = "seed"
+
+    def __init__(self):
+        super().__init__(0, 2**63, max_open=True)
+
+    def _describe_range(self) -> str:
+        return "0<=x<2**63"
 
 
 def command_line() -> str:
@@ -117,13 +131,42 @@ def hardware_spec(key: str):
         raise click.BadParameter(str(e).strip("'\""), param_hint="--hardware") from None
 
 
-def echo_comparison(cmp, fmt: str) -> None:
-    """A comparison's table in ``fmt`` and its one-line summary (``compare`` and ``regress`` print both alike)."""
+def echo_comparison(cmp, fmt: str, base: str, new: str) -> None:
+    """A comparison in ``fmt`` (``compare`` and ``regress`` print alike): JSON; markdown as a CI step summary; else
+    its table, the one-line summary and the code that changed between the runs. ``base``/``new`` name the runs."""
     from ..compare import comparison_rows
+    from ..gate import code_text, json_report, markdown_report, verdict_line
     from ..render import render
 
-    click.echo(render(comparison_rows(cmp), fmt), nl=False)
-    click.echo(cmp.summary())
+    if fmt == "json":
+        click.echo(json_report(cmp, base, new), nl=False)
+    elif fmt == "markdown":
+        click.echo(markdown_report(cmp, base, new), nl=False)
+    else:
+        click.echo(render(comparison_rows(cmp), fmt), nl=False)
+        click.echo(cmp.summary())
+        if code := code_text(cmp):
+            click.echo(code)
+        click.echo(verdict_line(cmp))
+
+
+def comparison_format(command):
+    """The ``--format`` option of the commands that print a comparison (``compare``, ``regress``)."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(COMPARE_FORMATS),
+        default="plain",
+        show_default=True,
+        help="json: one object per stage, for machines; markdown: a CI step summary.",
+    )(command)
+
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 no stage slower; 1 a stage SLOWER (or it ran in the baseline and only errors now); 2 unusable "
+    "input: a file that is not a run, runs of different cards (without --force), no comparable stage, or stages "
+    "of the baseline missing from the new run (without --allow-missing)."
+)
 
 
 def peer_table(run, fmt: str, M: list[int] | None = None, columns: list[str] | None = None) -> str:

@@ -8,7 +8,16 @@ from pathlib import Path
 import click
 
 from ..ep import TABLE_KINDS as EP_TABLE_KINDS
-from .common import FORMATS, BadInput, CommaList, echo_comparison, hardware_spec, peer_table
+from .common import (
+    EXIT_CODES_HELP,
+    FORMATS,
+    BadInput,
+    CommaList,
+    comparison_format,
+    echo_comparison,
+    hardware_spec,
+    peer_table,
+)
 
 TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS)
 
@@ -106,9 +115,11 @@ def _denominator(run, choice: str | None) -> str | None:
 @click.option("--hardware", help="Spec of the roofs and the model. [default: the run's]")
 def plot(results: Path, out: Path, hardware: str | None) -> None:
     """Draw the figures of stored results."""
-    from ..plots import plot_all
+    from ..outputs import check_figure_target
+    from ..plots import IMAGE_SUFFIXES, plot_all
     from ..results import load_run
 
+    check_figure_target(out, "--out", IMAGE_SUFFIXES)
     run = load_run(results)
     key = hardware or run.meta.get("hardware")
     for path in plot_all(run, out, spec=hardware_spec(key) if key else None):
@@ -118,16 +129,20 @@ def plot(results: Path, out: Path, hardware: str | None) -> None:
 # --------------------------------------------------------------------------------------------------- compare
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES_HELP)
 @click.argument("base", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("new", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
+@comparison_format
 @click.option("--force", is_flag=True, help="Compare runs of different cards anyway.")
-def compare(base: Path, new: Path, fmt: str, force: bool) -> None:
-    """Per stage: new/base ratio of medians with a bootstrap CI and a verdict. Exit 1 if anything is SLOWER."""
+@click.option("--allow-missing", is_flag=True, help="Compare what both runs hold when NEW lacks stages BASE has.")
+def compare(base: Path, new: Path, fmt: str, force: bool, allow_missing: bool) -> None:
+    """Per stage: new/base ratio of medians with a bootstrap CI and a verdict (FASTER / SAME / SLOWER / UNSURE);
+    says which implementations' code differs between the runs."""
     from ..compare import compare_runs
+    from ..gate import check_usable
     from ..results import load_run
 
     cmp = compare_runs(load_run(base), load_run(new), force=force)
-    echo_comparison(cmp, fmt)
+    check_usable(cmp, str(base), str(new), allow_missing=allow_missing)
+    echo_comparison(cmp, fmt, str(base), str(new))
     sys.exit(cmp.exit_code)

@@ -10,7 +10,19 @@ from pathlib import Path
 
 import click
 
-from .common import FORMATS, BadInput, CommaList, command_line, echo_comparison, hardware_spec, peer_table, shape_args
+from .common import (
+    EXIT_CODES_HELP,
+    FORMATS,
+    BadInput,
+    CommaList,
+    Seed,
+    command_line,
+    comparison_format,
+    echo_comparison,
+    hardware_spec,
+    peer_table,
+    shape_args,
+)
 
 DEFAULT_MS = "16384,32768,65536,131072"
 CHECK_M = 256
@@ -68,15 +80,21 @@ def _echo_tables(run, breakdown_M: int | None, denominator: str | None, fmt: str
 def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | None, gpu: bool):
     """Watts per requested limit ([None] = the card's limit as found) and the controller that will set them.
 
-    Permission is checked here, before anything runs. Without a GPU the request is checked for sign only.
+    Range and permission are checked here, before anything runs: against the card's NVML range with a GPU;
+    without one, watts above every known card's maximum are refused (the model ignores limits, but a typo such as
+    7000 W is still a typo).
     """
     if not percents and not watts:
         return [None], None
     for name, values in (("--power-limit", percents), ("--power-limit-watts", watts)):
         if values and any(v <= 0 for v in values):
             raise click.BadParameter(f"must be positive, got {values}", param_hint=name)
+    option = "--power-limit" if percents else "--power-limit-watts"
     if not gpu:
+        _check_watts_known(watts or [])
         return [None], None
+    from mxkernels.errors import InputError
+
     from ..power import PowerController, PowerError
 
     try:
@@ -86,7 +104,20 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
             controller.check_permission(w)
     except PowerError as e:  # no NVML, or no permission to set a limit: before anything runs
         raise BadInput(str(e)) from None
+    except InputError as e:  # outside the card's range, which the message gives
+        raise BadInput(f"{option}: {e}") from None
     return limits, controller
+
+
+def _check_watts_known(watts: Sequence[float]) -> None:
+    """Without a GPU: no limit above the highest TDP of the known cards (``data/hardware.toml``)."""
+    from ..hardware import load_specs
+
+    top = max(load_specs().values(), key=lambda spec: spec.tdp_w)
+    over = [w for w in watts if w > top.tdp_w]
+    if over:
+        raise BadInput(f"--power-limit-watts: {over[0]:g} W is above every known card's maximum power "
+                       f"({top.tdp_w:g} W, {top.name}); give watts within the card's range")  # fmt: skip
 
 
 @click.command()
@@ -115,7 +146,7 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
     show_default=True,
     help="Token-group sizes: even, or router-like (seeded, recorded).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of inputs and skewed group sizes.")
+@click.option("--seed", type=Seed(), default=0, show_default=True, help="Seed of inputs and skewed group sizes.")
 @click.option(
     "--power-limit",
     "power_percent",
@@ -127,7 +158,8 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Results file. [default: results/<card>/roofline-<preset or KxN>-<date>.json]",
+    help="Results file (.json; the CSV is written beside it). [default: results/<card>/roofline-<preset or "
+    "KxN>-<date>.json; without a GPU the model run goes to results/model-<spec>/]",
 )
 @click.option("--plot-file", type=click.Path(path_type=Path), help="Also draw the figures (a .png, or a folder).")
 @click.option(
@@ -154,11 +186,14 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
 )
 def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
              plot_file, hardware, denominator, warm_l2, samples, impl_texts):  # fmt: skip
-    """Time every stage of every pass over a sweep of M (or, without a GPU, print the analytic model)."""
+    """Time every stage of every pass over a sweep of M (or, without a GPU, print and save the analytic model).
+
+    Exit codes: 0 done, 1 an --impl failed its check, 2 bad input (nothing ran), 130 interrupted by Ctrl-C (the
+    points measured so far are saved, and the file says the run is partial).
+    """
     from ..points import plan_points
 
     K, N, G, label = shape_args(K, N, G, preset)
-    impls = _checked_impls(impl_texts, recipes, K, N, G, mode)
     if any(M <= 0 for M in Ms):
         raise click.BadParameter(f"every M must be positive, got {Ms}", param_hint="--M")
     if breakdown_M is not None and breakdown_M not in Ms:
@@ -166,20 +201,22 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     gpu = _has_gpu()
     hardware = hardware or (_detected_spec() if gpu else "b200")
     spec = hardware_spec(hardware) if hardware else None
+    if not gpu and denominator == "measured":
+        raise click.BadParameter("measured ceilings need a GPU; use datasheet", param_hint="--denominator")
+    out = out or RESULTS_DIR / (_card_dir() if gpu else f"model-{spec.key}") / f"roofline-{label}-{_stamp()}.json"
+    _check_outputs(out, plot_file)
     limits, controller = _power_limits(power_percent, power_watts, gpu)
+    impls = _checked_impls(impl_texts, recipes, K, N, G, mode)
     points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits)
     if gpu:
-        out = out or RESULTS_DIR / _card_dir() / f"roofline-{label}-{_stamp()}.json"
         run = _measure(points, hardware, denominator, out, controller, warm_l2, samples, impls)
     else:
-        run = _model(points, spec, hardware, power_percent or power_watts, denominator)
-        if out is not None:
-            from ..results import save_run
+        from ..results import save_run
 
-            save_run(run, out)
+        run = _model(points, spec, hardware, power_percent or power_watts)
+        save_run(run, out)
     _echo_tables(run, breakdown_M, denominator if hardware or denominator == "measured" else None)
-    if out is not None:
-        click.echo(f"results: {out}")
+    click.echo(f"results: {out}" + ("" if gpu else " (model, not measured)"))
     if plot_file is not None:
         from ..plots import plot_all
 
@@ -190,11 +227,20 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
         sys.exit(130)
 
 
-def _model(points, spec, hardware: str, power_requested, denominator: str):
+def _check_outputs(out: Path, plot_file: Path | None) -> None:
+    """Where results and figures go, checked before anything is measured (bad input, exit 2)."""
+    from ..outputs import check_figure_target, check_results_file
+
+    check_results_file(out, "--out")
+    if plot_file is not None:
+        from ..plots import IMAGE_SUFFIXES
+
+        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)
+
+
+def _model(points, spec, hardware: str, power_requested):
     from ..sweep import model_run
 
-    if denominator == "measured":
-        raise click.BadParameter("measured ceilings need a GPU; use datasheet", param_hint="--denominator")
     click.echo(f"no CUDA GPU found: showing the analytic model over the {hardware} spec (model, not measured)")
     if power_requested:
         click.echo("power limits need a GPU: ignored")
@@ -254,6 +300,9 @@ def ceilings(out_dir: Path) -> None:
     Each GEMM ceiling is the best of the square matmul and the training step's own grouped GEMMs (DeepSeek-V3, Llama 4
     Scout; the roofline's token counts; balanced and skewed groups), with the shape that gave it. Under torchrun with
     several processes: the all-to-all ceiling of these GPUs instead (``ep.ceiling``)."""
+    from ..outputs import check_folder
+
+    check_folder(out_dir, "--out-dir")
     _require_gpu("ceilings are measured on a GPU")
     from ..ep.dist import under_torchrun
 
@@ -275,7 +324,7 @@ def ceilings(out_dir: Path) -> None:
 # -------------------------------------------------------------------------------------------------- regress
 
 
-@click.command()
+@click.command(epilog=EXIT_CODES_HELP)
 @click.option(
     "--baseline",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -283,24 +332,49 @@ def ceilings(out_dir: Path) -> None:
     help="A stored run of this card (results/baselines/<card>.json).",
 )
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Interleaved rounds.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
-def regress(baseline: Path, rounds: int, fmt: str) -> None:
+@comparison_format
+@click.option("--allow-missing", is_flag=True, help="Pass when stages of the baseline no longer run.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also save the fresh measurement (every round pooled) as a results file, e.g. a CI artifact.",
+)
+def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Path | None) -> None:
     """Re-measure the baseline's points on this card; exit 1 only on a confirmed regression."""
+    from ..outputs import check_results_file
+    from ..results import load_run, save_run
+
+    base = load_run(baseline)  # a broken baseline is bad input, GPU or not
+    if out is not None:
+        check_results_file(out, "--out")
     _require_gpu("regress re-measures the baseline on a GPU")
+    from ..gate import check_usable
     from ..instruments import Instruments
     from ..measure import SweepOptions
     from ..regress import regress as run_regress
-    from ..results import load_run
     from ..sweep import run_sweep
 
-    base = load_run(baseline)
     timing = base.meta.get("timing") or {}
     options = SweepOptions(cold_l2=timing.get("cold_l2", True), use_graph=timing.get("use_graph", True),
                            samples=timing.get("samples", 25), hardware=base.meta.get("hardware"),
                            backend=base.meta.get("backend"), command=command_line())  # fmt: skip
     instruments = Instruments.real(0, RESULTS_DIR)
-    result = run_regress(base, lambda pts: run_sweep(pts, options=options, instruments=instruments), rounds=rounds)
-    echo_comparison(result.comparison, fmt)
+
+    def measure(points):
+        run = run_sweep(points, options=options, instruments=instruments)
+        if run.meta.get("interrupted"):  # the sweep kept its points; a verdict on part of a round would mislead
+            raise KeyboardInterrupt
+        return run
+
+    try:
+        result = run_regress(base, measure, rounds=rounds)
+    except KeyboardInterrupt:
+        click.echo("interrupted: nothing compared", err=True)
+        sys.exit(130)
+    if out is not None:
+        save_run(result.measured, out)
+    check_usable(result.comparison, str(baseline), "this run", allow_missing=allow_missing)
+    echo_comparison(result.comparison, fmt, str(baseline), "this run")
     sys.exit(result.exit_code)
 
 
@@ -315,7 +389,7 @@ def regress(baseline: Path, rounds: int, fmt: str) -> None:
 @click.option("--M", "M", type=click.IntRange(min=1), default=131072, show_default=True, help="Tokens.")
 @click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True)
 @click.option("--groups", type=click.Choice(["balanced", "skewed"]), default="balanced", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=Seed(), default=0, show_default=True)
 @click.option("--samples", type=click.IntRange(min=1), default=25, show_default=True)
 @click.option("--warm-l2", is_flag=True, help="Time with a warm L2 (default: cold).")
 @click.option(
@@ -326,12 +400,17 @@ def regress(baseline: Path, rounds: int, fmt: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
 def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt) -> None:
     """Our quantize / rearrange / pad kernels beside torchao's Triton kernels and torch.compile of the references."""
+    from ..outputs import check_results_file
+
     K, N, G, label = shape_args(K, N, G, preset)
+    if out is not None:
+        check_results_file(out, "--out")
     _require_gpu("peers are timed on a GPU")
     from ..measure import SweepOptions
     from ..peers import run_peers
 
     out = out or RESULTS_DIR / _card_dir() / f"peers-{label}-M{M}-{_stamp()}.json"
+    check_results_file(out, "--out")  # the default path: the working folder may not take it
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,
                            hardware=_detected_spec(), command=command_line())  # fmt: skip
     run = run_peers(M, N, K, G, mode=mode, groups=groups, seed=seed, options=options)

@@ -58,6 +58,8 @@ def _quiet(_: str) -> None:
 
 def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, echo) -> int:
     from ..ceilings import load_ceilings
+    from ..metadata import implementation_modules
+    from ..provenance import implementations_meta
     from .ceiling import load_alltoall_ceiling
     from .measure import measure_strategy
     from .metadata import ep_metadata, rank_info
@@ -80,6 +82,7 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
     timing = {"samples": m.samples, "method": "graph-cold per record (events-cold where a collective could not be "
               "captured: the record's method says which)", "requested": "graph" if m.graph else "events"}  # fmt: skip
     meta = ep_metadata(ctx, ranks, layer, routing, list(strategies), timing, m.command)
+    meta["implementations"] = implementations_meta(implementation_modules(impls))  # the code each record names
     stored = load_ceilings(m.results_dir, meta["card"])
     meta["ceilings"] = asdict(stored) if stored is not None else None
     meta["alltoall_ceiling"] = load_alltoall_ceiling(m.results_dir, meta["card"], ctx.world)

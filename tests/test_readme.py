@@ -1,0 +1,109 @@
+"""The README is checked like code: its rendered tables are what the commands above them print, byte for byte; its
+Python example runs (on CPU tensors under Triton's interpreter); its CI commands and the example workflow use
+only targets and options that exist."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from mxbench.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+WORKFLOW = REPO / ".github" / "workflows" / "gpu-regression.yml"
+TABLE_BLOCKS = list(re.finditer(r"```bash\n(mxbench table [^\n]*)\n```\n\n", README))
+
+
+def section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start : end if end >= 0 else None]
+
+
+@pytest.mark.parametrize("block", TABLE_BLOCKS, ids=lambda m: m.group(1)[:60])
+def test_each_rendered_table_is_what_its_command_prints(block, monkeypatch):
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(cli, shlex.split(block.group(1))[1:])
+    assert result.exit_code == 0, result.output
+    shown = README[block.end() : block.end() + len(result.output)]
+    assert shown == result.output
+
+
+def test_the_readme_renders_tables():
+    assert len(TABLE_BLOCKS) >= 4
+
+
+def test_the_python_example_runs_on_a_cpu(tmp_path):
+    (code,) = re.findall(r"```python\n(.*?)```", section("Python API"), flags=re.DOTALL)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the example sets it itself
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    backend_line, shapes_line = done.stdout.splitlines()
+    assert backend_line.split()[1:] == ["torch.Size([256,", "64])"]
+    assert shapes_line == "torch.Size([256, 64]) torch.Size([256, 128]) torch.Size([2, 64, 128])"
+
+
+# -------------------------------------------------------------------------------------------- CI commands
+
+
+def _make_targets() -> set[str]:
+    return set(re.findall(r"^([a-z-]+):", (REPO / "Makefile").read_text(), flags=re.MULTILINE))
+
+
+def _options(words: list[str]) -> list[str]:
+    return [w.split("=")[0] for w in words if w.startswith("--")]
+
+
+def check_command(line: str) -> None:
+    """``mxbench CMD ...`` uses options CMD has; ``make [flags] TARGET [VAR=...]`` an existing target, and the
+    options in REGRESS_FLAGS are options of ``mxbench regress``."""
+    words = shlex.split(line.split("#")[0].split(">")[0].split("|")[0])
+    if words[0] == "mxbench":
+        command = cli.commands[words[1]]
+        known = {o for p in command.params if isinstance(p, click.Option) for o in p.opts}
+        assert set(_options(words[2:])) <= known, line
+    elif words[0] == "make":
+        targets = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        assert targets and set(targets) <= _make_targets(), line
+        flags = [w.split("=", 1)[1] for w in words if w.startswith("REGRESS_FLAGS=")]
+        regress = {o for p in cli.commands["regress"].params if isinstance(p, click.Option) for o in p.opts}
+        assert all(set(_options(shlex.split(f))) <= regress for f in flags), line
+
+
+def test_the_ci_section_commands_exist():
+    text = section("Tracking kernel timings in CI")
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL) for line in block.splitlines()]
+    commands = [line for line in lines if line.split() and line.split()[0] in ("mxbench", "make")]
+    assert len(commands) >= 4
+    for line in commands:
+        check_command(line)
+    assert "gpu-regression.yml" in text and "example" in text
+
+
+def test_the_example_workflow_is_labelled_an_example_and_gates_on_make_regress():
+    text = WORKFLOW.read_text()
+    assert text.startswith("# EXAMPLE, not run by this repository")
+    job = yaml.safe_load(text)["jobs"]["regress"]
+    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    runs = [step.get("run", "") for step in job["steps"]]
+    (regress,) = [r for r in runs if "make" in r and "regress" in r]
+    check_command(regress.strip().splitlines()[-1])
+    gate = next(s for s in job["steps"] if "regress" in s.get("run", "") and "make" in s.get("run", ""))
+    assert gate.get("shell") == "bash" and "if" not in gate  # pipefail: the job fails with make regress
+    summary = next(s for s in job["steps"] if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
+    artifact = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert summary["if"] == "always()" and artifact["if"] == "always()" and artifact["with"]["path"] == "regress/"
