@@ -61,7 +61,7 @@ def test_the_options_offer_what_the_harness_knows():
     from mxbench.render import FORMATS
     from mxbench.tables import TABLES
 
-    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == (*TABLES, "peers")
+    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == tuple(TABLES)
 
 
 def test_presets_lists_every_model_with_its_shapes():
@@ -230,7 +230,7 @@ def test_table_markdown_names_card_and_denominator(stored):
     result = invoke("table", stored("a", synthetic_run()), "--format", "markdown")
     assert result.exit_code == 0, result.output
     assert CARD in result.output and "H100" in result.output and "datasheet" in result.output
-    assert [line for line in result.output.splitlines() if "quantize_dim0" in line][0].startswith("|")
+    assert next(line for line in result.output.splitlines() if "quantize_dim0" in line).startswith("|")
     assert "synthetic" in result.output  # the command that produced the run
 
 
@@ -247,7 +247,7 @@ def test_table_speedup_is_bf16_over_the_recipe(stored):
     result = invoke("table", stored("a", synthetic_run()), "--kind", "speedup", "--format", "plain")
     assert result.exit_code == 0, result.output
     # fwd+bwd 300 us / 200 us, forward GEMM 75 us / 50 us (medians of samples within 0.5% of those)
-    line = [line for line in result.output.splitlines() if line.lstrip().startswith("1024")][0]
+    line = next(line for line in result.output.splitlines() if line.lstrip().startswith("1024"))
     speedups = [float(w[:-1]) for w in line.split() if w.endswith("x")]
     assert speedups == pytest.approx([1.5, 1.5], abs=0.02)
 
@@ -258,7 +258,7 @@ def test_table_filters_by_pass_and_card(stored):
     assert result.exit_code == 0, result.output
     assert [r[-1] for r in csv.reader(io.StringIO(result.output))][1:] and "quantize_dim0" not in result.output
     other = invoke("table", path, "--card", "NVIDIA B200")
-    assert other.exit_code == 2 and "no results of card" in other.output
+    assert other.exit_code == 2 and f"no records with card=NVIDIA B200; {path} has card in {CARD}" in other.output
 
 
 def test_table_unknown_column_exits_2(stored):
@@ -375,3 +375,47 @@ def test_plot_draws_png_files(stored, tmp_path):
     assert result.exit_code == 0, result.output
     paths = [tmp_path / "figures" / line.split("/")[-1] for line in result.output.split()]
     assert paths and all(p.suffix == ".png" and p.read_bytes().startswith(b"\x89PNG") for p in paths)
+
+
+# ---------------------------------------------------------------------- the committed runs: filters, kinds, --project
+
+H200 = Path(__file__).resolve().parent.parent / "results" / "nvidia-h200"
+DEEPSEEK, SKEWED, PEERS = (H200 / f"{n}.json" for n in ("roofline-deepseek-v3", "roofline-deepseek-v3-skewed",
+                                                          "peers-deepseek-v3"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([DEEPSEEK, "--M", 12345], f"no records with M=12345; {DEEPSEEK} has M in 16384, 32768, 65536, 131072"),
+        ([DEEPSEEK, "--kind", "sweep", "--recipe", "nvfp4"],
+         f"no records with recipe=nvfp4; {DEEPSEEK} has recipe in bf16, mxfp8"),
+        ([DEEPSEEK, "--kind", "power", "--pass", "end_to_end", "--M", "16384,1"],
+         f"no records with M=1 (pass=end_to_end); {DEEPSEEK} has M in 16384, 32768, 65536, 131072"),
+        ([DEEPSEEK, SKEWED, "--card", "NVIDIA B200"], "no records with card=NVIDIA B200; these 2 files have card in NVIDIA H200"),
+        ([DEEPSEEK, "--pass", "sideways"], "passes: unknown pass ['sideways']"),
+        ([PEERS, "--kind", "peers", "--M", 8], f"no records with M=8; {PEERS} has M in 131072"),
+        ([DEEPSEEK, "--kind", "peers"], f"{DEEPSEEK} is not a peers run (made by `mxbench peers`): --kind peers has "
+                                        + "nothing to show; its tables are breakdown, speedup, sweep, power"),
+        ([PEERS], f"{PEERS} is a peers run (made by `mxbench peers`): its table is --kind peers, not breakdown"),
+        ([DEEPSEEK, "--kind", "speedup", "--pass", "forward"], "the speedup table compares whole steps"),
+    ],
+)  # fmt: skip
+def test_table_input_that_matches_nothing_exits_2_naming_what_is_there(args, message):
+    result = invoke("table", *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+def test_table_of_several_files_shows_each_what_it_has_of_the_filter():
+    result = invoke("table", DEEPSEEK, SKEWED, "--kind", "speedup", "--M", "16384,131072", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(io.StringIO(result.output)))
+    # the skewed run holds M=131072 only: its table comes after the balanced run's two rows
+    assert [r[0] for r in rows if r and r[0].isdigit()] == ["16384", "131072", "131072"]
+
+
+def test_plot_of_a_peers_file_draws_the_peers_figure(tmp_path):
+    result = invoke("plot", PEERS, "--out", tmp_path / "figs")
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == [str(tmp_path / "figs" / "peers.png")]
