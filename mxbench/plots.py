@@ -25,6 +25,7 @@ from mxkernels.errors import InputError
 from .figures.context import PANEL_SIZE, Context
 from .figures.peers import PEERS_SIZE, draw_peers
 from .figures.power import POWER_METRICS, draw_power
+from .figures.projection import PROJECTION_SIZE, draw_projected_breakdown, draw_projected_speedup
 from .figures.roofline import ROOFLINE_SIZE, draw_roofline
 from .figures.step import draw_bandwidth, draw_breakdown, draw_gemm_speedup, draw_net_speedup
 from .hardware import HardwareSpec
@@ -98,6 +99,13 @@ def peers_figure(data: Data) -> Figure:
     return _figure([draw_peers], Context.of(data), "peers", PEERS_SIZE)
 
 
+def projection_figure(data: Data, target: str = "b200", M: int | None = None) -> Figure:
+    """The run's step beside its projection on ``target`` (each kernel at the efficiency it reached here) and
+    ``target``'s peak model: per pass at ``M`` (default the largest) and net speedup vs M."""
+    panels = [partial(draw_projected_breakdown, target=target, M=M), partial(draw_projected_speedup, target=target)]
+    return _figure(panels, Context.of(data), f"{target} projection", (PROJECTION_SIZE[0] / 2, PROJECTION_SIZE[1]))
+
+
 # ------------------------------------------------------------------------------------------------- files
 
 
@@ -136,8 +144,9 @@ def _is_peers(ctx: Context) -> bool:
     return bool(len(ctx.frame)) and bool((ctx.frame["run_kind"] == "peers").all())
 
 
-def _figures(ctx: Context) -> dict[str, Figure]:
-    """Every figure of the run by file name: the peers figure for a peers run, else each panel that has data."""
+def _figures(ctx: Context, project: str | None) -> dict[str, Figure]:
+    """Every figure of the run by file name: the peers figure for a peers run, else each panel that has data
+    (and the projection onto ``project``)."""
     if _is_peers(ctx):
         return {"peers": peers_figure(ctx.frame)}
     figures = {}
@@ -145,30 +154,36 @@ def _figures(ctx: Context) -> dict[str, Figure]:
         fig = Figure(figsize=SIZES.get(name, PANEL_SIZE), layout="constrained")
         if panel(fig.subplots(), ctx):
             figures[name] = fig
+    if project is not None:
+        figures[f"projection_{project}"] = projection_figure(ctx.frame, project)
     return figures
 
 
-def plot_all(data: Data, out: str | Path, spec: HardwareSpec | None = None) -> list[Path]:
-    """Every figure the run has data for.
+def plot_all(data: Data, out: str | Path, spec: HardwareSpec | None = None, project: str | None = None) -> list[Path]:
+    """Every figure the run has data for; with ``project`` (a spec key, e.g. "b200") the projection onto it too.
 
     ``out`` ending in .png/.svg/.pdf: one sheet with every panel in a grid. Otherwise a folder: one file per
     figure (``<name>.png``). Returns the paths written.
     """
     out = Path(out)
     ctx = Context.of(data, spec)
+    if project is not None and _is_peers(ctx):
+        raise InputError("a peers run times data-movement kernels side by side: it has no step to project")
     if out.suffix.lower() in IMAGE_SUFFIXES:
-        return [_sheet(ctx, out)]
-    written = [save(fig, out / f"{name}.png") for name, fig in _figures(ctx).items()]
+        return [_sheet(ctx, out, project)]
+    written = [save(fig, out / f"{name}.png") for name, fig in _figures(ctx, project).items()]
     if not written:
         raise InputError(f"run of {ctx.card} holds nothing to draw")
     return written
 
 
-def _sheet(ctx: Context, path: Path) -> Path:
+def _sheet(ctx: Context, path: Path, project: str | None) -> Path:
     """All panels that have data on one figure, three per row (a peers run: its one figure)."""
     if _is_peers(ctx):
         return save(peers_figure(ctx.frame), path)
     panels: list[Panel] = [p for p in PANELS.values() if p(Figure().subplots(), ctx)]
+    if project is not None:
+        panels += [partial(draw_projected_breakdown, target=project), partial(draw_projected_speedup, target=project)]
     if not panels:
         raise InputError(f"run of {ctx.card} holds nothing to draw")
     cols = min(3, len(panels))

@@ -399,6 +399,8 @@ DEEPSEEK, SKEWED, PEERS = (H200 / f"{n}.json" for n in ("roofline-deepseek-v3", 
                                         + "nothing to show; its tables are breakdown, speedup, sweep, power"),
         ([PEERS], f"{PEERS} is a peers run (made by `mxbench peers`): its table is --kind peers, not breakdown"),
         ([DEEPSEEK, "--kind", "speedup", "--pass", "forward"], "the speedup table compares whole steps"),
+        ([DEEPSEEK, "--kind", "power", "--project", "b200"], "--project shows the breakdown and speedup tables"),
+        ([DEEPSEEK, "--project", "tpu"], "unknown hardware 'tpu'"),
     ],
 )  # fmt: skip
 def test_table_input_that_matches_nothing_exits_2_naming_what_is_there(args, message):
@@ -415,7 +417,31 @@ def test_table_of_several_files_shows_each_what_it_has_of_the_filter():
     assert [r[0] for r in rows if r and r[0].isdigit()] == ["16384", "131072", "131072"]
 
 
+def test_table_project_adds_the_b200_projection_beside_the_measurement():
+    result = invoke("table", DEEPSEEK, "--kind", "speedup", "--project", "b200", "--format", "plain")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Card: NVIDIA H200") == 1  # the projection shares the run's header block
+    assert "Projection: B200 datasheet roofs, projection from NVIDIA H200 efficiencies" in result.output
+    last = result.output.strip().splitlines()[-1].split()
+    assert last[:5] == ["131072", "2048", "7168", "8", "mxfp8"] and last[5] == "0.876x"  # measured on the H200
+
+
+def test_roofline_project_needs_a_measured_run(no_gpu):
+    result = invoke("roofline", "--K", 7168, "--N", 2048, "--project", "b200")
+    assert result.exit_code == 2 and "--project" in result.output and "without a GPU nothing is" in result.output
+
+
+def test_roofline_with_a_gpu_prints_the_projection(fake_gpu, tmp_path):
+    result = invoke("roofline", "--K", 7168, "--N", 2048, "--M", 1024, "--project", "b200", "--plot-file", "figs")
+    assert result.exit_code == 0, result.output
+    assert "Projection: B200 datasheet roofs, projection from NVIDIA H100 80GB HBM3 efficiencies" in result.output
+    assert "Projected net speedup" in result.output and "B200 projected (us)" in result.output
+    assert "figure: figs/projection_b200.png" in result.output and (tmp_path / "figs/projection_b200.png").exists()
+
+
 def test_plot_of_a_peers_file_draws_the_peers_figure(tmp_path):
     result = invoke("plot", PEERS, "--out", tmp_path / "figs")
     assert result.exit_code == 0, result.output
     assert result.output.split() == [str(tmp_path / "figs" / "peers.png")]
+    refused = invoke("plot", PEERS, "--out", tmp_path / "figs", "--project", "b200")
+    assert refused.exit_code == 2 and "no step to project" in refused.output

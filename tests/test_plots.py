@@ -219,3 +219,11 @@ def test_no_mxfp8_model_line_at_the_fp8_roof_of_a_card_without_mx_tensor_cores(t
     text = svg_text(plots.plot_net_speedup(hopper, tmp_path / "net.svg"))
     assert "mxfp8 measured" in text and "mxfp8 roofline model (" not in text
     assert "no mxfp8 roofline model: H100 SXM has no MX tensor cores" in text
+    paths = plots.plot_all(hopper, tmp_path / "figs", project="b200")
+    assert paths[-1].name == "projection_b200.png"
+    assert_png(paths[-1], min_width=1200)
+    projected = svg_text(plots.save(plots.projection_figure(hopper, "b200"), tmp_path / "p.svg"))
+    projection = "mxfp8 on B200, projection from NVIDIA H100 80GB HBM3 efficiencies"
+    for words in ("mxfp8 measured on NVIDIA H100 80GB HBM3", projection, "mxfp8 B200 peak model",
+                  "Time per pass at M=131072: projection from"):  # fmt: skip
+        assert words in projected

@@ -73,6 +73,17 @@ def filter_options(command: Callable) -> Callable:
     return command
 
 
+def project_option(command: Callable) -> Callable:
+    """--project SPEC: carry each kernel's measured efficiency over to another card's roofs."""
+    return click.option(
+        "--project",
+        metavar="SPEC",
+        callback=lambda ctx, param, value: value if value is None else hardware_spec(value, "--project").key,
+        help="Also show the run projected onto this card (e.g. b200): each kernel at the efficiency it reached "
+        "here, against that card's datasheet roofs, beside its peak model.",
+    )(command)
+
+
 def command_line() -> str:
     """The running command as typed (the options given on the command line, in declaration order), for metadata."""
     ctx = click.get_current_context()

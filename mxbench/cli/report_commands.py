@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import FORMATS, CommaList, echo_comparison, filter_options, hardware_spec
+from .common import FORMATS, CommaList, echo_comparison, filter_options, hardware_spec, project_option
 
 TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers")
 
@@ -52,12 +52,14 @@ def presets(fmt: str) -> None:
     type=click.Choice(["datasheet", "measured", "none"]),
     help="Peak of the efficiency column. [default: the run's, datasheet if it names a spec, else none]",
 )
-def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominator) -> None:
+@project_option
+def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominator, project) -> None:
     """Render stored results as tables (ready to paste into docs).
 
     A filter value that matches nothing in any file is refused (exit 2) with what the files hold; with several
     files, each shows what it has of the values asked for, and a file with none of them is left out."""
     from ..frame import frame_of, held_filters, select
+    from ..projection import projection_table
     from ..results import load_run
     from ..tables import check_kind, table
 
@@ -80,6 +82,9 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
         if kind == "speedup":
             del held["passes"]
         texts.append(table(run, kind, fmt, columns=columns, denominator=_denominator(run, denominator), **held))
+        if project is not None:
+            # the run's header block is just above: the projection adds only the line that says what it is
+            texts.append(projection_table(run, kind, fmt, project, columns=columns, header=False, **held))
     click.echo("\n".join(texts), nl=False)
 
 
@@ -101,14 +106,15 @@ def _denominator(run, choice: str | None) -> str | None:
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="A .png file, or a folder for all figures.")
 @click.option("--hardware", help="Spec of the roofs and the model. [default: the run's]")
-def plot(results: Path, out: Path, hardware: str | None) -> None:
+@project_option
+def plot(results: Path, out: Path, hardware: str | None, project: str | None) -> None:
     """Draw the figures of stored results (a peers run: the peers figure)."""
     from ..plots import plot_all
     from ..results import load_run
 
     run = load_run(results)
     key = hardware or run.meta.get("hardware")
-    for path in plot_all(run, out, spec=hardware_spec(key) if key else None):
+    for path in plot_all(run, out, spec=hardware_spec(key) if key else None, project=project):
         click.echo(str(path))
 
 

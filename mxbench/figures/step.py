@@ -18,7 +18,8 @@ from .context import CATEGORY_COLORS, PASS_SHORT, RECIPE_COLORS, Context, legend
 def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
     """Net fwd+bwd speedup over bf16 vs M of every recipe: measured (if the run measured) and the roofline model
     over ``ctx.spec``. A card without MX tensor cores has no mxfp8 roof: its model line would sit at the fp8
-    roof, which the MXFP8 step cannot reach there, so it is not drawn."""
+    roof, which the MXFP8 step cannot reach there, so it is not drawn (``--project b200`` shows what a card with
+    them would do)."""
     found = speedups(ctx.rows)
     drew = False
     unreachable = []
@@ -42,7 +43,12 @@ def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
     ax.set_ylabel("fwd+bwd speedup over bf16 (x)")
     title(ax, "Net speedup, forward + backward", ctx)
     # the legend's title says why a model line is missing: the legend finds a place clear of the data
-    why = f"no {', '.join(unreachable)} roofline model: {ctx.spec.name} has no MX tensor cores" if unreachable else None
+    why = (
+        f"no {', '.join(unreachable)} roofline model: {ctx.spec.name} has no MX tensor cores\n"
+        "(`mxbench plot --project b200` projects the run onto a B200)"
+        if unreachable
+        else None
+    )
     legend(ax, title=why, title_fontsize=7)
     return True
 
