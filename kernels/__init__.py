@@ -13,7 +13,10 @@ Depends on torch and triton only; knows nothing of the mxbench harness. Modules,
 * ``names``: the vocabulary (recipes, passes, categories);
 * ``stages``: what each stage of a step computes (specs: contract, oracle, comparison rule);
 * ``pipeline``: the passes of a training step as stages bound to shapes, costs and tensors;
-* ``autograd``: the drop-ins for ``torch._grouped_mm`` built from those stages.
+* ``autograd``: the drop-ins for ``torch._grouped_mm`` built from those stages;
+* expert parallelism: ``token_permute`` (row gathers and routing indices), ``ep_comm`` (the all-to-alls),
+  ``ep_stages`` (the EP stage specs and the bf16 / mxfp8 / mxfp8_a2a strategies), ``ep`` (the autograd EP layer)
+  and ``ep_reference`` (its single-process reference).
 """
 
 import importlib

@@ -17,6 +17,22 @@ from .runtime import InputError
 from .stages import StageImpl
 
 
+def save_for_stages(ctx, env: Mapping[str, torch.Tensor], backward_stages, grad_name: str) -> None:
+    """Keep on ``ctx`` what ``backward_stages`` read and do not make themselves (``grad_name``, the incoming
+    gradient, arrives with the backward), and the stages."""
+    produced = {o for s in backward_stages for o in s.outputs} | {grad_name}
+    ctx.keys = sorted({i for s in backward_stages for i in s.inputs} - produced)
+    ctx.save_for_backward(*[env[k] for k in ctx.keys])
+    ctx.backward_stages, ctx.grad_name = backward_stages, grad_name
+
+
+def run_saved_stages(ctx, grad: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The backward stages kept by ``save_for_stages`` run on the saved tensors and ``grad``; their environment."""
+    env = dict(zip(ctx.keys, ctx.saved_tensors, strict=True))
+    env[ctx.grad_name] = grad.contiguous()
+    return run_stages(ctx.backward_stages, env)
+
+
 class StagedGroupedMM(torch.autograd.Function):
     """Forward runs the ``forward`` stages; backward runs ``backward_input`` then ``backward_weight``."""
 
@@ -28,18 +44,12 @@ class StagedGroupedMM(torch.autograd.Function):
         # w (G, N, K) with K contiguous: free when b_t is the usual transposed view of contiguous weights.
         w = b_t.transpose(-2, -1).contiguous()
         env = run_stages(by_pass[Pass.FORWARD], {"a": a, "w": w, "offs": offs})
-        backward = by_pass[Pass.BACKWARD_INPUT] + by_pass[Pass.BACKWARD_WEIGHT]
-        produced = {o for s in backward for o in s.outputs} | {"grad_out"}
-        ctx.keys = sorted({i for s in backward for i in s.inputs} - produced)
-        ctx.save_for_backward(*[env[k] for k in ctx.keys])
-        ctx.backward_stages = backward
+        save_for_stages(ctx, env, by_pass[Pass.BACKWARD_INPUT] + by_pass[Pass.BACKWARD_WEIGHT], "grad_out")
         return env["out"]
 
     @staticmethod
     def backward(ctx, grad_out):
-        env = dict(zip(ctx.keys, ctx.saved_tensors, strict=True))
-        env["grad_out"] = grad_out.contiguous()
-        run_stages(ctx.backward_stages, env)
+        env = run_saved_stages(ctx, grad_out)
         return env["grad_a"], env["grad_w"].transpose(-2, -1), None, None, None, None, None, None
 
 

@@ -407,3 +407,4 @@ def grouped_mm_cost(M: int, N: int, K: int, G: int, recipe: str, case: str = "2d
         else:
             scales = sum(r * c for r, c in (k_groups_shape(R, M // BLOCK_SIZE, G) for R in (N, K)))
     return Cost(bytes_read=operands + scales, bytes_written=out, flops=2 * M * N * K, precision=_PRECISION[recipe])
+

@@ -40,10 +40,12 @@ class Category(StrEnum):
     REARRANGE = "rearrange"
     PAD = "pad"
     GEMM = "gemm"
+    ALL_TO_ALL = "all_to_all"  # expert parallelism: rows exchanged between ranks (roof: the interconnect)
+    PERMUTE = "permute"  # expert parallelism: rows reordered within a rank (roof: memory bandwidth)
     END_TO_END = "end_to_end"
 
 
-MEMORY_CATEGORIES = (Category.QUANTIZE, Category.REARRANGE, Category.PAD)
+MEMORY_CATEGORIES = (Category.QUANTIZE, Category.REARRANGE, Category.PAD, Category.PERMUTE)
 """Categories whose roof is memory bandwidth (they do no arithmetic worth counting)."""
 
 END_TO_END_STAGE = "fwd+bwd"

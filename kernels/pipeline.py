@@ -81,11 +81,16 @@ class Stage:
         return self.fn(*[env[name] for name in self.inputs], **self.params)
 
 
-def _stage(recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> Stage:
-    spec = get_spec(recipe, name)
+def bind_stage(spec: StageSpec, shapes, cost, inputs, outputs, params=None, backend=None) -> Stage:
+    """``spec`` as a stage of a step: its input shapes, its cost, the env names it reads and writes, its contract
+    parameters and (GEMMs) its backend, run by mxkernels' implementation."""
     fn = spec.impl if backend is None else functools.partial(spec.impl, backend=backend)
     return Stage(spec, tuple(tuple(s) for s in shapes), cost, tuple(inputs), tuple(outputs), fn,
                  MappingProxyType(dict(params or {})), OURS, spec.kernel, backend)  # fmt: skip
+
+
+def _stage(recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> Stage:
+    return bind_stage(get_spec(recipe, name), shapes, cost, inputs, outputs, params, backend)
 
 
 @dataclass(frozen=True)
@@ -350,6 +355,6 @@ def _bind(stage: Stage, env: dict[str, torch.Tensor]) -> Callable[[], object]:
 
 
 __all__ = [
-    "OURS", "PASSES", "RECIPES", "Stage", "build_step", "check_recipe", "group_ends", "make_inputs", "needs_padding",
-    "plan_step", "run_stages", "step_stages", "with_impls",
+    "OURS", "PASSES", "RECIPES", "Stage", "bind_stage", "build_step", "check_recipe", "group_ends", "make_inputs",
+    "needs_padding", "plan_step", "run_stages", "step_stages", "with_impls",
 ]  # fmt: skip

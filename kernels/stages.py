@@ -525,7 +525,8 @@ def _bf16() -> list[StageSpec]:
 
 @functools.cache
 def all_specs() -> dict[tuple[Recipe, str], StageSpec]:
-    """Every stage spec by (recipe, name)."""
+    """Every stage spec of the single-GPU step by (recipe, name). The expert-parallel stages are declared the same
+    way in ``ep_stages.ep_specs()``, kept apart: their collectives run only inside a process group."""
     return {s.key: s for s in (*_mxfp8(), *_fp8_rowwise(), *_bf16())}
 
 

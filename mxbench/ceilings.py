@@ -261,16 +261,34 @@ def _same_limit(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= _LIMIT_TOLERANCE_W
 
 
-def _read_entries(path: Path) -> list[Ceilings]:
+def read_entries(path: Path, schema: int, what: str = "ceilings") -> list[dict[str, Any]]:
+    """The entries of a stored ceilings file of ``schema`` ([] when there is none); ``what`` names the kind of
+    file in the error a malformed one raises."""
     if not path.exists():
         return []
     try:
         payload = json.loads(path.read_text())
-        if payload.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"schema {payload.get('schema')!r} is not {SCHEMA_VERSION}")
-        known = {f.name for f in fields(Ceilings)}
-        return [Ceilings(**{k: v for k, v in e.items() if k in known}) for e in payload["entries"]]
+        if payload.get("schema") != schema:
+            raise ValueError(f"schema {payload.get('schema')!r} is not {schema}")
+        return [dict(e) for e in payload["entries"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not an mxbench {what} file ({e})") from None
+
+
+def write_entries(path: Path, schema: int, card: str, entries: list[dict[str, Any]]) -> Path:
+    """Write a ceilings file atomically (a temporary file renamed over it); returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"schema": schema, "card": card, "entries": entries}, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def _read_entries(path: Path) -> list[Ceilings]:
+    known = {f.name for f in fields(Ceilings)}
+    try:
+        return [Ceilings(**{k: v for k, v in e.items() if k in known}) for e in read_entries(path, SCHEMA_VERSION)]
+    except TypeError as e:
         raise InputError(f"{path}: not an mxbench ceilings file ({e})") from None
 
 
@@ -280,12 +298,7 @@ def save_ceilings(c: Ceilings, results_dir: str | Path) -> Path:
     path = _path(results_dir, c.card)
     entries = [e for e in _read_entries(path) if not _same_limit(e.power_limit_w, c.power_limit_w)] + [c]
     entries.sort(key=lambda e: (e.power_limit_w is not None, e.power_limit_w or 0.0))
-    payload = {"schema": SCHEMA_VERSION, "card": c.card, "entries": [asdict(e) for e in entries]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
-    return path
+    return write_entries(path, SCHEMA_VERSION, c.card, [asdict(e) for e in entries])
 
 
 def load_ceilings(results_dir: str | Path, card: str, power_limit_w: float | None = None) -> Ceilings | None:

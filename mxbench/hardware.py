@@ -16,15 +16,16 @@ from typing import Any
 from mxkernels.errors import InputError
 
 UNITS = ("TB/s", "TFLOP/s")
-_NUMBERS = ("hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w")
-_OPTIONAL = ("fp8_tflops", "mxfp8_tflops")
+_NUMBERS = ("hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w", "nvlink_gbps")
+_OPTIONAL = ("fp8_tflops", "mxfp8_tflops", "nvlink_gbps")
 
 
 @dataclass
 class HardwareSpec:
     """Per-GPU peaks of one card. ``fp8_tflops`` / ``mxfp8_tflops`` None: no FP8 / no MX tensor cores.
 
-    ``l2_mb``: MiB of last-level cache before HBM. ``sources`` maps each number's field name to where it comes
+    ``l2_mb``: MiB of last-level cache before HBM. ``nvlink_gbps``: the GPU-to-GPU interconnect per GPU in GB/s,
+    both directions together (NVIDIA's convention), None where not recorded. ``sources`` maps each number's field name to where it comes
     from. ``match`` / ``exclude`` / ``memory_gib`` recognise the card from its torch device name and memory.
     """
 
@@ -43,6 +44,7 @@ class HardwareSpec:
     match: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     memory_gib: tuple[float, float] | None = None
+    nvlink_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ def _spec_from_toml(key: str, entry: dict[str, Any]) -> HardwareSpec:
         match=tuple(entry.pop("match", ())),
         exclude=tuple(entry.pop("exclude", ())),
         memory_gib=(float(memory[0]), float(memory[1])) if memory else None,
+        nvlink_gbps=_float_or_none(entry.pop("nvlink_gbps", None)),
     )
 
 
@@ -190,3 +193,12 @@ def datasheet_peaks(spec: HardwareSpec) -> dict[str, Peak]:
             label = f"{spec.name} datasheet dense {key.upper()} {value:g} TFLOP/s"
             peaks[key] = Peak(value, "TFLOP/s", label)
     return peaks
+
+
+def link_peak(spec: HardwareSpec) -> Peak | None:
+    """The datasheet interconnect roof of ``spec`` in TB/s, both directions together (the denominator of an
+    all-to-all's bytes sent plus received per rank), or None where the spec records none."""
+    if spec.nvlink_gbps is None:
+        return None
+    label = f"{spec.name} datasheet NVLink {spec.nvlink_gbps:g} GB/s (both directions, per GPU)"
+    return Peak(spec.nvlink_gbps / 1000.0, "TB/s", label)

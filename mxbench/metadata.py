@@ -38,7 +38,8 @@ def git_commit() -> str | None:
         return os.environ.get("MXBENCH_GIT_COMMIT") or None
 
 
-def _versions() -> dict[str, Any]:
+def versions() -> dict[str, Any]:
+    """The software a run was made with: torch, CUDA, triton, mxbench and its commit, Python."""
     import torch
     import triton
 
@@ -52,7 +53,7 @@ def common_metadata(points: Sequence[Point], command: str) -> dict[str, Any]:
     return {
         "date": now(),
         "command": command or " ".join(sys.argv),
-        **_versions(),
+        **versions(),
         "seeds": sorted({p.seed for p in points}),
         "group_sizes_method": {"balanced": "even split, remainder over the first groups", "skewed": SKEW_METHOD},
         "group_sizes": [

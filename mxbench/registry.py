@@ -216,15 +216,16 @@ def implementation(stage: str, **kwargs):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def split_stage(text: str, recipe: str = Recipe.MXFP8) -> tuple[Recipe, str]:
-    """``"quantize_a"`` (of ``recipe``) or ``"fp8_rowwise/quantize_a"`` -> (recipe, stage), checked."""
+def split_stage(text: str, recipe: str = Recipe.MXFP8, spec_of=get_spec) -> tuple[Recipe, str]:
+    """``"quantize_a"`` (of ``recipe``) or ``"fp8_rowwise/quantize_a"`` -> (recipe, stage), checked against
+    ``spec_of`` (the single-GPU step's specs; ``ep_stages.get_ep_spec`` for the expert-parallel step)."""
     if "/" in text:
         recipe, text = text.split("/", 1)
         try:
             recipe = Recipe(recipe)
         except ValueError:
             raise InputError(f"unknown recipe {recipe!r} in {text!r}; recipes: {', '.join(Recipe)}") from None
-    get_spec(recipe, text)
+    spec_of(recipe, text)
     return Recipe(recipe), text
 
 
@@ -246,12 +247,13 @@ def load_callable(target: str, option: str = "--impl") -> Any:
     return obj
 
 
-def parse_impl(text: str, recipe: str = Recipe.MXFP8) -> Implementation:
-    """``STAGE=module:function`` -> an Implementation named ``module:function`` (origin ``--impl``)."""
+def parse_impl(text: str, recipe: str = Recipe.MXFP8, spec_of=get_spec) -> Implementation:
+    """``STAGE=module:function`` -> an Implementation named ``module:function`` (origin ``--impl``); the stage is
+    looked up with ``spec_of`` (see ``split_stage``)."""
     stage, sep, target = text.partition("=")
     if not sep or not stage or not target:
         raise InputError(f"--impl: {text!r} must be STAGE=module:function")
-    r, stage = split_stage(stage.strip(), recipe)
+    r, stage = split_stage(stage.strip(), recipe, spec_of)
     obj = load_callable(target.strip())
     if isinstance(obj, Implementation):
         if (obj.recipe, obj.stage) != (r, stage):

@@ -17,6 +17,7 @@ import pandas as pd
 from mxkernels.errors import InputError
 from mxkernels.names import MEMORY_CATEGORIES, OURS
 
+from .ep import TABLE_KINDS as EP_TABLE_KINDS
 from .frame import ENERGY_KEY, PASS_TITLES, POINT_FIELDS, SM_CLOCK_KEY, efficiency, frame_of, select
 from .render import MODEL_MARK, Row, header_block, render
 from .results import Run
@@ -376,21 +377,28 @@ TABLES: dict[str, Callable[..., list[Row]]] = {
     "power": power_rows,
     "peers": peer_rows,
 }
+STEP_TABLES = ("breakdown", "speedup", "sweep", "power")
+"""The tables of a run of the step (``roofline``, ``regress``)."""
 _NO_DENOMINATOR = ("speedup", "peers")
 """Tables without an efficiency column (and so without denominators in their header)."""
 
 
 def check_kind(run: Run, kind: str, where: str = "this run") -> None:
-    """A peers run has only the peers table, and the peers table needs a peers run."""
-    if kind not in TABLES:
-        raise InputError(f"kind must be one of {list(TABLES)}, got {kind!r}")
-    is_peers = run.meta.get("kind") == "peers"
-    if kind == "peers" and not is_peers:
-        others = ", ".join(k for k in TABLES if k != "peers")
-        raise InputError(f"{where} is not a peers run (made by `mxbench peers`): --kind peers has nothing to show; "
-                         f"its tables are {others}")  # fmt: skip
-    if kind != "peers" and is_peers:
-        raise InputError(f"{where} is a peers run (made by `mxbench peers`): its table is --kind peers, not {kind}")
+    """Each kind of run has its tables: a peers run the peers table, an expert-parallel run the EP tables, any
+    other run the step's tables; a table asked of the wrong kind of run is refused, naming the right ones."""
+    run_kind = run.meta.get("kind") or "roofline"
+    wanted = {"peers": ("peers",), "ep": EP_TABLE_KINDS}.get(run_kind, STEP_TABLES)
+    if kind in wanted:
+        return
+    known = (*TABLES, *EP_TABLE_KINDS)
+    if kind not in known:
+        raise InputError(f"kind must be one of {list(known)}, got {kind!r}")
+    if run_kind not in ("peers", "ep"):
+        maker = "peers" if kind == "peers" else "ep"
+        raise InputError(f"--kind {kind} needs a run of `mxbench {maker}`; {where} is not one: its tables are "
+                         f"{', '.join(STEP_TABLES)}")  # fmt: skip
+    raise InputError(f"{where} is a {run_kind} run (made by `mxbench {run_kind}`): its tables are --kind "
+                     f"{', '.join(wanted)}, not {kind}")  # fmt: skip
 
 
 def table(

@@ -206,12 +206,16 @@ def time_fn(
     warmup: int = 3,
     flush_bytes: int | None = None,
     window: Callable[[], AbstractContextManager] | None = None,
+    agree: Callable[[float], float] | None = None,
 ) -> Timing:
     """Time ``fn`` (a zero-argument callable launching GPU work on the current device); see the module docstring.
 
     ``fn`` is first called eagerly ``warmup`` times (so Triton JIT and autotuning happen before capture).
     ``window``: a factory of a context manager entered around ``fn``'s timed replays only (not warm-up, estimate,
-    capture or the flush-only replays); the calls inside it are ``len(samples_us) * calls_per_replay``. Raises
+    capture or the flush-only replays); the calls inside it are ``len(samples_us) * calls_per_replay``.
+    ``agree``: maps this process's eager estimate of one graph body (us) to the estimate that sets the calls per
+    replay. Processes timing a collective together pass one that returns the largest estimate of them all, so
+    that every process captures and replays the same number of collective calls. Raises
     ``TimingError`` without a CUDA device, when ``fn`` cannot be captured, or when the graph holds none of its work;
     warns (``TimingWarning``) when ``fn``'s graph holds memcpy or memset nodes.
     """
@@ -228,7 +232,7 @@ def time_fn(
                 fn()
             if not use_graph:
                 return _time_events(fn, flush, samples, stream, window)
-            return _time_graph(fn, flush, samples, target_replay_ms, stream, window)
+            return _time_graph(fn, flush, samples, target_replay_ms, stream, window, agree)
     finally:
         torch.cuda.current_stream().wait_stream(stream)
 
@@ -278,7 +282,7 @@ def _time_events(fn, flush: _Flush, samples: int, stream: torch.cuda.Stream, win
     )  # fmt: skip
 
 
-def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float, stream, window) -> Timing:
+def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float, stream, window, agree=None) -> Timing:
     if flush is None:
         body = fn
     else:
@@ -288,7 +292,7 @@ def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float,
             fn()
 
     eager_body_us = _eager_us(body, stream)
-    n = choose_calls_per_replay(eager_body_us, target_replay_ms)
+    n = choose_calls_per_replay(eager_body_us if agree is None else agree(eager_body_us), target_replay_ms)
     main, main_nodes = _capture(body, n, stream)
     if flush is not None:  # the flush graph: what is subtracted, and the same graph without fn
         base, base_nodes = _capture(flush, n, stream)

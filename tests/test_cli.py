@@ -57,11 +57,12 @@ def test_the_command_line_loads_no_kernels_until_a_command_runs():
 
 
 def test_the_options_offer_what_the_harness_knows():
+    from mxbench import ep
     from mxbench.cli import common, report_commands
     from mxbench.render import FORMATS
     from mxbench.tables import TABLES
 
-    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == tuple(TABLES)
+    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == (*TABLES, *ep.TABLE_KINDS)
 
 
 def test_presets_lists_every_model_with_its_shapes():
@@ -395,9 +396,10 @@ DEEPSEEK, SKEWED, PEERS = (H200 / f"{n}.json" for n in ("roofline-deepseek-v3", 
         ([DEEPSEEK, SKEWED, "--card", "NVIDIA B200"], "no records with card=NVIDIA B200; these 2 files have card in NVIDIA H200"),
         ([DEEPSEEK, "--pass", "sideways"], "passes: unknown pass ['sideways']"),
         ([PEERS, "--kind", "peers", "--M", 8], f"no records with M=8; {PEERS} has M in 131072"),
-        ([DEEPSEEK, "--kind", "peers"], f"{DEEPSEEK} is not a peers run (made by `mxbench peers`): --kind peers has "
-                                        + "nothing to show; its tables are breakdown, speedup, sweep, power"),
-        ([PEERS], f"{PEERS} is a peers run (made by `mxbench peers`): its table is --kind peers, not breakdown"),
+        ([DEEPSEEK, "--kind", "peers"], f"--kind peers needs a run of `mxbench peers`; {DEEPSEEK} is not one: its "
+                                        + "tables are breakdown, speedup, sweep, power"),
+        ([PEERS], f"{PEERS} is a peers run (made by `mxbench peers`): its tables are --kind peers, not breakdown"),
+        ([DEEPSEEK, "--kind", "ep"], f"--kind ep needs a run of `mxbench ep`; {DEEPSEEK} is not one"),
         ([DEEPSEEK, "--kind", "speedup", "--pass", "forward"], "the speedup table compares whole steps"),
         ([DEEPSEEK, "--kind", "power", "--project", "b200"], "--project shows the breakdown and speedup tables"),
         ([DEEPSEEK, "--project", "tpu"], "unknown hardware 'tpu'"),

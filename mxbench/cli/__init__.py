@@ -1,5 +1,5 @@
 """The ``mxbench`` command line (click): roofline, presets, ceilings, table, plot, compare, history, regress, peers,
-impls, check.
+impls, check, ep.
 
 Bad input exits with code 2 and a one-line message: click's own usage errors, and ``mxkernels.runtime.InputError``
 raised below the CLI (the harness and the kernels validate their arguments with InputErrors that name them;
@@ -9,7 +9,8 @@ stays fast.
 
 ``run_commands`` holds the commands that measure (roofline, ceilings, regress, peers), ``report_commands`` those
 that read stored results (table, plot, compare, presets), ``history_commands`` the history over commits,
-``registry_commands`` those about implementations (impls, check), ``common`` what they share.
+``registry_commands`` those about implementations (impls, check), ``common`` what they share; ``mxbench.ep.command``
+the expert-parallel pipeline (``ep``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 import click
 
 from .. import __version__
+from ..ep import command as ep_command
 from . import history_commands, registry_commands, report_commands, run_commands
 from .common import Group
 
@@ -41,6 +43,7 @@ for _command in (
     run_commands.peers,
     registry_commands.impls,
     registry_commands.check,
+    ep_command.ep,
 ):
     cli.add_command(_command)
 

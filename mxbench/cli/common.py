@@ -86,17 +86,24 @@ def project_option(command: Callable) -> Callable:
 
 def command_line() -> str:
     """The running command as typed (the options given on the command line, in declaration order), for metadata."""
-    ctx = click.get_current_context()
-    words = ["mxbench", ctx.info_name]
+    return shlex.join(["mxbench", *command_words(click.get_current_context())])
+
+
+def command_words(ctx: click.Context, skip: tuple[str, ...] = ()) -> list[str]:
+    """The command's name and the parameters given on its command line as words (but those named in ``skip``):
+    what reruns it, e.g. on every worker that ``mxbench ep --nproc`` starts."""
+    words = [ctx.info_name]
     for param in ctx.command.params:
-        if ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+        if param.name in skip or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
             continue
         value = ctx.params[param.name]
-        if isinstance(param, click.Option):
+        if isinstance(param, click.Option) and param.multiple:
+            words += [w for v in value for w in (param.opts[0], _word(v))]
+        elif isinstance(param, click.Option):
             words += [param.opts[0]] if param.is_flag else [param.opts[0], _word(value)]
         else:  # an argument; nargs=-1 gives a tuple
             words += [_word(v) for v in (value if isinstance(value, tuple) else (value,))]
-    return shlex.join(words)
+    return words
 
 
 def _word(value: Any) -> str:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
+from ..ep import TABLE_KINDS as EP_TABLE_KINDS
 from .common import FORMATS, CommaList, echo_comparison, filter_options, hardware_spec, project_option
 
-TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers")
+TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS)
 
 
 # ------------------------------------------------------------------------------------------------- presets
@@ -66,6 +67,13 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
     runs = [(path, load_run(path)) for path in results]
     for path, run in runs:
         check_kind(run, kind, str(path))
+    if kind in EP_TABLE_KINDS:  # the expert-parallel tables choose their strategies themselves (--recipe)
+        from ..ep.tables import ep_table
+
+        click.echo(
+            "\n".join(ep_table(run, kind, fmt, columns=columns, strategies=recipes) for _, run in runs), nl=False
+        )
+        return
     if kind == "speedup" and passes:
         raise click.BadParameter("the speedup table compares whole steps: no pass to choose", param_hint="--pass")
     Ms = [_breakdown_M(Ms)] if kind == "breakdown" and Ms else Ms

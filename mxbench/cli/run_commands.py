@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -267,8 +268,15 @@ def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2:
 @click.command()
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=RESULTS_DIR, show_default=True)
 def ceilings(out_dir: Path) -> None:
-    """Measure this card's achievable bandwidth and GEMM throughput at its current power limit, and store them."""
+    """Measure this card's achievable bandwidth and GEMM throughput at its current power limit, and store them.
+    Under torchrun with several processes: the all-to-all ceiling of these GPUs instead (``ep.ceiling``)."""
     _require_gpu("ceilings are measured on a GPU")
+    from ..ep.dist import under_torchrun
+
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        from ..ep.ceiling import run_alltoall_ceiling
+
+        click.get_current_context().exit(run_alltoall_ceiling(out_dir, echo=click.echo))
     from dataclasses import asdict
 
     from ..ceilings import measure_ceilings, save_ceilings

@@ -1,0 +1,11 @@
+"""``mxbench ep``: the expert-parallel pipeline on several processes (torch.distributed, launched by torchrun).
+
+Modules, one job each: ``launch`` (the ``--nproc`` shortcut and the workers' environment), ``dist`` (process
+groups, gathering to rank 0, bounded teardown), ``inputs`` (seeded routing and layer inputs), ``check``
+(correctness against the single-process reference), ``timing`` (stages timed in step across ranks), ``measure``
+(the records of a run), ``metadata``, ``tables``, ``figure``, ``ceiling`` (the measured all-to-all ceiling) and
+``command`` (the click command). The layer itself and its stages live in the kernel package (``mxkernels.ep``).
+"""
+
+TABLE_KINDS = ("ep", "ep-summary")
+"""The ``table --kind`` values of an EP run: per stage, and per strategy (``tables``)."""

@@ -1,0 +1,179 @@
+"""``mxbench ep --check``: every EP strategy checked, stage by stage and as a whole layer, on every rank.
+
+1. Stages: the strategy's stages run in step order on the oracle's data (each stage's inputs are the oracle outputs
+   of the stages before it, as ``mxbench check`` does); each implementation's outputs are compared with its spec's
+   oracle by the spec's rule (bit for bit, or an SQNR floor for GEMMs). All-to-all oracles are built from
+   ``all_gather`` alone. The first mismatch of a stage names where.
+2. Layer: one forward + backward of the EP layer (``mxkernels.ep``) on every rank; rank 0 gathers every rank's
+   inputs, outputs and gradients and compares y, grad_x and grad_w with the single-process reference of the same
+   layer (``mxkernels.ep_reference``: bf16 math for bf16, the emulated MXFP8 math for the MXFP8 strategies) by
+   SQNR. The MXFP8 strategies' SQNR against the *bf16* reference is printed beside it: their quantization error,
+   information, not a verdict.
+
+Exit code (``run_check``): 0 when every stage matches its oracle and every layer output clears ``LAYER_FLOOR_DB``,
+1 otherwise; every rank returns the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from mxkernels.ep import ep_expert_projection, plan_routing
+from mxkernels.ep_reference import ep_layer_reference
+from mxkernels.ep_stages import BASELINE, ep_step_stages
+from mxkernels.pipeline import Stage, with_impls
+from mxkernels.stages import sqnr_db
+
+from .dist import Context, any_rank, gather
+from .inputs import layer_tensors, routing
+
+LAYER_FLOOR_DB = 40.0
+"""Floor of a layer output's SQNR against the reference. The reference takes exact products and fp64 sums, rounded
+once to bf16; an implementation that differs only in summation order and its bf16 roundings stays far above it (80
+dB and more on the CPU, where the GEMMs are emulated in fp32). One misrouted row among a few hundred costs some 20
+dB (its error is the size of the signal of two rows), so a wrong permutation cannot pass."""
+
+
+@dataclass(frozen=True)
+class EPOptions:
+    """The layer and routing of a run (per rank: T tokens, E local experts)."""
+
+    K: int
+    N: int
+    E: int
+    T: int
+    top_k: int
+    groups: str
+    seed: int
+    mode: str = "rceil"
+    backend: str | None = None
+
+
+@dataclass(frozen=True)
+class StageCheck:
+    strategy: str
+    stage: str
+    rank: int
+    verdict: str  # PASS, FAIL or ERROR
+    detail: str
+
+
+@dataclass(frozen=True)
+class LayerCheck:
+    strategy: str
+    output: str
+    sqnr_db: float
+    vs_bf16_db: float | None
+
+    @property
+    def ok(self) -> bool:
+        return self.sqnr_db >= LAYER_FLOOR_DB
+
+
+def rank_inputs(ctx: Context, o: EPOptions) -> dict[str, torch.Tensor]:
+    """This rank's routing and layer tensors, on its device."""
+    experts = routing(o.T, o.top_k, ctx.world * o.E, o.groups, o.seed, ctx.rank).to(ctx.device)
+    return {"experts": experts, **layer_tensors(o.T, o.K, o.N, o.E, o.top_k, o.seed, ctx.rank, ctx.device)}
+
+
+def strategy_stages(ctx: Context, strategy: str, shape, o: EPOptions, impls: Sequence) -> list[Stage]:
+    """The strategy's stages, with each ``--impl`` whose (recipe, stage) is one of them run in its place."""
+    stages = ep_step_stages(strategy, shape, group=ctx.group, mode=o.mode, backend=o.backend)
+    keys = {s.spec.key: s.name for s in stages}
+    return with_impls(stages, {keys[i.recipe, i.stage]: i for i in impls if (i.recipe, i.stage) in keys})
+
+
+def _finding(mismatch) -> str:
+    text = f"{mismatch.output}: {mismatch.message}"
+    if mismatch.index is not None:
+        text += f"; first at {mismatch.index}, expected {mismatch.expected}, got {mismatch.got}"
+    return text
+
+
+def check_stages(ctx: Context, strategy: str, stages: Sequence[Stage], env: Mapping[str, torch.Tensor]):
+    """This rank's verdict on every stage (see the module doc, part 1)."""
+    env, results = dict(env), []
+    for stage in stages:
+        inputs = [env[name] for name in stage.inputs]
+        expected = stage.spec.oracle(*inputs, **stage.params)
+        try:
+            got = stage.fn(*inputs, **stage.params)
+            mismatch = stage.spec.compare(got, expected, inputs)
+            verdict, detail = ("PASS", stage.spec.rule.describe()) if mismatch is None else ("FAIL", _finding(mismatch))
+        except Exception as e:  # noqa: BLE001 -- the implementation under test raised: its row says how
+            verdict, detail = "ERROR", f"{type(e).__name__}: {' '.join(str(e).split())}"
+        results.append(StageCheck(strategy, stage.name, ctx.rank, verdict, detail))
+        env.update({name: value for name, value in zip(stage.outputs, expected, strict=True) if name is not None})
+    return results
+
+
+def _layer_run(ctx, inputs, plan, stages) -> dict[str, torch.Tensor]:
+    x = inputs["x"].clone().requires_grad_()
+    w = inputs["w"].clone().requires_grad_()
+    y = ep_expert_projection(x, w, plan, stages=stages, group=ctx.group)
+    y.backward(inputs["dy"])
+    return {"y": y.detach(), "grad_x": x.grad, "grad_w": w.grad}
+
+
+def compare_layer(strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], mode: str) -> list[LayerCheck]:
+    """Gathered inputs and results of every rank against the reference (module doc, part 2)."""
+    args = ([r["x"] for r in ranks], [r["experts"] for r in ranks], torch.cat([r["w"] for r in ranks]),
+            [r["dy"] for r in ranks])  # fmt: skip
+    reference = dict(zip(("y", "grad_x", "grad_w"), ep_layer_reference(*args, strategy, mode), strict=True))
+    bf16 = None if strategy == BASELINE else dict(zip(("y", "grad_x", "grad_w"), ep_layer_reference(*args, BASELINE),
+                                                      strict=True))  # fmt: skip
+    checks = []
+    for name in ("y", "grad_x", "grad_w"):
+        got = torch.cat([r[name] for r in ranks])
+        want = torch.cat(reference[name]) if name != "grad_w" else reference[name]
+        vs = None
+        if bf16 is not None:
+            vs = sqnr_db(got, torch.cat(bf16[name]) if name != "grad_w" else bf16[name])
+        checks.append(LayerCheck(strategy, name, sqnr_db(got, want), vs))
+    return checks
+
+
+def check_strategy(ctx: Context, strategy: str, o: EPOptions, impls: Sequence = ()):
+    """(stage checks of every rank, layer checks) on rank 0; (None, None) elsewhere."""
+    inputs = rank_inputs(ctx, o)
+    plan = plan_routing(inputs["experts"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
+    stages = strategy_stages(ctx, strategy, plan.shape, o, impls)
+    stage_checks = check_stages(ctx, strategy, stages, {**inputs, **plan.tensors})
+    results = _layer_run(ctx, inputs, plan, stages)
+    mine = {k: v.detach().cpu() for k, v in {**inputs, **results}.items()}
+    every_stage, every_rank = gather(ctx, stage_checks), gather(ctx, mine)
+    if not ctx.root:
+        return None, None
+    return [c for rank in every_stage for c in rank], compare_layer(strategy, every_rank, o.mode)
+
+
+def run_check(ctx: Context, strategies: Sequence[str], o: EPOptions, impls: Sequence = (), echo=print) -> int:
+    """Check every strategy; rank 0 prints the verdicts with ``echo``. Returns the exit code on every rank."""
+    from ..render import render
+
+    failed = False
+    for strategy in strategies:
+        stage_checks, layer_checks = check_strategy(ctx, strategy, o, impls)
+        if ctx.root:
+            bad = [c for c in stage_checks if c.verdict != "PASS"]
+            failed |= bool(bad) or not all(c.ok for c in layer_checks)
+            echo(render([_layer_row(c) for c in layer_checks], "plain"))
+            stages_ok = len({c.stage for c in stage_checks}) - len({c.stage for c in bad})
+            echo(f"{strategy}: {stages_ok} of {len({c.stage for c in stage_checks})} stages match their oracle "
+                 f"on all {ctx.world} ranks")  # fmt: skip
+            for c in bad:
+                echo(f"  {c.verdict} {strategy}/{c.stage} on rank {c.rank}: {c.detail}")
+    return 1 if any_rank(ctx, failed) else 0
+
+
+def _layer_row(c: LayerCheck) -> dict:
+    return {
+        "Strategy": c.strategy,
+        "Output": c.output,
+        "SQNR vs reference (dB)": f"{c.sqnr_db:.1f}",
+        "Floor (dB)": f"{LAYER_FLOOR_DB:g}",
+        "Verdict": "PASS" if c.ok else "FAIL",
+        "SQNR vs bf16 reference (dB)": None if c.vs_bf16_db is None else f"{c.vs_bf16_db:.1f}",
+    }

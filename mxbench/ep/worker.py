@@ -1,0 +1,110 @@
+"""One worker of ``mxbench ep``: join the run, check or measure every strategy, write the run (rank 0), leave.
+
+Every rank runs the same sequence (the collectives need it); only rank 0 prints, gathers and writes. Whatever
+happens, the worker leaves through ``dist.leave``: explicit, bounded teardown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+from mxkernels.runtime import InputError
+
+from ..hardware import card_slug
+from ..registry import parse_impl
+from ..render import render
+from ..results import Run, save_run
+from .check import EPOptions, run_check
+from .dist import Context, gather, init, leave
+from .inputs import ROUTING_METHOD, routing
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    samples: int
+    graph: bool
+    out: Path | None
+    results_dir: Path
+    plot_file: Path | None
+    label: str
+    command: str
+
+
+def run_worker(strategies: Sequence[str], o: EPOptions, impl_texts: Sequence[str], *, check: bool,
+               measure: MeasureOptions, echo: Callable[[str], None] = click.echo) -> int:  # fmt: skip
+    """The worker's exit code: 0 pass (or measured), 1 a check failed. Bad input raises ``InputError``."""
+    from mxkernels.ep_stages import get_ep_spec
+
+    impls = [parse_impl(t, "bf16", get_ep_spec) for t in impl_texts]
+    ctx, code = None, 1
+    try:
+        ctx = init()
+        if check:
+            code = run_check(ctx, strategies, o, impls, echo=echo)
+        else:
+            code = _measure(ctx, strategies, o, impls, measure, echo)
+    finally:
+        code = leave(ctx, code)
+    return code
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, echo) -> int:
+    from ..ceilings import load_ceilings
+    from .ceiling import load_alltoall_ceiling
+    from .measure import measure_strategy
+    from .metadata import ep_metadata, rank_info
+    from .tables import ep_header, ep_peaks, ep_rows, summary_rows
+
+    if ctx.device.type != "cuda":
+        raise InputError("no CUDA GPU: timing needs a GPU per rank (NCCL); `mxbench ep --check` runs on CPUs")
+    ranks = gather(ctx, rank_info(ctx))
+    counts = gather(ctx, _send_counts(ctx, o))
+    progress = (lambda text: click.echo(f"[rank 0] {text}", err=True)) if ctx.root else _quiet
+    records = []
+    for strategy in strategies:
+        found = measure_strategy(ctx, strategy, o, graph=m.graph, samples=m.samples, impls=impls, progress=progress)
+        records += found or []
+    if not ctx.root:
+        return 0
+    layer = {"tokens_per_rank": o.T, "K": o.K, "N": o.N, "experts_per_rank": o.E, "top_k": o.top_k, "mode": o.mode,
+             "backend": o.backend}  # fmt: skip
+    routing = {"groups": o.groups, "seed": o.seed, "method": ROUTING_METHOD[o.groups], "send_counts": counts}
+    timing = {"samples": m.samples, "method": "graph-cold per record (events-cold where a collective could not be "
+              "captured: the record's method says which)", "requested": "graph" if m.graph else "events"}  # fmt: skip
+    meta = ep_metadata(ctx, ranks, layer, routing, list(strategies), timing, m.command)
+    stored = load_ceilings(m.results_dir, meta["card"])
+    meta["ceilings"] = asdict(stored) if stored is not None else None
+    meta["alltoall_ceiling"] = load_alltoall_ceiling(m.results_dir, meta["card"], ctx.world)
+    run = Run(meta, records)
+    out = m.out or m.results_dir / card_slug(meta["card"]) / f"ep-{m.label}-{o.groups}-ep{ctx.world}-{_stamp()}.json"
+    json_path, _ = save_run(run, out)
+    peaks = ep_peaks(run)
+    echo(ep_header(run, peaks, "plain"))
+    echo(render(summary_rows(run, peaks=peaks), "plain"))
+    echo(render(ep_rows(run, peaks=peaks), "plain"))
+    echo(f"wrote {json_path}")
+    if m.plot_file is not None:
+        from .figure import plot_ep
+
+        echo(f"wrote {plot_ep(run, m.plot_file)}")
+    return 0
+
+
+def _send_counts(ctx: Context, o: EPOptions) -> list[list[int]]:
+    """This rank's copies per (rank, local expert), for the metadata."""
+    from mxkernels.token_permute import route
+
+    experts = routing(o.T, o.top_k, ctx.world * o.E, o.groups, o.seed, ctx.rank)
+    return route(experts, ctx.world * o.E)["counts"].view(ctx.world, o.E).tolist()
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
