@@ -1,4 +1,8 @@
-"""mxbench: benchmarking and roofline suite for MXFP8 MoE grouped-GEMM training kernels."""
+"""mxbench: benchmarking and roofline suite for MXFP8 MoE grouped-GEMM training kernels.
+
+``mxbench.load(paths_or_folders)`` reads stored runs as a pandas DataFrame (one row per record) and
+``mxbench.load_samples`` as one row per timing sample; see ``mxbench.frame``.
+"""
 
 from pathlib import Path
 
@@ -6,3 +10,14 @@ __version__ = "0.1.0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 """The checkout mxbench runs from: shape presets are read from its ``shapes/`` and every run records its commit."""
+
+_FRAME_NAMES = ("load", "load_samples")
+
+
+def __getattr__(name: str):
+    # loaded on first use: pandas and the tables stay out of `import mxbench` (the CLI's --help stays fast)
+    if name in _FRAME_NAMES:
+        from . import frame
+
+        return getattr(frame, name)
+    raise AttributeError(f"module 'mxbench' has no attribute {name!r}")

@@ -14,7 +14,6 @@ other over all stages (ours first), so one that breaks the CUDA context cannot c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import click
@@ -111,43 +110,3 @@ def _time_one(timer: StageTimer, point: Point, stage, impl, inputs: list, device
     except Exception as e:  # noqa: BLE001 -- an implementation that cannot be set up is its error row
         return stage_record(point, tagged, error=error_message(e))
     return timer.time(point, tagged, fn, use_graph=None if impl.graph_safe else False)
-
-
-# ------------------------------------------------------------------------------------------------------- table
-
-
-def _cell(r: Record | None) -> str | None:
-    if r is None:
-        return None
-    if r.ok:
-        return f"{r.median_us:.1f}"
-    return "skipped" if r.skipped else "error"
-
-
-def peer_rows(run: Run, *, M: int | Sequence[int] | None = None) -> list[dict]:
-    """One row per stage: each implementation's median time, our bandwidth, and best peer time / ours (> 1:
-    ours is faster). Cells of an implementation that failed say "error", of one that could not run here
-    "skipped"; absent ones are empty."""
-    from .roofline import achieved_tbps
-    from .tables import PASS_TITLES
-
-    Ms = {M} if isinstance(M, int) else (set(M) if M else None)
-    table: dict[tuple, dict[str, Record]] = {}
-    for r in run.records:
-        if Ms is None or r.point.M in Ms:
-            table.setdefault((r.point, r.pass_name, r.stage), {})[r.impl] = r
-    columns = list(dict.fromkeys([*BUILTIN_COLUMNS, *(r.impl for r in run.records)]))
-    many_M = len({k[0].M for k in table}) > 1
-    rows = []
-    for (point, pass_name, stage), by_impl in table.items():
-        any_record = next(iter(by_impl.values()))
-        row = {"M": str(point.M)} if many_M else {}
-        row.update({"Pass": PASS_TITLES.get(pass_name, pass_name), "Stage": stage, "Input shape": any_record.shape})
-        row.update({f"{impl} (us)": _cell(by_impl.get(impl)) for impl in columns})
-        ours = by_impl.get(OURS)
-        peer_us = [r.median_us for i, r in by_impl.items() if i != OURS and r.ok]
-        ok = ours is not None and ours.ok
-        row["mxkernels GB/s"] = f"{achieved_tbps(ours.bytes, ours.median_us) * 1e3:.0f}" if ok else None
-        row["Best peer / ours"] = f"{min(peer_us) / ours.median_us:.2f}x" if ok and peer_us else None
-        rows.append(row)
-    return rows

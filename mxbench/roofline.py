@@ -157,10 +157,18 @@ def model_time_us(cost: Cost, spec: HardwareSpec) -> float:
 
 
 def cost_of(item: Any) -> Cost:
-    """The declared cost of a pipeline ``Stage`` (``.cost``) or of a stored ``Record`` (its cost fields)."""
-    if isinstance(item, Record):
-        return Cost(item.bytes_read, item.bytes_written, item.flops, item.precision)
-    return item.cost
+    """The declared cost of a pipeline ``Stage`` (``.cost``), of a stored ``Record`` (its cost fields) or of a row
+    of a runs frame (``mxbench.frame``, from ``DataFrame.itertuples()``: the same fields)."""
+    if hasattr(item, "cost"):
+        return item.cost
+    precision = item.precision if isinstance(item.precision, str) else None  # a frame's missing value is NaN
+    return Cost(int(item.bytes_read), int(item.bytes_written), int(item.flops), precision)
+
+
+def model_step_us(stages: Iterable[Any], spec: HardwareSpec) -> float:
+    """The model of a step: its stages (``Stage``s, ``Record``s or frame rows) priced over ``spec`` back to back;
+    end-to-end rows are skipped, so a step is never counted twice."""
+    return sum(model_time_us(cost_of(i), spec) for i in stages if getattr(i, "category", "") != "end_to_end")
 
 
 def model_records(
@@ -198,14 +206,10 @@ def _priced(record: Record, cost: Cost, spec: HardwareSpec, backend: str | None 
 def model_speedup(bf16_stages: Iterable[Any], recipe_stages: Iterable[Any], spec: HardwareSpec) -> float:
     """Model time of the bf16 step over the recipe's step (> 1: the recipe is faster).
 
-    Items are pipeline ``Stage``s or stored ``Record``s (their declared costs; end-to-end rows are skipped so a
-    step is never counted twice).
+    Items are pipeline ``Stage``s, stored ``Record``s or frame rows (their declared costs; end-to-end rows are
+    skipped so a step is never counted twice).
     """
-
-    def step_us(items: Iterable[Any]) -> float:
-        return sum(model_time_us(cost_of(i), spec) for i in items if getattr(i, "category", "") != "end_to_end")
-
-    base, recipe = step_us(bf16_stages), step_us(recipe_stages)
+    base, recipe = model_step_us(bf16_stages, spec), model_step_us(recipe_stages, spec)
     if not base or not recipe:
         raise InputError("model_speedup needs at least one stage on each side")
     return base / recipe

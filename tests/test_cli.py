@@ -63,7 +63,7 @@ def test_the_options_offer_what_the_harness_knows():
     from mxbench.render import FORMATS
     from mxbench.tables import TABLES
 
-    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == (*TABLES, "peers", *ep.TABLE_KINDS)
+    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == (*TABLES, *ep.TABLE_KINDS)
 
 
 def test_presets_lists_every_model_with_its_shapes():
@@ -250,7 +250,7 @@ def test_table_filters_by_pass_and_card(stored):
     assert result.exit_code == 0, result.output
     assert [r[-1] for r in csv.reader(io.StringIO(result.output))][1:] and "quantize_dim0" not in result.output
     other = invoke("table", path, "--card", "NVIDIA B200")
-    assert other.exit_code == 2 and "no results of card" in other.output
+    assert other.exit_code == 2 and f"no records with card=NVIDIA B200; {path} has card in {CARD}" in other.output
 
 
 def test_table_unknown_column_exits_2(stored):
@@ -367,3 +367,74 @@ def test_plot_draws_png_files(stored, tmp_path):
     assert result.exit_code == 0, result.output
     paths = [tmp_path / "figures" / line.split("/")[-1] for line in result.output.split()]
     assert paths and all(p.suffix == ".png" and p.read_bytes().startswith(b"\x89PNG") for p in paths)
+
+
+# ---------------------------------------------------------------------- the committed runs: filters, kinds, --project
+
+H200 = Path(__file__).resolve().parent.parent / "results" / "nvidia-h200"
+DEEPSEEK, SKEWED, PEERS = (H200 / f"{n}.json" for n in ("roofline-deepseek-v3", "roofline-deepseek-v3-skewed",
+                                                          "peers-deepseek-v3"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([DEEPSEEK, "--M", 12345], f"no records with M=12345; {DEEPSEEK} has M in 16384, 32768, 65536, 131072"),
+        ([DEEPSEEK, "--kind", "sweep", "--recipe", "nvfp4"],
+         f"no records with recipe=nvfp4; {DEEPSEEK} has recipe in bf16, mxfp8"),
+        ([DEEPSEEK, "--kind", "power", "--pass", "end_to_end", "--M", "16384,1"],
+         f"no records with M=1 (pass=end_to_end); {DEEPSEEK} has M in 16384, 32768, 65536, 131072"),
+        ([DEEPSEEK, SKEWED, "--card", "NVIDIA B200"], "no records with card=NVIDIA B200; these 2 files have card in NVIDIA H200"),
+        ([DEEPSEEK, "--pass", "sideways"], "passes: unknown pass ['sideways']"),
+        ([PEERS, "--kind", "peers", "--M", 8], f"no records with M=8; {PEERS} has M in 131072"),
+        ([DEEPSEEK, "--kind", "peers"], f"--kind peers needs a run of `mxbench peers`; {DEEPSEEK} is not one: its "
+                                        + "tables are breakdown, speedup, sweep, power"),
+        ([PEERS], f"{PEERS} is a peers run (made by `mxbench peers`): its tables are --kind peers, not breakdown"),
+        ([DEEPSEEK, "--kind", "ep"], f"--kind ep needs a run of `mxbench ep`; {DEEPSEEK} is not one"),
+        ([DEEPSEEK, "--kind", "speedup", "--pass", "forward"], "the speedup table compares whole steps"),
+        ([DEEPSEEK, "--kind", "power", "--project", "b200"], "--project shows the breakdown and speedup tables"),
+        ([DEEPSEEK, "--project", "tpu"], "unknown hardware 'tpu'"),
+    ],
+)  # fmt: skip
+def test_table_input_that_matches_nothing_exits_2_naming_what_is_there(args, message):
+    result = invoke("table", *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+def test_table_of_several_files_shows_each_what_it_has_of_the_filter():
+    result = invoke("table", DEEPSEEK, SKEWED, "--kind", "speedup", "--M", "16384,131072", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(io.StringIO(result.output)))
+    # the skewed run holds M=131072 only: its table comes after the balanced run's two rows
+    assert [r[0] for r in rows if r and r[0].isdigit()] == ["16384", "131072", "131072"]
+
+
+def test_table_project_adds_the_b200_projection_beside_the_measurement():
+    result = invoke("table", DEEPSEEK, "--kind", "speedup", "--project", "b200", "--format", "plain")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Card: NVIDIA H200") == 1  # the projection shares the run's header block
+    assert "Projection: B200 datasheet roofs, projection from NVIDIA H200 efficiencies" in result.output
+    last = result.output.strip().splitlines()[-1].split()
+    assert last[:5] == ["131072", "2048", "7168", "8", "mxfp8"] and last[5] == "0.876x"  # measured on the H200
+
+
+def test_roofline_project_needs_a_measured_run(no_gpu):
+    result = invoke("roofline", "--K", 7168, "--N", 2048, "--project", "b200")
+    assert result.exit_code == 2 and "--project" in result.output and "without a GPU nothing is" in result.output
+
+
+def test_roofline_with_a_gpu_prints_the_projection(fake_gpu, tmp_path):
+    result = invoke("roofline", "--K", 7168, "--N", 2048, "--M", 1024, "--project", "b200", "--plot-file", "figs")
+    assert result.exit_code == 0, result.output
+    assert "Projection: B200 datasheet roofs, projection from NVIDIA H100 80GB HBM3 efficiencies" in result.output
+    assert "Projected net speedup" in result.output and "B200 projected (us)" in result.output
+    assert "figure: figs/projection_b200.png" in result.output and (tmp_path / "figs/projection_b200.png").exists()
+
+
+def test_plot_of_a_peers_file_draws_the_peers_figure(tmp_path):
+    result = invoke("plot", PEERS, "--out", tmp_path / "figs")
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == [str(tmp_path / "figs" / "peers.png")]
+    refused = invoke("plot", PEERS, "--out", tmp_path / "figs", "--project", "b200")
+    assert refused.exit_code == 2 and "no step to project" in refused.output

@@ -9,14 +9,16 @@ import pytest
 import torch
 from helpers import FakePower, FakeTelemetry, FakeTiming, fake_stage
 from mxkernels.cost import Cost
+from mxkernels.errors import InputError
 from mxkernels.names import Recipe
 
 from mxbench import implementations
 from mxbench.instruments import Instruments
 from mxbench.measure import SweepOptions
-from mxbench.peers import BUILTIN_COLUMNS, peer_rows, run_peers
+from mxbench.peers import BUILTIN_COLUMNS, run_peers
 from mxbench.registry import Implementation, Registry, builtin_registry
 from mxbench.results import Point, Record, Run, load_run
+from mxbench.tables import peer_rows
 
 COST = Cost(300, 100)
 
@@ -271,8 +273,9 @@ def test_peer_rows_pivot_implementations_per_stage():
     assert row["Best peer / ours"] == "2.00x"  # the fastest peer that ran, 20 us, over our 10 us
 
 
-def test_peer_rows_filter_by_M():
-    assert peer_rows(peer_run(), M=1024) == []
+def test_peer_rows_filter_by_M_names_the_M_held():
+    with pytest.raises(InputError, match="no records with M=1024; the run has M in 131072"):
+        peer_rows(peer_run(), M=1024)
 
 
 @pytest.mark.gpu

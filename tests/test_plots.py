@@ -5,15 +5,22 @@ The synthetic run (test_report.py) names the "b200" spec: its roofs are that spe
 
 import re
 from dataclasses import asdict
+from itertools import pairwise
+from pathlib import Path
 
 import matplotlib
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from matplotlib.image import imread
+from matplotlib.legend import Legend
 from test_report import synthetic_run
 
+import mxbench
 from mxbench import plots
 from mxbench.ceilings import Ceilings, measured_peaks
 from mxbench.hardware import datasheet_peaks, get_spec
+from mxbench.results import load_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -134,3 +141,89 @@ def test_no_display_is_needed(run, tmp_path, monkeypatch):
     backend = matplotlib.get_backend()
     plots.plot_breakdown(run, tmp_path / "b.png")
     assert matplotlib.get_backend() == backend  # figures never go through pyplot's global backend
+
+
+# ------------------------------------------------------------------------------ frames, peers, what people read
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "nvidia-h200"
+
+
+def drawn(fig: Figure):
+    """Lay out and draw ``fig`` as a PNG would be (constrained layout applied); the renderer that drew it."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _inside(inner, outer) -> bool:
+    return (
+        inner.x0 >= outer.x0 - 0.5
+        and inner.y0 >= outer.y0 - 0.5
+        and inner.x1 <= outer.x1 + 0.5
+        and (inner.y1 <= outer.y1 + 0.5)
+    )
+
+
+def test_figures_take_a_frame_of_one_run_and_return_figures():
+    df = mxbench.load(RESULTS)
+    one = df[df["file"] == str(RESULTS / "roofline-deepseek-v3.json")]
+    for make in (plots.net_speedup_figure, plots.gemm_speedup_figure, plots.breakdown_figure, plots.roofline_figure):
+        assert isinstance(make(one), Figure)
+    with pytest.raises(ValueError, match="a figure draws one run; this frame holds 6 files"):
+        plots.breakdown_figure(df)
+
+
+def test_the_roofline_legends_and_tick_labels_stay_inside_the_canvas_apart():
+    fig = plots.roofline_figure(load_run(RESULTS / "roofline-deepseek-v3.json"))
+    renderer = drawn(fig)
+    (ax,) = fig.axes
+    legends = [a for a in ax.get_children() if isinstance(a, Legend)]
+    assert len(legends) == 2  # the points' and the roofs'
+    for legend in legends:
+        assert _inside(legend.get_window_extent(renderer), fig.bbox)
+    labels = [t for t in ax.get_xticklabels() if t.get_text() and _inside(t.get_window_extent(renderer), fig.bbox)]
+    boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+    assert len(boxes) >= 3 and all(a.x1 < b.x0 for a, b in pairwise(boxes))
+
+
+def test_the_breakdown_legend_leaves_the_bar_totals_readable():
+    fig = plots.breakdown_figure(load_run(RESULTS / "roofline-deepseek-v3.json"))
+    renderer = drawn(fig)
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent(renderer)
+    totals = [t.get_window_extent(renderer) for t in ax.texts]
+    assert [t.get_text() for t in ax.texts] == ["7308", "6618", "6994"]
+    assert not any(legend.overlaps(t) for t in totals) and _inside(legend, fig.bbox)
+
+
+def test_a_peers_run_draws_the_peers_figure(tmp_path, svg_text_kept):
+    paths = plots.plot_all(load_run(RESULTS / "peers-deepseek-v3.json"), tmp_path / "figs")
+    assert [p.name for p in paths] == ["peers.png"]
+    assert_png(paths[0], min_width=1200)
+    (path,) = plots.plot_all(load_run(RESULTS / "peers-deepseek-v3.json"), tmp_path / "peers.svg")
+    text = svg_text(path)
+    for words in ("mxkernels", "torchao", "torch.compile", "HBM roof: H200 SXM datasheet 4.8 TB/s", "fwd quantize_a",
+                  "bandwidth (GB/s: declared bytes / median time)", "error"):  # fmt: skip
+        assert words in text
+
+
+def test_titles_name_the_group_split_and_the_scale_mode_only_for_mxfp8(tmp_path, svg_text_kept):
+    fp8 = svg_text(plots.plot_all(load_run(RESULTS / "roofline-deepseek-v3-fp8_rowwise.json"), tmp_path / "a.svg")[0])
+    assert "N=2048, K=7168, G=8, fp8_rowwise, balanced groups" in fp8 and "fp8_rowwise/rceil" not in fp8
+    skewed = svg_text(plots.plot_all(load_run(RESULTS / "roofline-deepseek-v3-skewed.json"), tmp_path / "b.svg")[0])
+    assert "N=2048, K=7168, G=8, mxfp8/rceil, skewed groups" in skewed
+
+
+def test_no_mxfp8_model_line_at_the_fp8_roof_of_a_card_without_mx_tensor_cores(tmp_path, svg_text_kept):
+    hopper = synthetic_run(card="NVIDIA H100 80GB HBM3", hardware="h100-sxm")
+    text = svg_text(plots.plot_net_speedup(hopper, tmp_path / "net.svg"))
+    assert "mxfp8 measured" in text and "mxfp8 roofline model (" not in text
+    assert "no mxfp8 roofline model: H100 SXM has no MX tensor cores" in text
+    paths = plots.plot_all(hopper, tmp_path / "figs", project="b200")
+    assert paths[-1].name == "projection_b200.png"
+    assert_png(paths[-1], min_width=1200)
+    projected = svg_text(plots.save(plots.projection_figure(hopper, "b200"), tmp_path / "p.svg"))
+    projection = "mxfp8 on B200, projection from NVIDIA H100 80GB HBM3 efficiencies"
+    for words in ("mxfp8 measured on NVIDIA H100 80GB HBM3", projection, "mxfp8 B200 peak model",
+                  "Time per pass at M=131072: projection from"):  # fmt: skip
+        assert words in projected

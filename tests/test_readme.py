@@ -1,9 +1,11 @@
 """The README is checked like code: its rendered tables are what the commands above them print, byte for byte; its
-Python example runs (on CPU tensors under Triton's interpreter); its CI commands and the example workflow use
+Python example and the notebook example run (the first on CPU tensors under Triton's interpreter); its CI commands and the example workflow use
 only targets and options that exist."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -16,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mxbench.cli import cli
+from mxbench.cli import cli, run_commands
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -40,7 +42,7 @@ def test_each_rendered_table_is_what_its_command_prints(block, monkeypatch):
 
 
 def test_the_readme_renders_tables():
-    assert len(TABLE_BLOCKS) >= 4
+    assert len(TABLE_BLOCKS) >= 5
 
 
 def test_the_python_example_runs_on_a_cpu(tmp_path):
@@ -107,3 +109,19 @@ def test_the_example_workflow_is_labelled_an_example_and_gates_on_make_regress()
     summary = next(s for s in job["steps"] if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
     artifact = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
     assert summary["if"] == "always()" and artifact["if"] == "always()" and artifact["with"]["path"] == "regress/"
+
+
+def test_the_notebook_example_runs_as_written(tmp_path, monkeypatch):
+    section = README[README.index("## Results in Python") :]
+    bash, python, output = re.search(r"```bash\n(.*?)\n```\n\n```python\n(.*?)```\n\n```\n(.*?)```", section,
+                                     re.DOTALL).groups()  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").symlink_to(REPO / "results")
+    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)  # the model run, as on a machine without a GPU
+    made = CliRunner().invoke(cli, shlex.split(bash)[1:])
+    assert made.exit_code == 0, made.output
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(python, "README.md", "exec"), {})  # noqa: S102 -- the README's own example, run as written
+    assert printed.getvalue() == output
+    assert (tmp_path / "breakdown-h200.png").read_bytes().startswith(b"\x89PNG")

@@ -8,6 +8,7 @@ import io
 import re
 
 import pytest
+from mxkernels.errors import InputError
 
 from mxbench import render, tables
 from mxbench.hardware import Peak
@@ -155,9 +156,10 @@ def test_breakdown_without_denominator_leaves_efficiency_blank():
     assert all(r["Efficiency"] is None for r in rows) and rows[0]["GB/s"] == "5696"
 
 
-def test_breakdown_of_another_card_is_empty():
-    assert tables.breakdown_rows(synthetic_run(), card="NVIDIA H100 80GB HBM3", peaks=PEAKS) == []
-    assert tables.breakdown_rows(synthetic_run(), card="nvidia b200", peaks=PEAKS)
+def test_a_card_filter_that_matches_nothing_names_the_card_held():
+    with pytest.raises(InputError, match="no records with card=NVIDIA H100 80GB HBM3; the run has card in NVIDIA B200"):
+        tables.breakdown_rows(synthetic_run(), card="NVIDIA H100 80GB HBM3", peaks=PEAKS)
+    assert tables.breakdown_rows(synthetic_run(), card="nvidia b200", peaks=PEAKS)  # without regard to case
 
 
 def test_unknown_pass_is_rejected():

@@ -1,5 +1,5 @@
-"""The ``mxbench`` command line (click): roofline, presets, ceilings, table, plot, compare, regress, peers, impls,
-check, ep.
+"""The ``mxbench`` command line (click): roofline, presets, ceilings, table, plot, compare, history, regress, peers,
+impls, check, ep.
 
 Bad input exits with code 2 and a one-line message: click's own usage errors, and ``mxkernels.runtime.InputError``
 raised below the CLI (the harness and the kernels validate their arguments with InputErrors that name them;
@@ -8,8 +8,9 @@ traceback and exits 1. Heavy modules (torch, the kernels, NVML) are imported ins
 stays fast.
 
 ``run_commands`` holds the commands that measure (roofline, ceilings, regress, peers), ``report_commands`` those
-that read stored results (table, plot, compare, presets), ``registry_commands`` those about implementations
-(impls, check), ``common`` what they share; ``mxbench.ep.command`` the expert-parallel pipeline (``ep``).
+that read stored results (table, plot, compare, presets), ``history_commands`` the history over commits,
+``registry_commands`` those about implementations (impls, check), ``common`` what they share; ``mxbench.ep.command``
+the expert-parallel pipeline (``ep``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import click
 
 from .. import __version__
 from ..ep import command as ep_command
-from . import registry_commands, report_commands, run_commands
+from . import history_commands, registry_commands, report_commands, run_commands
 from .common import Group
 
 
@@ -37,6 +38,7 @@ for _command in (
     report_commands.table_cmd,
     report_commands.plot,
     report_commands.compare,
+    history_commands.history,
     run_commands.regress,
     run_commands.peers,
     registry_commands.impls,

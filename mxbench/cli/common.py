@@ -73,6 +73,31 @@ class Seed(click.IntRange):
         return "0<=x<2**63"
 
 
+def filter_options(command: Callable) -> Callable:
+    """The record filters every table and the history take (``frame.select``): --pass, --M, --recipe, --card."""
+    options = [
+        click.option("--pass", "passes", type=CommaList(str),
+                     help="Passes: forward, backward_input, backward_weight, end_to_end."),
+        click.option("--M", "Ms", type=CommaList(int), help="Only these M (breakdown: the one M shown)."),
+        click.option("--recipe", "recipes", type=CommaList(str), help="Only these recipes."),
+        click.option("--card", help="Only runs of this card."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def project_option(command: Callable) -> Callable:
+    """--project SPEC: carry each kernel's measured efficiency over to another card's roofs."""
+    return click.option(
+        "--project",
+        metavar="SPEC",
+        callback=lambda ctx, param, value: value if value is None else hardware_spec(value, "--project").key,
+        help="Also show the run projected onto this card (e.g. b200): each kernel at the efficiency it reached "
+        "here, against that card's datasheet roofs, beside its peak model.",
+    )(command)
+
+
 def command_line() -> str:
     """The running command as typed (the options given on the command line, in declaration order), for metadata."""
     return shlex.join(["mxbench", *command_words(click.get_current_context())])
@@ -119,8 +144,8 @@ def shape_args(K: int | None, N: int | None, G: int | None, preset: str | None) 
     return K, N, G, label
 
 
-def hardware_spec(key: str):
-    """The hardware spec ``--hardware`` (or a run's meta) names; an unknown key is a usage error of that option."""
+def hardware_spec(key: str, option: str = "--hardware"):
+    """The hardware spec ``option`` (or a run's meta) names; an unknown key is a usage error of that option."""
     from mxkernels.errors import InputError
 
     from ..hardware import get_spec
@@ -128,7 +153,7 @@ def hardware_spec(key: str):
     try:
         return get_spec(key)
     except InputError as e:
-        raise click.BadParameter(str(e).strip("'\""), param_hint="--hardware") from None
+        raise click.BadParameter(str(e).strip("'\""), param_hint=option) from None
 
 
 def echo_comparison(cmp, fmt: str, base: str, new: str) -> None:
@@ -171,7 +196,6 @@ EXIT_CODES_HELP = (
 
 def peer_table(run, fmt: str, M: list[int] | None = None, columns: list[str] | None = None) -> str:
     """The peers table of ``run`` under its header block (a peers run has no denominators)."""
-    from ..peers import peer_rows
-    from ..render import header_block, render
+    from ..tables import table
 
-    return header_block(run, None, fmt) + "\n" + render(peer_rows(run, M=M), fmt, columns)
+    return table(run, "peers", fmt, columns=columns, M=M)

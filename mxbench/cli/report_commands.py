@@ -15,8 +15,10 @@ from .common import (
     CommaList,
     comparison_format,
     echo_comparison,
+    filter_options,
     hardware_spec,
     peer_table,
+    project_option,
 )
 
 TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS)
@@ -55,43 +57,53 @@ def presets(fmt: str) -> None:
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown", show_default=True)
 @click.option("--kind", type=click.Choice(TABLE_KINDS), default="breakdown", show_default=True)
-@click.option(
-    "--pass", "passes", type=CommaList(str), help="Passes: forward, backward_input, backward_weight, end_to_end."
-)
-@click.option("--M", "Ms", type=CommaList(int), help="Only these M (breakdown: the one M shown).")
-@click.option("--recipe", "recipes", type=CommaList(str), help="Only these recipes.")
-@click.option("--card", help="Only runs of this card.")
+@filter_options
 @click.option("--columns", type=CommaList(str), help="Columns to show, in order.")
 @click.option(
     "--denominator",
     type=click.Choice(["datasheet", "measured", "none"]),
     help="Peak of the efficiency column. [default: the run's, datasheet if it names a spec, else none]",
 )
-def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominator) -> None:
-    """Render stored results as tables (ready to paste into docs)."""
+@project_option
+def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominator, project) -> None:
+    """Render stored results as tables (ready to paste into docs).
+
+    A filter value that matches nothing in any file is refused (exit 2) with what the files hold; with several
+    files, each shows what it has of the values asked for, and a file with none of them is left out."""
+    from ..frame import frame_of, held_filters, select
+    from ..projection import projection_table
     from ..results import load_run
-    from ..tables import table
+    from ..tables import check_kind, table
 
+    runs = [(path, load_run(path)) for path in results]
+    for path, run in runs:
+        check_kind(run, kind, str(path))
+    if kind in EP_TABLE_KINDS:  # the expert-parallel tables choose their strategies themselves (--recipe)
+        from ..ep.tables import ep_table
+
+        click.echo(
+            "\n".join(ep_table(run, kind, fmt, columns=columns, strategies=recipes) for _, run in runs), nl=False
+        )
+        return
+    if kind == "speedup" and passes:
+        raise click.BadParameter("the speedup table compares whole steps: no pass to choose", param_hint="--pass")
+    Ms = [_breakdown_M(Ms)] if kind == "breakdown" and Ms else Ms
+    filters = {"passes": passes, "M": Ms, "recipe": recipes, "card": card}
+    chosen = select(frame_of([run for _, run in runs], files=[str(path) for path, _ in runs]), **filters)
     texts = []
-    for path in results:
-        run = load_run(path)
-        if card is not None and card.lower() != run.card.lower():
+    for path, run in runs:
+        mine = chosen[chosen["file"] == str(path)]
+        if mine.empty:
             continue
-        if kind == "peers":
-            texts.append(peer_table(run, fmt, Ms, columns))
-            continue
-        if kind in EP_TABLE_KINDS:
-            from ..ep.tables import ep_table
-
-            texts.append(ep_table(run, kind, fmt, columns=columns, strategies=recipes))
-            continue
-        filters = {"M": _breakdown_M(Ms) if kind == "breakdown" else Ms, "recipe": recipes}
-        if kind != "speedup":
-            filters["passes"] = passes
-        denom = _denominator(run, denominator)
-        texts.append(table(run, kind, fmt, columns=columns, denominator=denom, **filters))
-    if not texts:
-        raise BadInput(f"no results of card {card!r}")
+        held = held_filters(mine, **filters)
+        if kind == "breakdown":
+            held["M"] = held["M"][0] if held["M"] else None
+        if kind == "speedup":
+            del held["passes"]
+        texts.append(table(run, kind, fmt, columns=columns, denominator=_denominator(run, denominator), **held))
+        if project is not None:
+            # the run's header block is just above: the projection adds only the line that says what it is
+            texts.append(projection_table(run, kind, fmt, project, columns=columns, header=False, **held))
     click.echo("\n".join(texts), nl=False)
 
 
@@ -113,8 +125,9 @@ def _denominator(run, choice: str | None) -> str | None:
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="A .png file, or a folder for all figures.")
 @click.option("--hardware", help="Spec of the roofs and the model. [default: the run's]")
-def plot(results: Path, out: Path, hardware: str | None) -> None:
-    """Draw the figures of stored results."""
+@project_option
+def plot(results: Path, out: Path, hardware: str | None, project: str | None) -> None:
+    """Draw the figures of stored results (a peers run: the peers figure)."""
     from ..outputs import check_figure_target
     from ..plots import IMAGE_SUFFIXES, plot_all
     from ..results import load_run
@@ -122,7 +135,7 @@ def plot(results: Path, out: Path, hardware: str | None) -> None:
     check_figure_target(out, "--out", IMAGE_SUFFIXES)
     run = load_run(results)
     key = hardware or run.meta.get("hardware")
-    for path in plot_all(run, out, spec=hardware_spec(key) if key else None):
+    for path in plot_all(run, out, spec=hardware_spec(key) if key else None, project=project):
         click.echo(str(path))
 
 

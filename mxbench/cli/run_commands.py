@@ -21,6 +21,7 @@ from .common import (
     echo_comparison,
     hardware_spec,
     peer_table,
+    project_option,
     shape_args,
 )
 
@@ -184,8 +185,9 @@ def _check_watts_known(watts: Sequence[float]) -> None:
     help="Run this implementation of STAGE (or RECIPE/STAGE) in place of mxkernels' in the whole step; repeatable. "
     "It is checked against the stage's oracle first (`mxbench check`) and not timed if it fails.",
 )
+@project_option
 def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
-             plot_file, hardware, denominator, warm_l2, samples, impl_texts):  # fmt: skip
+             plot_file, hardware, denominator, warm_l2, samples, impl_texts, project):  # fmt: skip
     """Time every stage of every pass over a sweep of M (or, without a GPU, print and save the analytic model).
 
     Exit codes: 0 done, 1 an --impl failed its check, 2 bad input (nothing ran), 130 interrupted by Ctrl-C (the
@@ -199,6 +201,9 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     if breakdown_M is not None and breakdown_M not in Ms:
         raise click.BadParameter(f"{breakdown_M} is not one of the swept M {Ms}", param_hint="--breakdown-M")
     gpu = _has_gpu()
+    if project is not None and not gpu:
+        raise click.BadParameter("a projection carries measured efficiencies over, and without a GPU nothing is "
+                                 "measured: the model over --hardware prices that card directly", param_hint="--project")  # fmt: skip
     hardware = hardware or (_detected_spec() if gpu else "b200")
     spec = hardware_spec(hardware) if hardware else None
     if not gpu and denominator == "measured":
@@ -216,11 +221,16 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
         run = _model(points, spec, hardware, power_percent or power_watts)
         save_run(run, out)
     _echo_tables(run, breakdown_M, denominator if hardware or denominator == "measured" else None)
+    if project is not None:
+        from ..projection import projection_table
+
+        for kind in ("breakdown", "speedup"):
+            click.echo(projection_table(run, kind, "plain", project, header=False, M=breakdown_M))
     click.echo(f"results: {out}" + ("" if gpu else " (model, not measured)"))
     if plot_file is not None:
         from ..plots import plot_all
 
-        for path in plot_all(run, plot_file, spec=spec):
+        for path in plot_all(run, plot_file, spec=spec, project=project):
             click.echo(f"figure: {path}")
     if run.meta.get("interrupted"):
         click.echo("interrupted: the partial results above were saved", err=True)
