@@ -49,11 +49,13 @@ def versions() -> dict[str, Any]:
 
 def common_metadata(points: Sequence[Point], command: str) -> dict[str, Any]:
     """What any run records: versions, date, command line, seeds and the token-group sizes of every point."""
+    return {"date": now(), "command": command or " ".join(sys.argv), **versions(), **points_metadata(points)}
+
+
+def points_metadata(points: Sequence[Point]) -> dict[str, Any]:
+    """The seeds and token-group sizes of ``points`` (a sharded run gathers them for every rank's points)."""
     sizes = {(p.M, p.G, p.groups, p.seed): None for p in points}
     return {
-        "date": now(),
-        "command": command or " ".join(sys.argv),
-        **versions(),
         "seeds": sorted({p.seed for p in points}),
         "group_sizes_method": {"balanced": "even split, remainder over the first groups", "skewed": SKEW_METHOD},
         "group_sizes": [
