@@ -120,6 +120,7 @@ def _mixed(rank, tmp):
 def _failing(rank, tmp):
     _, ins = fakes_for(rank)
     if rank == 1:
+
         def release():
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
@@ -338,7 +339,6 @@ def test_the_roofline_command_under_torchrun_prints_and_writes_on_rank_0_only(ra
     assert out1 == "" and err1 == ""
     assert (ranks_ran.tmp / "cli-rank0.json").exists() and not (ranks_ran.tmp / "cli-rank1.json").exists()
     assert load_run(ranks_ran.tmp / "cli-rank0.json").meta["world_size"] == 2
-
 
 
 # ----------------------------------------------------------------------------------------- under torchrun
