@@ -52,12 +52,19 @@ def common_metadata(
 ) -> dict[str, Any]:
     """What any run records: versions, date, command line, seeds, the token-group sizes of every point, and the
     code of every implementation (``implementations``: name -> module; default ours alone)."""
-    sizes = {(p.M, p.G, p.groups, p.seed): None for p in points}
     return {
         "date": now(),
         "command": command or " ".join(sys.argv),
         **versions(),
         "implementations": implementations_meta(implementations or implementation_modules()),
+        **points_metadata(points),
+    }
+
+
+def points_metadata(points: Sequence[Point]) -> dict[str, Any]:
+    """The seeds and token-group sizes of ``points`` (a sharded run gathers them for every rank's points)."""
+    sizes = {(p.M, p.G, p.groups, p.seed): None for p in points}
+    return {
         "seeds": sorted({p.seed for p in points}),
         "group_sizes_method": {"balanced": "even split, remainder over the first groups", "skewed": SKEW_METHOD},
         "group_sizes": [

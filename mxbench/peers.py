@@ -59,10 +59,18 @@ def run_peers(
     registry: Registry | None = None,
     progress: bool = True,
     pipeline=None,
+    share: tuple[int, int] = (0, 1),
+    meta: dict | None = None,
 ) -> Run:
     """Time every data-movement stage of the MXFP8 step at (M, N, K, G) for each registered implementation; see
-    the module docstring. With ``options.out`` the Run is saved after each step's stages. ``instruments``,
-    ``registry`` and ``pipeline`` (``mxkernels.pipeline``) are injectable for tests."""
+    the module docstring. With ``options.out`` the Run is saved after each step's stages. Ctrl-C stops it: the
+    partial Run is saved and returned with ``meta["interrupted"] = True``. ``instruments``, ``registry`` and
+    ``pipeline`` (``mxkernels.pipeline``) are injectable for tests.
+
+    ``share`` (rank, world): of the (stage, implementation) pairs in the order they are timed, only those whose
+    index is ``rank`` modulo ``world`` (one rank of a sharded run, ``shard.sharded_peers``); ``meta`` is added
+    to the Run's metadata.
+    """
     if pipeline is None:
         from mxkernels import pipeline
     ins = instruments or Instruments.real(options.device, options.results_dir)
@@ -71,32 +79,58 @@ def run_peers(
     timer = StageTimer(options, ins)
     device = f"cuda:{options.device}"
     names = registry.names()
-    meta = run_metadata([point], options, ins)
+    torchao = torchao_version() or "not installed (pip install mxbench[peers])"
     # every registered implementation may time a stage here: each one's code is recorded, not ours alone
-    meta["implementations"] = implementations_meta(implementation_modules(registry))
-    run = Run(meta={**meta, "kind": "peers", "torchao": torchao_version() or "not installed (pip install mxbench[peers])"})
-    for step, stages in _steps(pipeline, point):
-        try:
-            inputs = pipeline.make_inputs(M, N, K, G, point_group_sizes(point), device=device, seed=seed)
-            env = pipeline.run_stages(step, inputs)
-        except Exception as e:  # noqa: BLE001 -- no inputs for these stages: every implementation's row says why
-            message = f"making the stage inputs failed: {error_message(e)}"
-            run.records += [stage_record(point, replace(s, impl=i.name, kernel=i.kernel), error=message)
-                            for s in stages for i in registry.of(RECIPE, s.name)]  # fmt: skip
-            continue
-        for name in names:
-            for stage in stages:
-                impl = next((i for i in registry.of(RECIPE, stage.name) if i.name == name), None)
-                if impl is None:
-                    continue
-                if progress:
-                    click.echo(f"[peers] {name}: {stage.pass_name}/{stage.name} {stage.shape}", err=True)
-                run.records.append(_time_one(timer, point, stage, impl, [env[n] for n in stage.inputs], device))
-        env = inputs = None
-        ins.release()
+    run_meta = run_metadata([point], options, ins)
+    run_meta["implementations"] = implementations_meta(implementation_modules(registry))
+    run = Run(meta={**run_meta, "kind": "peers", "torchao": torchao, **(meta or {})})
+    rank, world = share
+    first = 0  # index of the step's first pair among all the steps' pairs
+    try:
+        for step, stages in _steps(pipeline, point):
+            pairs = _pairs(registry, names, stages)
+            mine = [pair for i, pair in enumerate(pairs, first) if i % world == rank]
+            first += len(pairs)
+            if mine:
+                _time_step(pipeline, point, step, mine, timer, device, progress, into=run.records)
+                ins.release()
+                if options.out is not None:
+                    save_run(run, options.out)
+    except KeyboardInterrupt:
+        run.meta["interrupted"] = True
         if options.out is not None:
             save_run(run, options.out)
     return run
+
+
+def _pairs(registry: Registry, names: list[str], stages: list) -> list[tuple]:
+    """(stage, implementation) in the order they are timed: implementation by implementation (ours first), so one
+    that breaks the CUDA context cannot cost the others their rows."""
+    pairs = []
+    for name in names:
+        for stage in stages:
+            impl = next((i for i in registry.of(RECIPE, stage.name) if i.name == name), None)
+            if impl is not None:
+                pairs.append((stage, impl))
+    return pairs
+
+
+def _time_step(pipeline, point: Point, step: list, pairs: list[tuple], timer: StageTimer, device: str,
+               progress: bool, into: list[Record]) -> None:  # fmt: skip
+    """One record per (stage, implementation) of ``pairs`` appended to ``into`` as it is taken (Ctrl-C keeps
+    those already taken), all on the inputs one eager run of ``step`` made."""
+    try:
+        inputs = pipeline.make_inputs(point.M, point.N, point.K, point.G, point_group_sizes(point), device=device,
+                                      seed=point.seed)  # fmt: skip
+        env = pipeline.run_stages(step, inputs)
+    except Exception as e:  # noqa: BLE001 -- no inputs for these stages: every implementation's row says why
+        message = f"making the stage inputs failed: {error_message(e)}"
+        into += [stage_record(point, replace(s, impl=i.name, kernel=i.kernel), error=message) for s, i in pairs]
+        return
+    for stage, impl in pairs:
+        if progress:
+            click.echo(f"[peers] {impl.name}: {stage.pass_name}/{stage.name} {stage.shape}", err=True)
+        into.append(_time_one(timer, point, stage, impl, [env[n] for n in stage.inputs], device))
 
 
 def _time_one(timer: StageTimer, point: Point, stage, impl, inputs: list, device: str) -> Record:

@@ -29,18 +29,25 @@ def _by_power_limit(points: Sequence[Point]) -> dict[float | None, list[Point]]:
 
 
 def run_sweep(
-    points: Sequence[Point], *, options: SweepOptions, progress: bool = True, instruments: Instruments | None = None
+    points: Sequence[Point],
+    *,
+    options: SweepOptions,
+    progress: bool = True,
+    instruments: Instruments | None = None,
+    meta: dict | None = None,
 ) -> Run:
     """Measure every point (plus its bf16 baseline) and return the Run; see the module docstring.
 
     Points are grouped by power limit and each limit is applied once through ``PowerController.applied`` (a None
     limit is never touched). After each point GPU memory is released and, with ``options.out``, the Run saved.
     Ctrl-C stops the sweep: the limit is restored, the partial Run (the points measured whole) saved and returned
-    with ``meta["interrupted"] = True`` and ``meta["partial"]`` saying how many points it holds.
+    with ``meta["interrupted"] = True`` and ``meta["partial"]`` saying how many points it holds. ``meta`` is added
+    to the Run's metadata (a rank of a sharded sweep marks the file it saves as its share only:
+    ``shard.sharded_sweep``).
     """
     ins = instruments or Instruments.real(options.device, options.results_dir)
     work = with_baselines(points)
-    run = Run(meta=run_metadata(work, options, ins))
+    run = Run(meta={**run_metadata(work, options, ins), **(meta or {})})
     timer = StageTimer(options, ins)
     done = 0
     try:

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from mxkernels import autograd, pipeline
 from mxkernels.format import dequantize_reference, quantize_reference
 

@@ -11,13 +11,11 @@ from ..ep import TABLE_KINDS as EP_TABLE_KINDS
 from .common import (
     EXIT_CODES_HELP,
     FORMATS,
-    BadInput,
     CommaList,
     comparison_format,
     echo_comparison,
     filter_options,
     hardware_spec,
-    peer_table,
     project_option,
 )
 

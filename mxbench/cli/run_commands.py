@@ -32,9 +32,16 @@ RESULTS_DIR = Path("results")
 
 
 def _has_gpu() -> bool:
+    """Whether this process has a CUDA GPU. Under torchrun (a sharded run) that is its own, ``cuda:LOCAL_RANK``,
+    made the current device here, before anything else touches a GPU (``shard.local_device``)."""
     import torch
 
-    return torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        return False
+    from ..shard import local_device
+
+    local_device()
+    return True
 
 
 def _require_gpu(what: str) -> None:
@@ -97,9 +104,10 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
     from mxkernels.errors import InputError
 
     from ..power import PowerController, PowerError
+    from ..shard import local_device
 
     try:
-        controller = PowerController(0)
+        controller = PowerController(local_device())  # a sharded sweep: each rank limits its own GPU
         limits = controller.resolve(percents=percents or None, watts=watts or None)
         for w in limits:
             controller.check_permission(w)
@@ -215,6 +223,8 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits)
     if gpu:
         run = _measure(points, hardware, denominator, out, controller, warm_l2, samples, impls)
+        if run is None:  # another rank of a sharded sweep: rank 0 writes and prints (mxbench.shard)
+            return
     else:
         from ..results import save_run
 
@@ -232,9 +242,17 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
 
         for path in plot_all(run, plot_file, spec=spec, project=project):
             click.echo(f"figure: {path}")
+    _exit_if_partial(run)
+
+
+def _exit_if_partial(run) -> None:
+    """Exit 130 after Ctrl-C, 1 when a rank of a sharded run failed: the partial results were saved."""
     if run.meta.get("interrupted"):
         click.echo("interrupted: the partial results above were saved", err=True)
         sys.exit(130)
+    if run.meta.get("partial"):
+        click.echo(f"partial results saved: {run.meta['partial']}", err=True)
+        sys.exit(1)
 
 
 def _check_outputs(out: Path, plot_file: Path | None) -> None:
@@ -272,11 +290,14 @@ def _checked_impls(texts: Sequence[str], recipes: Sequence[str], K: int, N: int,
         raise BadInput(f"--impl: one implementation per stage in a step; given twice: {', '.join(twice)}")
     import torch
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from ..shard import is_other_rank, local_device
+
+    device = f"cuda:{local_device()}" if torch.cuda.is_available() else "cpu"
     for recipe in dict.fromkeys(i.recipe for i in impls):
         mine = {i.stage: [i] for i in impls if i.recipe == recipe}
         for r in check_step(recipe, CHECK_M * G, N, K, G, mine, mode=mode, device=device):
-            click.echo(f"check {r.recipe}/{r.stage} [{r.impl}]: {r.verdict} {r.finding()}", err=True)
+            if not is_other_rank():  # a sharded sweep reports its checks once
+                click.echo(f"check {r.recipe}/{r.stage} [{r.impl}]: {r.verdict} {r.finding()}", err=True)
             if r.verdict == Verdict.SKIP:
                 raise BadInput(f"--impl {r.impl} cannot run here: {r.detail}")
             if r.verdict not in (Verdict.PASS, Verdict.DEVIATES):
@@ -288,15 +309,18 @@ def _checked_impls(texts: Sequence[str], recipes: Sequence[str], K: int, N: int,
 def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2: bool, samples: int, impls=()):
     from ..instruments import Instruments
     from ..measure import SweepOptions
+    from ..shard import launched, local_device, sharded_sweep
     from ..sweep import run_sweep
 
+    device = local_device()
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR, hardware=hardware,
-                           denominator=denominator, command=command_line(), impls=impls)  # fmt: skip
-    instruments = Instruments.real(0, RESULTS_DIR, power=controller)
+                           denominator=denominator, command=command_line(), impls=impls, device=device)  # fmt: skip
+    instruments = Instruments.real(device, RESULTS_DIR, power=controller)
     if denominator == "measured" and not instruments.ceilings(_card_name()):
         raise click.BadParameter("no measured ceilings stored for this card: run `mxbench ceilings` first",
                                  param_hint="--denominator")  # fmt: skip
-    return run_sweep(points, options=options, instruments=instruments)
+    sweep = sharded_sweep if launched() else run_sweep  # under torchrun: None on ranks other than 0
+    return sweep(points, options=options, instruments=instruments)
 
 
 # ------------------------------------------------------------------------------------------------ ceilings
@@ -362,13 +386,15 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
     from ..instruments import Instruments
     from ..measure import SweepOptions
     from ..regress import regress as run_regress
+    from ..shard import launched, local_device, sharded_regress
     from ..sweep import run_sweep
 
     timing = base.meta.get("timing") or {}
+    device = local_device()
     options = SweepOptions(cold_l2=timing.get("cold_l2", True), use_graph=timing.get("use_graph", True),
                            samples=timing.get("samples", 25), hardware=base.meta.get("hardware"),
-                           backend=base.meta.get("backend"), command=command_line())  # fmt: skip
-    instruments = Instruments.real(0, RESULTS_DIR)
+                           backend=base.meta.get("backend"), command=command_line(), device=device)  # fmt: skip
+    instruments = Instruments.real(device, RESULTS_DIR)
 
     def measure(points):
         run = run_sweep(points, options=options, instruments=instruments)
@@ -377,7 +403,12 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
         return run
 
     try:
-        result = run_regress(base, measure, rounds=rounds)
+        if launched():  # every round's points split over the ranks; rank 0 reports
+            result = sharded_regress(base, options=options, instruments=instruments, rounds=rounds)
+            if result is None:
+                return
+        else:
+            result = run_regress(base, measure, rounds=rounds)
     except KeyboardInterrupt:
         click.echo("interrupted: nothing compared", err=True)
         sys.exit(130)
@@ -418,11 +449,16 @@ def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt) ->
     _require_gpu("peers are timed on a GPU")
     from ..measure import SweepOptions
     from ..peers import run_peers
+    from ..shard import launched, local_device, sharded_peers
 
     out = out or RESULTS_DIR / _card_dir() / f"peers-{label}-M{M}-{_stamp()}.json"
     check_results_file(out, "--out")  # the default path: the working folder may not take it
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,
-                           hardware=_detected_spec(), command=command_line())  # fmt: skip
-    run = run_peers(M, N, K, G, mode=mode, groups=groups, seed=seed, options=options)
+                           hardware=_detected_spec(), command=command_line(), device=local_device())  # fmt: skip
+    measure = sharded_peers if launched() else run_peers  # under torchrun: None on ranks other than 0
+    run = measure(M, N, K, G, mode=mode, groups=groups, seed=seed, options=options)
+    if run is None:
+        return
     click.echo(peer_table(run, fmt), nl=False)
     click.echo(f"results: {out}")
+    _exit_if_partial(run)

@@ -128,9 +128,9 @@ def teardown(ctx: Context, barrier_s: float = BARRIER_TIMEOUT_S, destroy_s: floa
     return finished.wait(destroy_s)
 
 
-def leave(ctx: Context | None, code: int) -> int:
+def leave(ctx: Context | None, code: int, barrier_s: float = BARRIER_TIMEOUT_S) -> int:
     """Tear down (if a group was joined) and return ``code``; exits the process at once when teardown hangs."""
-    if ctx is not None and dist.is_initialized() and not teardown(ctx):
+    if ctx is not None and dist.is_initialized() and not teardown(ctx, barrier_s):
         print(f"rank {ctx.rank}: destroy_process_group did not return in {DESTROY_TIMEOUT_S:g} s; exiting",
               file=sys.stderr)  # fmt: skip
         sys.stdout.flush()
