@@ -183,11 +183,11 @@ def implementation_info(meta: dict[str, Any], impl: str) -> dict[str, Any]:
     """What a run recorded of implementation ``impl``: ``meta["implementations"][impl]`` (module, distribution,
     version, commit, dirty); {} where the run recorded none (older runs stored a plain list of names)."""
     impls = meta.get("implementations")
-    info = impls.get(impl) if isinstance(impls, dict) else None
-    if isinstance(info, dict):
-        return info
-    # peers runs before the implementations table recorded the peer's version under its own name
-    return {"version": meta[impl]} if isinstance(meta.get(impl), str) else {}
+    info = dict(impls.get(impl) or {}) if isinstance(impls, dict) else {}
+    if info.get("version") is None and isinstance(meta.get(impl), str):
+        # peers runs before the implementations table recorded the peer's version under its own name
+        info["version"] = meta[impl]
+    return info
 
 
 def _stored_peaks(run: Run) -> dict[str, dict[str, Peak]]:

@@ -93,7 +93,7 @@ IMPLEMENTATION: dict[str, Check] = {
 CEILINGS: dict[str, Check] = {
     "card": _string, "power_limit_w": _optional(_non_negative), "copy_tbps": _number, "read2write1_tbps": _number,
     "read_tbps": _number, "bandwidth_tbps": _number, "bf16_tflops": _number, "fp8_tflops": _optional(_number),
-    "meta": _object,
+    "bf16_shape": _optional(_string), "fp8_shape": _optional(_string), "meta": _object,
 }  # fmt: skip
 """The fields of ``ceilings.Ceilings`` (a test keeps the two in step): ``peaks_for_run`` builds one from them."""
 CEILINGS_REQUIRED = ("card", "bandwidth_tbps", "bf16_tflops")
