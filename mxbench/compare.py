@@ -39,7 +39,7 @@ class Thresholds:
         return self.deltas.get(category, self.default_delta)
 
 
-_KEY_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w")
+_KEY_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w", "fuse_scales")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class MatchKey:
     mode: str
     groups: str
     power_limit_w: float | None
+    fuse_scales: bool
     pass_name: str
     stage: str
     impl: str | None = None
@@ -68,7 +69,8 @@ class MatchKey:
 
     def point_label(self) -> str:
         """The label of the point the key names (a point's label leaves out its seed, as the key does)."""
-        p = Point(self.M, self.N, self.K, self.G, self.recipe, self.mode, self.groups, power_limit_w=self.power_limit_w)
+        p = Point(self.M, self.N, self.K, self.G, self.recipe, self.mode, self.groups, power_limit_w=self.power_limit_w,
+                  fuse_scales=self.fuse_scales)
         return p.label()
 
 

@@ -30,7 +30,7 @@ PASS_TITLES = {
     str(Pass.BACKWARD_WEIGHT): "Backward (dB)",
     str(Pass.END_TO_END): "End to end",
 }
-POINT_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w")
+POINT_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w", "fuse_scales")
 SM_CLOCK_KEY = "sm_clock_mhz"
 """Telemetry key of a record's median SM clock during its samples (MHz)."""
 ENERGY_KEY = "energy_j_per_call"
@@ -56,6 +56,7 @@ COLUMNS = {
     "groups": '"balanced" or "skewed" token-group sizes',
     "seed": "seed of the inputs and of skewed group sizes",
     "power_limit_w": "power limit mxbench set (W); NaN: the card's limit as found",
+    "fuse_scales": "True where the MXFP8 quantizers wrote the blocked scales themselves (no rearrange stages)",
     # the stage and what ran
     "pass_name": '"forward", "backward_input", "backward_weight" or "end_to_end"',
     "stage": 'the stage in its pass ("quantize_a", "gemm_fwd", ..., "fwd+bwd")',

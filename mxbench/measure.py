@@ -154,6 +154,8 @@ class StageTimer:
         impls = self.options.impls_for(point.recipe)
         if impls:
             kw["impls"] = impls
+        if point.fuse_scales:
+            kw["fuse_scales"] = True
         device = {"device": f"cuda:{self.options.device}", "seed": point.seed}
         try:
             planned = self.ins.plan_step(*args, **kw)

@@ -47,10 +47,13 @@ def plan_points(
     groups: str = "balanced",
     seed: int = 0,
     power_limits: Sequence[float | None] = (None,),
+    fuse_scales: bool = False,
 ) -> list[Point]:
     """The cross product power limit x M x recipe (in that nesting, so each limit is applied once).
 
-    ``power_limits`` in watts; None means the card's limit as found. Duplicates are dropped, order kept.
+    ``power_limits`` in watts; None means the card's limit as found. ``fuse_scales``: each MXFP8 point is followed
+    by its fused-scales twin (quantizers writing the blocked scales themselves), measured side by side in the same
+    run. Duplicates are dropped, order kept.
     """
     check_shape(N, K, G)
     if not Ms or any(not isinstance(M, int) or M <= 0 for M in Ms):
@@ -64,10 +67,11 @@ def plan_points(
     if not power_limits or any(w is not None and w <= 0 for w in power_limits):
         raise InputError(f"power limits must be positive watts or None, got {list(power_limits)}")
     points = [
-        Point(M, N, K, G, recipe, mode, groups, seed, None if w is None else float(w))
+        Point(M, N, K, G, recipe, mode, groups, seed, None if w is None else float(w), fused)
         for w in power_limits
         for M in Ms
         for recipe in recipes
+        for fused in ((False, True) if fuse_scales and recipe == "mxfp8" else (False,))
     ]
     return list(dict.fromkeys(points))
 
@@ -117,5 +121,5 @@ def with_baselines(points: Iterable[Point]) -> list[Point]:
     out: dict[Point, None] = {}
     for p in points:
         out[p] = None
-        out[dataclasses.replace(p, recipe=BASELINE)] = None
+        out[dataclasses.replace(p, recipe=BASELINE, fuse_scales=False)] = None
     return list(out)

@@ -41,9 +41,11 @@ class Point:
     groups: str = "balanced"
     seed: int = 0
     power_limit_w: float | None = None
+    fuse_scales: bool = False
 
     def label(self) -> str:
         pl = "" if self.power_limit_w is None else f" @{self.power_limit_w:g}W"
+        pl += " fused scales" if self.fuse_scales else ""
         return f"M={self.M} N={self.N} K={self.K} G={self.G} {self.recipe}/{self.mode} {self.groups}{pl}"
 
 
@@ -196,7 +198,7 @@ def run_from_json(text: str) -> Run:
 
 
 CSV_COLUMNS = [
-    "M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w",
+    "M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w", "fuse_scales",
     "pass_name", "stage", "impl", "kernel", "category", "purpose", "shape", "backend", "method", "measured",
     "median_us", "iqr_us", "samples", "bytes_read", "bytes_written", "flops", "precision", "error", "skipped",
 ]  # fmt: skip

@@ -88,15 +88,6 @@ def efficiency(record: Record, peaks: dict[str, Peak]) -> tuple[float, Peak] | N
     return (100.0 * achieved / peak.value, peak) if peak is not None else None
 
 
-def efficiency_text(record: Record, peaks: dict[str, Peak]) -> str | None:
-    """The efficiency cell of ``record``: "95.3% of <peak>" for a measurement, ``MODEL_AT_PEAK`` for a model row
-    that has a roof, None where no roof applies."""
-    eff = efficiency(record, peaks)
-    if eff is None:
-        return None
-    return MODEL_AT_PEAK if not record.measured else f"{eff[0]:.1f}% of {eff[1].label}"
-
-
 def peaks_for_run(run: Run, denominator: str = "datasheet") -> dict[str, Peak]:
     """The denominators for ``run``'s card: its spec's datasheet peaks, or its stored measured ceilings.
 

@@ -71,7 +71,7 @@ def _optional(check: Check) -> Check:
 
 POINT: dict[str, Check] = {
     "M": _integer(1), "N": _integer(1), "K": _integer(1), "G": _integer(1), "recipe": _string, "mode": _string,
-    "groups": _string, "seed": _integer(0), "power_limit_w": _optional(_non_negative),
+    "groups": _string, "seed": _integer(0), "power_limit_w": _optional(_non_negative), "fuse_scales": _boolean,
 }  # fmt: skip
 POINT_REQUIRED = ("M", "N", "K", "G")
 
@@ -91,7 +91,7 @@ IMPLEMENTATION: dict[str, Check] = {
     "commit": _optional(_string), "dirty": _optional(_boolean),
 }  # fmt: skip
 CEILINGS: dict[str, Check] = {
-    "card": _string, "power_limit_w": _optional(_non_negative), "copy_tbps": _number, "read2write1_tbps": _number,
+    "card": _string, "power_limit_w": _optional(_non_negative), "fuse_scales": _boolean, "copy_tbps": _number, "read2write1_tbps": _number,
     "read_tbps": _number, "bandwidth_tbps": _number, "bf16_tflops": _number, "fp8_tflops": _optional(_number),
     "bf16_shape": _optional(_string), "fp8_shape": _optional(_string), "meta": _object,
 }  # fmt: skip

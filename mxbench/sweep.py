@@ -102,7 +102,8 @@ def model_run(
                     "label": "model, not measured", "model": MODEL_ASSUMPTION})  # fmt: skip
     for p in work:
         try:
-            stages = plan_step(p.recipe, p.M, p.N, p.K, p.G, point_group_sizes(p), mode=p.mode)
+            fused = {"fuse_scales": True} if p.fuse_scales else {}
+            stages = plan_step(p.recipe, p.M, p.N, p.K, p.G, point_group_sizes(p), mode=p.mode, **fused)
             run.records += model_records(p, stages, spec)
         except Exception as e:  # noqa: BLE001 -- a point the model cannot price is its error row
             run.records.append(stage_record(p, end_to_end_stage(p, []), measured=False, error=error_message(e)))

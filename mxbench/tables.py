@@ -21,7 +21,7 @@ from .ep import TABLE_KINDS as EP_TABLE_KINDS
 from .frame import ENERGY_KEY, PASS_TITLES, POINT_FIELDS, SM_CLOCK_KEY, efficiency, frame_of, select
 from .render import MODEL_MARK, Row, header_block, render
 from .results import Run
-from .roofline import peaks_for_run
+from .roofline import MODEL_AT_PEAK, peaks_for_run
 
 # SM_CLOCK_KEY and ENERGY_KEY live in ``frame`` now; named here too, where ``compare`` has always read them
 __all__ = ["ENERGY_KEY", "PASS_TITLES", "SM_CLOCK_KEY"]
@@ -37,6 +37,7 @@ _POINT_COLUMNS = {
     "mode": "Mode",
     "groups": "Groups",
     "power_limit_w": "Power limit (W)",
+    "fuse_scales": "Fused scales",
 }
 # The per-GEMM speedup columns: which pass's GEMM, in the operand shapes it multiplies.
 GEMM_SPEEDUP_COLUMNS = {
@@ -47,7 +48,7 @@ GEMM_SPEEDUP_COLUMNS = {
 BASELINE_RECIPE = "bf16"
 POINT_KEY = ["file", *POINT_FIELDS]
 """What names one point of one run in a frame of several runs."""
-STEP_KEY = ["file", *(f for f in POINT_FIELDS if f not in ("recipe", "mode"))]
+STEP_KEY = ["file", *(f for f in POINT_FIELDS if f not in ("recipe", "mode", "fuse_scales"))]
 """A point without its recipe: where a recipe's step finds its bf16 counterpart, the same point of the same run
 in any scale mode (it means nothing to bf16)."""
 
@@ -134,8 +135,9 @@ def _stage_cells(row: Any, pct: float, label: str | None) -> Row:
         "IQR (us)": _num(row.iqr_us, 1) if row.measured else MODEL_MARK,
         "GB/s": _num(row.gbps, 0) if row.category in MEMORY_CATEGORIES else None,
         "TFLOP/s": _num(row.tflops, 1) if row.flops else None,
-        "Efficiency": f"{pct:.1f}% of {label}" if _present(label) and _present(pct) else None,
-    }
+        "Efficiency": (f"{pct:.1f}% of {label}" if row.measured else MODEL_AT_PEAK)
+        if _present(label) and _present(pct) else None,
+    }  # fmt: skip
 
 
 def _rows_with_cells(df: pd.DataFrame, pct: pd.Series, label: pd.Series):

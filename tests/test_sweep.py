@@ -404,3 +404,33 @@ def test_git_commit_without_a_checkout_comes_from_the_environment(monkeypatch):
     assert metadata.git_commit() is None
     monkeypatch.setenv("MXBENCH_GIT_COMMIT", "abc123")
     assert metadata.git_commit() == "abc123"
+
+
+def test_fuse_scales_measures_each_mxfp8_point_beside_its_fused_twin_and_one_baseline():
+    points = plan_points([64], 64, 32, 2, ["mxfp8", "fp8_rowwise"], fuse_scales=True)
+    assert [(p.recipe, p.fuse_scales) for p in points] == [("mxfp8", False), ("mxfp8", True), ("fp8_rowwise", False)]
+    assert [(p.recipe, p.fuse_scales) for p in with_baselines(points)] == [
+        ("mxfp8", False), ("bf16", False), ("mxfp8", True), ("fp8_rowwise", False),
+    ]  # fmt: skip
+    assert "fused scales" in points[1].label() and "fused" not in points[0].label()
+
+
+def test_a_fused_point_plans_builds_and_runs_end_to_end_with_fused_scales():
+    seen = []
+
+    class Recording(Fakes):
+        def build(self, recipe, M, N, K, G, sizes, *, mode, backend, device, seed, fuse_scales=False):
+            seen.append(("build", fuse_scales))
+            return super().build(recipe, M, N, K, G, sizes, mode=mode, backend=backend, device=device, seed=seed)
+
+        def end_to_end(self, recipe, M, N, K, G, sizes, *, mode, backend, device, seed, fuse_scales=False):
+            seen.append(("e2e", fuse_scales))
+            return lambda: "step"
+
+    f = Recording()
+    ins = f.instruments()
+    ins.plan_step = lambda *a, fuse_scales=False, **kw: (seen.append(("plan", fuse_scales)), fake_plan(*a, **kw))[1]
+    run_sweep([Point(64, 64, 32, 2, "mxfp8", fuse_scales=True)], options=SweepOptions(samples=3), progress=False,
+              instruments=ins)  # fmt: skip
+    assert seen[:3] == [("plan", True), ("build", True), ("e2e", True)]
+    assert seen[3:] == [("plan", False), ("build", False), ("e2e", False)]  # the bf16 baseline

@@ -186,6 +186,12 @@ def _check_watts_known(watts: Sequence[float]) -> None:
 @click.option("--warm-l2", is_flag=True, help="Time with a warm L2 (default: cold, flushed).")
 @click.option("--samples", type=click.IntRange(min=1), default=25, show_default=True, help="Samples per stage.")
 @click.option(
+    "--fuse-scales",
+    is_flag=True,
+    help="Also measure each MXFP8 point with fused scales (quantizers that write the GEMM's blocked scales, no "
+    "rearrange stages), side by side with the unfused step in the same run.",
+)
+@click.option(
     "--impl",
     "impl_texts",
     multiple=True,
@@ -195,7 +201,7 @@ def _check_watts_known(watts: Sequence[float]) -> None:
 )
 @project_option
 def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
-             plot_file, hardware, denominator, warm_l2, samples, impl_texts, project):  # fmt: skip
+             plot_file, hardware, denominator, warm_l2, samples, fuse_scales, impl_texts, project):  # fmt: skip
     """Time every stage of every pass over a sweep of M (or, without a GPU, print and save the analytic model).
 
     Exit codes: 0 done, 1 an --impl failed its check, 2 bad input (nothing ran), 130 interrupted by Ctrl-C (the
@@ -220,7 +226,7 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     _check_outputs(out, plot_file)
     limits, controller = _power_limits(power_percent, power_watts, gpu)
     impls = _checked_impls(impl_texts, recipes, K, N, G, mode)
-    points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits)
+    points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits, fuse_scales)
     if gpu:
         run = _measure(points, hardware, denominator, out, controller, warm_l2, samples, impls)
         if run is None:  # another rank of a sharded sweep: rank 0 writes and prints (mxbench.shard)
