@@ -31,7 +31,7 @@ COMMIT_TIME_KEY = "git_commit_time"
 """Where a run records its commit's time, when the machine that made it could tell."""
 CHANGES = ("SLOWER", "FASTER")
 """The verdicts a history marks (a SAME or UNSURE step is not a change)."""
-_KEY_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w", "pass_name", "stage", "impl")
+_KEY_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w", "fuse_scales", "pass_name", "stage", "impl")
 
 
 @dataclass
@@ -230,14 +230,16 @@ def _key_cells(r: Record) -> dict:
 def match_key(row: pd.Series) -> MatchKey:
     """The ``compare`` key of a ``trends`` row (what its marks are filed under)."""
     limit = None if pd.isna(row["power_limit_w"]) else float(row["power_limit_w"])
-    return MatchKey(int(row["M"]), int(row["N"]), int(row["K"]), int(row["G"]), row["recipe"], row["mode"],
-                    row["groups"], limit, row["pass_name"], row["stage"], row["impl"])  # fmt: skip
+    return MatchKey(M=int(row["M"]), N=int(row["N"]), K=int(row["K"]), G=int(row["G"]), recipe=row["recipe"],
+                    mode=row["mode"], groups=row["groups"], power_limit_w=limit, fuse_scales=bool(row["fuse_scales"]),
+                    pass_name=row["pass_name"], stage=row["stage"], impl=row["impl"])  # fmt: skip
 
 
 def key_text(key: MatchKey) -> str:
     recipe = f"{key.recipe}/{key.mode}" if key.recipe == "mxfp8" else key.recipe
     limit = "" if key.power_limit_w is None else f" @{key.power_limit_w:g}W"
-    return f"M={key.M} N={key.N} K={key.K} G={key.G} {recipe} {key.groups}{limit}"
+    fused = " fused scales" if key.fuse_scales else ""
+    return f"M={key.M} N={key.N} K={key.K} G={key.G} {recipe} {key.groups}{limit}{fused}"
 
 
 def history_rows(h: History, changed_only: bool = False, **filters) -> list[Row]:

@@ -91,7 +91,7 @@ IMPLEMENTATION: dict[str, Check] = {
     "commit": _optional(_string), "dirty": _optional(_boolean),
 }  # fmt: skip
 CEILINGS: dict[str, Check] = {
-    "card": _string, "power_limit_w": _optional(_non_negative), "fuse_scales": _boolean, "copy_tbps": _number, "read2write1_tbps": _number,
+    "card": _string, "power_limit_w": _optional(_non_negative), "copy_tbps": _number, "read2write1_tbps": _number,
     "read_tbps": _number, "bandwidth_tbps": _number, "bf16_tflops": _number, "fp8_tflops": _optional(_number),
     "bf16_shape": _optional(_string), "fp8_shape": _optional(_string), "meta": _object,
 }  # fmt: skip
