@@ -396,6 +396,9 @@ ROWS_TILE = 8192
 # The old default, kept as the two-pass control of the tuning script.
 TWO_PASS_ROWS_CONFIG = Fp8RowwiseConfig(4, 1024, num_warps=4)
 COLWISE_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8)
+# k_groups: a group's strip holds up to all M rows, and the one-launch kernel's pass 2 did not find them in L2
+# (slower than both reads from device memory: docs/perf-log.md); the split launch reads twice, and is counted so.
+K_GROUPS_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8, split=True)
 # The old colwise default: the two-pass kernel, both reads from device memory.
 TWO_PASS_COLWISE_CONFIG = Fp8RowwiseConfig(64, 64, num_warps=4)
 
@@ -486,12 +489,13 @@ def quantize_fp8_rowwise_k_groups(
     Returns q (R, M) e4m3 row-major (M contiguous: pass ``q`` as ``_scaled_grouped_mm``'s row-major mat_a or
     ``q.t()`` as its column-major mat_b) and scale (G, R) fp32, scale[g, r] = amax over group g's rows of
     |x[:, r]| / 448 (floored as above; an empty group counts as all zero). Columns of q past ``offs[-1]`` are not
-    written. ``config``: a ``ColwiseConfig`` (the strips kernel; None: ``COLWISE_CONFIG``) or a
+    written. ``config``: a ``ColwiseConfig`` (the strips kernel; None: ``K_GROUPS_CONFIG``) or a
     ``Fp8RowwiseConfig`` (the two-pass colwise kernel).
     """
     check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2, contiguous=False)
     check_group_offsets(offs, x, x.shape[0])
     check_config("config", config, (ColwiseConfig, Fp8RowwiseConfig))
+    config = config or K_GROUPS_CONFIG
     M, R = x.shape
     G = offs.numel()
     q = torch.empty(R, M, dtype=DATA_DTYPE, device=x.device)
@@ -556,11 +560,10 @@ def quantize_fp8_rowwise_k_groups_cost(M: int, R: int, G: int, in_dtype: torch.d
     """``quantize_fp8_rowwise_k_groups`` of (M, R) in G groups: read it, write (R, M) e4m3 and G*R fp32 scales.
 
     A group's column scale needs all of the group's rows (up to all M), more than a program can hold, so every
-    launch reads the input twice: the amax, then the scale and cast. The default (a one-launch ``ColwiseConfig``)
-    takes the second read from L2, within moments of the first, so device memory sees one read and the cost counts
-    one; a split ``ColwiseConfig`` or the two-pass ``Fp8RowwiseConfig`` kernel rereads from device memory, and the
-    cost counts both reads."""
-    return _colwise_cost(M, R, G, in_dtype, config)
+    launch reads the input twice: the amax, then the scale and cast. A one-launch ``ColwiseConfig`` takes the second
+    read from L2 when the strips in flight fit there, and the cost counts one read; the default (split, two
+    launches) and the two-pass ``Fp8RowwiseConfig`` kernel reread from device memory, and the cost counts both."""
+    return _colwise_cost(M, R, G, in_dtype, config or K_GROUPS_CONFIG)
 
 
 def _colwise_cost(rows: int, cols: int, G: int, in_dtype: torch.dtype, config) -> Cost:

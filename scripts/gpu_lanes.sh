@@ -32,10 +32,12 @@ run_step() {  # run_step GPU STEP
   local g=$1
   case $2 in
     env) step "$g" env 60 bash -c 'nvidia-smi; nvidia-smi topo -m; python -c "import torch, triton; print(torch.__version__, triton.__version__, torch.version.cuda, torch.cuda.get_device_name(), torch.cuda.nccl.version())"' ;;
-    gputests) step "$g" gputests 330 python -m pytest -q -p no:cacheprovider -rfE -x --timeout 300 -m gpu tests ;;
+    gputests) step "$g" gputests 330 python -m pytest -q -p no:cacheprovider -rfE --timeout 300 -m gpu tests ;;
     ceilings) step "$g" ceilings 240 mxbench ceilings --out-dir results ;;
     roofline) step "$g" roofline 300 mxbench roofline --K 7168 --N 2048 --recipe mxfp8,fp8_rowwise --fuse-scales \
       --denominator measured --out "$RES/roofline-deepseek-v3.json" --plot-file "plots/$CARD/deepseek-v3" ;;
+    fp8) step "$g" fp8 200 mxbench roofline --K 7168 --N 2048 --recipe fp8_rowwise --denominator measured \
+      --out "$RES/roofline-deepseek-v3-fp8_rowwise.json" ;;
     roofline_big) step "$g" roofline_big 200 mxbench roofline --K 7168 --N 2048 --M 131072 --recipe mxfp8,fp8_rowwise \
       --fuse-scales --denominator measured --out "$RES/roofline-deepseek-v3.json" --plot-file "plots/$CARD/deepseek-v3" ;;
     scout) step "$g" scout 200 mxbench roofline --preset llama4-scout --M 131072 --recipe mxfp8,fp8_rowwise \

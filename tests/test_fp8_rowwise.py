@@ -233,7 +233,10 @@ def test_costs_are_hand_counts():
     assert F.quantize_fp8_rowwise_cost(16, 64, torch.bfloat16) == Cost(16 * 64 * 2, 16 * 64 + 16 * 4)
     assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.float32, "K") == Cost(2 * 8 * 32 * 4, 512 + 2 * 8 * 4)
     assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.bfloat16, "N") == Cost(2 * 8 * 32 * 2, 512 + 2 * 32 * 4)
-    assert F.quantize_fp8_rowwise_k_groups_cost(128, 24, 3, torch.bfloat16) == Cost(128 * 24 * 2, 128 * 24 + 3 * 24 * 4)
+    # k_groups by default (split: a group's column needs all its rows, read again from device memory): two reads
+    assert F.quantize_fp8_rowwise_k_groups_cost(128, 24, 3, torch.bfloat16) == Cost(
+        2 * 128 * 24 * 2, 128 * 24 + 3 * 24 * 4
+    )
 
 
 def test_costs_count_a_second_read_from_device_memory():
@@ -246,10 +249,11 @@ def test_costs_count_a_second_read_from_device_memory():
             2 * 128 * 24 * 2, 128 * 24 + 3 * 24 * 4
         )
         assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.bfloat16, "N", config).bytes_read == 2 * 2 * 8 * 32 * 2
-    # DeepSeek-V3 A (131072, 7168) bf16, 8 groups, the default one-launch strips: one read.
-    assert F.quantize_fp8_rowwise_k_groups_cost(131072, 7168, 8, torch.bfloat16) == Cost(
+    # DeepSeek-V3 A (131072, 7168) bf16, 8 groups: the one-launch strips read once, the default (split) twice.
+    assert F.quantize_fp8_rowwise_k_groups_cost(131072, 7168, 8, torch.bfloat16, F.COLWISE_CONFIG) == Cost(
         1_879_048_192, 939_524_096 + 4 * 8 * 7168
     )
+    assert F.quantize_fp8_rowwise_k_groups_cost(131072, 7168, 8, torch.bfloat16).bytes_read == 2 * 1_879_048_192
 
 
 def test_bad_input_names_the_argument(device):

@@ -245,9 +245,12 @@ def test_default_configs():
         gemm_fused.default_config("3d3d")
 
 
-def test_registered_behind_triton_dequant_on_sm90(monkeypatch):
+def test_registered_but_withheld_on_gpus_until_its_large_shape_error_is_found(monkeypatch):
     monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
-    assert GG.available_backends("mxfp8", "cuda")[:2] == ["triton_dequant", "triton_fused"]
+    assert "triton_fused" not in GG.available_backends("mxfp8", "cuda")
+    assert GG.backend_unavailable("mxfp8", "triton_fused", torch.device("cuda")) == GG.FUSED_WITHHELD
+    with pytest.raises(RuntimeError, match="withheld"):
+        GG._resolve_backend("mxfp8", "triton_fused", torch.device("cuda"))
     assert "triton_fused" in GG.BACKENDS["mxfp8"] and GG.CONFIG_TYPES["triton_fused"] is FusedConfig
 
 
@@ -304,6 +307,13 @@ def test_contraction_streams_through_cp_async(ptx, case):
 
 
 # ---- GPU -------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def unwithheld(request, monkeypatch):
+    """The backend is withheld from users on GPUs (``GG.FUSED_WITHHELD``); its own GPU tests still run it."""
+    if "gpu" in request.keywords:
+        monkeypatch.setattr(GG, "FUSED_WITHHELD", None)
 
 
 @pytest.mark.gpu
