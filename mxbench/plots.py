@@ -166,6 +166,12 @@ def plot_all(data: Data, out: str | Path, spec: HardwareSpec | None = None, proj
     figure (``<name>.png``). Returns the paths written.
     """
     out = Path(out)
+    if isinstance(data, Run) and data.meta.get("kind") == "ep":  # an expert-parallel run: its own figure
+        from .ep.figure import plot_ep
+
+        if project is not None:
+            raise InputError("an expert-parallel run has no single-GPU step to project")
+        return [plot_ep(data, out if out.suffix.lower() in IMAGE_SUFFIXES else out / "ep.png")]
     ctx = Context.of(data, spec)
     if project is not None and _is_peers(ctx):
         raise InputError("a peers run times data-movement kernels side by side: it has no step to project")

@@ -27,7 +27,7 @@ def plot_ep(run: Run, path: str | Path) -> Path:
     strategies = [r.point.recipe for r in run.records if r.category == STEP and r.ok]
     if not strategies:
         raise ValueError(f"run of {run.card} holds no measured EP step to draw")
-    fig = Figure(figsize=(13, 5), layout="constrained")
+    fig = Figure(figsize=(13, 6), layout="constrained")
     left, right = fig.subplots(1, 2)
     _draw_breakdown(left, run, strategies)
     _draw_alltoall(right, run, strategies)
@@ -54,7 +54,7 @@ def _draw_breakdown(ax, run: Run, strategies: list[str]) -> None:
                label="fwd+bwd step (measured)")  # fmt: skip
     ax.set_ylabel("ms per step (stages at their slowest rank)")
     ax.set_title("Where the step goes", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
 
 
 def _draw_alltoall(ax, run: Run, strategies: list[str]) -> None:
@@ -71,4 +71,5 @@ def _draw_alltoall(ax, run: Run, strategies: list[str]) -> None:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(stages))], stages)
     ax.set_ylabel("GB/s per rank, sent + received (both directions)")
     ax.set_title("All-to-all rate against the interconnect roofs", fontsize=10)
-    ax.legend(fontsize=7)
+    # below the axes: the roofs' labels are long, and inside they would cover the bars
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=1, frameon=False)

@@ -26,8 +26,9 @@ PASS_MARKERS = {"forward": "^", "backward_input": "v", "backward_weight": "s"}
 RECIPE_COLORS = {"mxfp8": "tab:red", "fp8_rowwise": "tab:green", "bf16": "tab:gray"}
 CATEGORY_COLORS = {"quantize": "tab:blue", "rearrange": "tab:orange", "pad": "tab:green", "gemm": "tab:red"}
 PANEL_SIZE = (6.4, 4.8)
-CONDITION = ["N", "K", "G", "groups", "power_limit_w"]
-"""What one curve vs M holds fixed (the scale mode is the recipe's own: the bf16 baseline has none)."""
+CONDITION = ["N", "K", "G", "groups", "power_limit_w", "fuse_scales"]
+"""What one curve vs M holds fixed (the scale mode is the recipe's own: the bf16 baseline has none; a fused-scales
+twin is a table's side-by-side row, not another curve)."""
 SCALED_RECIPES = ("mxfp8",)
 """Recipes whose label names their scale mode."""
 
