@@ -174,10 +174,12 @@ def breakdown_rows(
     df = _sorted(select(df, M=int(df["M"].max()) if M is None else M))
     pct, label = _efficiency(data, df, denominator, peaks)
     lead = _point_cells(df)
+    impl = _impl_cell(df)
     return [
         {
             **lead(row),
             "Pass": PASS_TITLES.get(row.pass_name, row.pass_name),
+            **impl(row),
             "Kernel": row.kernel,
             "Purpose": row.purpose,
             "Input shape": row.shape,
@@ -201,11 +203,19 @@ def sweep_rows(
     df = _sorted(select(as_frame(data), passes=passes, M=M, recipe=recipe, card=card))
     pct, label = _efficiency(data, df, denominator, peaks)
     lead = _point_cells(df, always=("M",))
+    impl = _impl_cell(df)
     return [
-        {**lead(row), "Pass": PASS_TITLES.get(row.pass_name, row.pass_name), "Stage": row.stage,
+        {**lead(row), "Pass": PASS_TITLES.get(row.pass_name, row.pass_name), "Stage": row.stage, **impl(row),
          "Kernel": row.kernel, **cells}
         for row, cells in _rows_with_cells(df, pct, label)
     ]  # fmt: skip
+
+
+def _impl_cell(df: pd.DataFrame) -> Callable[[Any], Row]:
+    """An "Implementation" cell per row where some stage ran another implementation than ours (``--impl``)."""
+    if (df["impl"] == OURS).all():
+        return lambda row: {}
+    return lambda row: {"Implementation": row.impl}
 
 
 def _ratio(base_us: float | None, us: float | None) -> float | None:
