@@ -53,13 +53,13 @@ class Step:
 @dataclass
 class History:
     """``steps`` oldest first; ``changes[i]``: the comparisons of step i's stages with their previous step
-    (several when stages were last measured at different steps); ``left_out``: runs without the ``by`` commit."""
+    (several when stages were last measured at different steps); ``left_out``: (run, why it is left out): no ``by`` commit, or an expert-parallel run among single-GPU ones."""
 
     card: str
     by: str
     steps: list[Step]
     changes: list[list[Comparison]] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)
+    left_out: list[tuple[str, str]] = field(default_factory=list)
 
     def verdicts(self, i: int) -> dict[MatchKey, tuple[str, float]]:
         """Step i's stages that changed (or broke) since their previous step: verdict and new/base ratio."""
@@ -151,10 +151,16 @@ def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = 
     ((name, mine),) = cards.items()
     grouped: dict[str, list[tuple[Path, Run]]] = {}
     left_out, info_of = [], {}
+    if len({run.meta.get("kind") == "ep" for _, run in mine}) > 1:
+        # an expert-parallel run's stages (a distributed layer) share names and points with the single-GPU step's
+        # but not their meaning: follow them in a history of their own
+        left_out += [(str(path), "an expert-parallel run: give those alone") for path, run in mine
+                     if run.meta.get("kind") == "ep"]  # fmt: skip
+        mine = [(path, run) for path, run in mine if run.meta.get("kind") != "ep"]
     for path, run in mine:
         commit, version, info = _commit_of(run.meta, by)
         if commit is None and version is None:
-            left_out.append(str(path))
+            left_out.append((str(path), f"no {by} commit or version recorded"))
             continue
         key = commit or f"version {version}"
         grouped.setdefault(key, []).append((path, run))

@@ -168,7 +168,7 @@ def test_by_an_implementation_orders_by_its_commits_in_its_own_checkout(tmp_path
     h = history(load_runs(paths), by="kern:quantize")
     assert [s.label for s in h.steps] == [f"kern:quantize ({commits[0][:7]})", f"kern:quantize ({commits[1][:7]})"]
     assert [s.time_source for s in h.steps] == ["commit time from git"] * 2
-    assert h.left_out == [str(paths[2])] and h.latest_failed  # their newer commit made the GEMM slower
+    assert [p for p, _ in h.left_out] == [str(paths[2])] and h.latest_failed  # their newer commit made the GEMM slower
     assert len(history(load_runs(paths)).steps) == 1  # by mxbench: one commit
     with pytest.raises(InputError, match="none of these runs recorded a commit or version of 'torchao'"):
         history(load_runs(paths), by="torchao")
@@ -176,13 +176,14 @@ def test_by_an_implementation_orders_by_its_commits_in_its_own_checkout(tmp_path
 
 def test_history_of_the_committed_h200_runs(tmp_path):
     results = REPO_ROOT / "results"
-    h = history(load_runs([results / "nvidia-h200", results / "baselines"]))
+    baseline = results / "baselines" / "nvidia-h200.json"
+    h = history(load_runs([results / "nvidia-h200", baseline]))
     assert [s.commit[:7] for s in h.steps] == ["755e51b", "d3351dc"]  # the older commit first, either way timed
     assert all(s.time_source in ("commit time from git", "run date (commit not in this checkout)") for s in h.steps)
     assert sorted(Path(f).name for f in h.steps[1].files) == [
         "peers-llama4-scout.json", "roofline-deepseek-v3-fp8_rowwise.json", "roofline-deepseek-v3-skewed.json",
     ]  # fmt: skip
-    result = invoke("history", results / "nvidia-h200", results / "baselines", "--changed", "--format", "markdown",
+    result = invoke("history", results / "nvidia-h200", baseline, "--changed", "--format", "markdown",
                     "--plot", tmp_path / "history.png")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert result.output.startswith("**History of NVIDIA H200**, by mxbench commit time, oldest first:")

@@ -17,7 +17,9 @@ from mxbench.cli import cli
 from mxbench.results import Point, Record, Run, load_run, run_to_json
 
 REPO = Path(__file__).resolve().parent.parent
-COMMITTED = sorted(p for p in (REPO / "results").glob("*/*.json") if p.name != "ceilings.json")
+COMMITTED = sorted(
+    p for p in (REPO / "results").glob("**/*.json") if not p.name.endswith("ceilings.json") and p.parent.name != "tuning"
+)  # every stored run: the rooflines, peers, baselines, expert-parallel and sharded runs
 
 
 def valid_payload() -> dict:
@@ -47,7 +49,7 @@ def refused(tmp_path, payload) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(REPO / "results")))
 def test_every_committed_run_is_valid(path):
     run = load_run(path)
     assert run.records and all(r.shapes for r in run.records)

@@ -47,8 +47,8 @@ def history(results, by, fmt, passes, Ms, recipes, card, changed, plot_file, fai
         bold = "**" if fmt in ("markdown", "github") else ""
         click.echo(f"{bold}History of {h.card}{bold}, by {by} commit time, oldest first:\n")
         click.echo(render(step_rows(h), fmt))
-        if h.left_out:
-            click.echo(f"left out (no {by} commit or version recorded): {', '.join(h.left_out)}\n")
+        for why in dict.fromkeys(w for _, w in h.left_out):
+            click.echo(f"left out ({why}): {', '.join(p for p, w in h.left_out if w == why)}\n")
         click.echo(render(rows, fmt))
         click.echo(latest_summary(h))
     if plot_file is not None:

@@ -26,7 +26,7 @@ def power_series(ctx: Context, metric: str) -> tuple[int | None, dict[str, list[
     first = ctx.rows.iloc[0]
     df = ctx.frame
     rows = df[df["ok"] & (df["recipe"] == ctx.recipe) & df["power_limit_w"].notna() & (df["power_limit_w"] > 0)]
-    for c in CONDITION[:-1]:  # the same shape and group split, any limit
+    for c in (c for c in CONDITION if c != "power_limit_w"):  # the same shape and group split, any limit
         rows = rows[rows[c] == first[c]]
     if rows.empty:
         return None, {}
