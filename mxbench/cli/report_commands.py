@@ -76,6 +76,11 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
     runs = [(path, load_run(path)) for path in results]
     for path, run in runs:
         check_kind(run, kind, str(path))
+    if kind == "ep-scaling":  # one table over all the runs: each is one EP degree
+        from ..ep.scaling import scaling_table
+
+        click.echo(scaling_table([run for _, run in runs], fmt, columns=columns, strategies=recipes), nl=False)
+        return
     if kind in EP_TABLE_KINDS:  # the expert-parallel tables choose their strategies themselves (--recipe)
         from ..ep.tables import ep_table
 
@@ -120,18 +125,27 @@ def _denominator(run, choice: str | None) -> str | None:
 
 
 @click.command()
-@click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="A .png file, or a folder for all figures.")
 @click.option("--hardware", help="Spec of the roofs and the model. [default: the run's]")
 @project_option
-def plot(results: Path, out: Path, hardware: str | None, project: str | None) -> None:
-    """Draw the figures of stored results (a peers run: the peers figure)."""
+def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: str | None) -> None:
+    """Draw the figures of stored results (a peers run: the peers figure; an EP run: its figure; several EP runs of
+    one layer at different EP degrees: the EP-degree scaling figure)."""
     from ..outputs import check_figure_target
     from ..plots import IMAGE_SUFFIXES, plot_all
     from ..results import load_run
 
     check_figure_target(out, "--out", IMAGE_SUFFIXES)
-    run = load_run(results)
+    if len(results) > 1:
+        from ..ep.scaling import plot_scaling
+
+        if hardware or project:
+            raise click.BadParameter("several runs draw the EP-degree figure, which takes no --hardware/--project")
+        target = out if out.suffix.lower() in IMAGE_SUFFIXES else out / "ep-scaling.png"
+        click.echo(str(plot_scaling([load_run(path) for path in results], target)))
+        return
+    run = load_run(results[0])
     key = hardware or run.meta.get("hardware")
     for path in plot_all(run, out, spec=hardware_spec(key) if key else None, project=project):
         click.echo(str(path))

@@ -3,9 +3,10 @@
 Modules, one job each: ``launch`` (the ``--nproc`` shortcut and the workers' environment), ``dist`` (process
 groups, gathering to rank 0, bounded teardown), ``inputs`` (seeded routing and layer inputs), ``check``
 (correctness against the single-process reference), ``timing`` (stages timed in step across ranks), ``measure``
-(the records of a run), ``metadata``, ``tables``, ``figure``, ``ceiling`` (the measured all-to-all ceiling) and
+(the records of a run), ``metadata``, ``tables``, ``figure``, ``scaling`` (runs at several EP degrees side by side), ``ceiling`` (the measured all-to-all ceiling) and
 ``command`` (the click command). The layer itself and its stages live in the kernel package (``mxkernels.ep``).
 """
 
-TABLE_KINDS = ("ep", "ep-summary")
-"""The ``table --kind`` values of an EP run: per stage, and per strategy (``tables``)."""
+TABLE_KINDS = ("ep", "ep-summary", "ep-scaling")
+"""The ``table --kind`` values of EP runs: per stage, per strategy (``tables``), and per EP degree of several runs of
+one layer (``scaling``)."""
