@@ -131,6 +131,20 @@ def _band_tile(tile, m_tiles, n_tiles, GROUP_M: tl.constexpr):
     return band * GROUP_M + in_band % band_rows, in_band // band_rows
 
 
+@triton.jit
+def _tile_barrier():
+    """A barrier of the whole program before a tile's contraction starts.
+
+    The previous tile's epilogue converts its accumulator to the store layout through shared memory that overlaps
+    the contraction's cp.async stages, and triton 3.6 puts no barrier between that conversion's last shared-memory
+    reads and the next tile's first cp.async (the loop's back edge): a warp that got ahead overwrote rows that
+    another warp had still to store. Seen as wrong, run-to-run different elements in bf16 outputs of the 128 x 256,
+    8-warp, 4-stage 2D x 3D tiles on an H100 (``scripts/diagnose_fused.py``); ``tests/test_gemm_fused.py`` checks
+    the barrier in the SM90 PTX. One barrier per tile costs next to nothing beside its contraction.
+    """
+    tl.debug_barrier()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------------------
@@ -236,6 +250,7 @@ def _fused_2d3d_kernel(
     c = tl.arange(0, BLOCK_N)
     t_out = tl.program_id(0)
     for t in range(tl.program_id(0), tl.sum(m_tiles, 0) * n_tiles, PROGRAMS):
+        _tile_barrier()
         g, start, local0, rows_left, n0 = _tile_2d3d(t, starts, sizes, m_tiles, n_tiles, BLOCK_M, BLOCK_N, BLOCK_G,
                                                      GROUP_M)  # fmt: skip
         local = local0 + tl.minimum(r, rows_left - 1)
@@ -275,6 +290,7 @@ def _fused_2d2d_kernel(
     c = tl.arange(0, BLOCK_N)
     t_out = tl.program_id(0)
     for t in range(tl.program_id(0), G * m_tiles * n_tiles, PROGRAMS):
+        _tile_barrier()
         g = t // (m_tiles * n_tiles)
         m_tile, n_tile = _band_tile(t % (m_tiles * n_tiles), m_tiles, n_tiles, GROUP_M)
         # Group sizes are multiples of 32, said by arithmetic rather than tl.multiple_of (which triton 3.6 drops on a

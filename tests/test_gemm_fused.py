@@ -294,6 +294,17 @@ def test_bf16_wgmma_with_the_a_operand_in_registers(ptx, case):
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_each_tile_waits_for_every_warp_before_its_first_async_copy(ptx, case):
+    # The previous tile's epilogue reads shared memory that the next tile's cp.async stages overwrite (the race
+    # ``_tile_barrier`` closes): on the path from the tile loop's header to its first cp.async, a CTA-wide barrier.
+    header = re.search(r"^\$L__BB\d+_\d+:\s*// =>This Loop Header: Depth=1$", ptx[case], re.M)
+    assert header, "no outer loop found"
+    body = ptx[case][header.end():]
+    first_copy = body.index("cp.async.")
+    assert re.search(r"\b(bar|barrier)\.sync(\.aligned)?\s+0;", body[:first_copy])
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_dequantization_needs_no_f2f_conversion(ptx, case):
     assert "cvt.rn.f16x2.e4m3x2" in ptx[case]
     assert "cvt.bf16.f16" not in ptx[case] and "cvt.f32.f16" not in ptx[case]
