@@ -136,11 +136,10 @@ def _tile_barrier():
     """A barrier of the whole program before a tile's contraction starts.
 
     The previous tile's epilogue converts its accumulator to the store layout through shared memory that overlaps
-    the contraction's cp.async stages, and triton 3.6 puts no barrier between that conversion's last shared-memory
-    reads and the next tile's first cp.async (the loop's back edge): a warp that got ahead overwrote rows that
-    another warp had still to store. Seen as wrong, run-to-run different elements in bf16 outputs of the 128 x 256,
-    8-warp, 4-stage 2D x 3D tiles on an H100 (``scripts/diagnose_fused.py``); ``tests/test_gemm_fused.py`` checks
-    the barrier in the SM90 PTX. One barrier per tile costs next to nothing beside its contraction.
+    the contraction's cp.async stages, and Triton (3.6 and 3.9 alike) puts no barrier between that conversion's last
+    shared-memory reads and the next tile's first cp.async (the loop's back edge): a warp that got ahead could
+    overwrite rows another warp has still to store. ``tests/test_gemm_fused.py`` checks the barrier in the SM90 PTX.
+    One barrier per tile costs next to nothing beside its contraction.
     """
     tl.debug_barrier()
 
@@ -376,12 +375,14 @@ class FusedConfig:
                 raise InputError(f"FusedConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
 
-# The defaults per case, chosen by reasoning and the SM90 SASS until scripts/tune_issue11_gemm.py has timed the
-# candidates (docs/perf-log.md): 128 x 256 tiles with two warpgroups (the dequantization, about 7 instructions per
-# pair of elements, amortized over 256 columns; 128 accumulator registers a thread, one program per SM) and 64-wide
-# steps four deep (40 KiB a stage).
+# The defaults per case, chosen by reasoning and the SM90 SASS, then timed by scripts/tune_issue11_gemm.py
+# (docs/perf-log.md): 128 x 256 tiles with two warpgroups (the dequantization, about 7 instructions per pair of
+# elements, amortized over 256 columns; 128 accumulator registers a thread, one program per SM) and 64-wide steps
+# (40 KiB a stage). 2D x 3D runs three deep: four deep, its bf16 outputs came out wrong in whole 8-row slabs, different
+# from run to run, on an H100 at DeepSeek-V3 sizes (scripts/diagnose_fused.py; fp32 outputs, 4 warps, 128-wide
+# tiles and 1 to 3 stages were right), a race in what Triton 3.6 builds that the barrier above does not close.
 _DEFAULT_CONFIGS = {
-    "2d3d": FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=4),
+    "2d3d": FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=3),
     "2d2d": FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=4, group_m=8),
 }
 # The interpreter runs small tiles (any tile computes the same function; small ones run fastest there) in a few

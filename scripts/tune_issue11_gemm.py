@@ -55,8 +55,8 @@ CASES = {"fwd": ("2d3d", N, K), "dgrad": ("2d3d", K, N), "wgrad": ("2d2d", N, K)
 # spills, wgmma kept in flight; docs/perf-log.md) rather than by sweeping: 128 x 256 tiles (the dequantization
 # amortized over 256 columns), 64-wide steps three or four deep or 128-wide steps two deep (shared memory: 40 / 80 KiB
 # a stage), row-major or banded tile order; for wgrad also both operands dequantized in the load path.
-_2D3D = [
-    FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=4),
+_2D3D = [  # (four stages deep is not a candidate: its bf16 outputs race, see gemm_fused._DEFAULT_CONFIGS)
+    FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=3),
     FusedConfig(128, 256, block_k=128, num_warps=8, num_stages=2),
     FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=3, group_m=8),
 ]
@@ -274,6 +274,7 @@ def main() -> int:
         ncu_target(args.ncu_target)
         return 0
     torch.backends.cuda.matmul.allow_tf32 = False  # the emulated reference multiplies in fp32
+    GG.FUSED_WITHHELD = None  # withheld from users on GPUs, not from the script that measures it
     props = torch.cuda.get_device_properties(0)
     print(f"# {session.device} cc={props.major}.{props.minor} SMs={props.multi_processor_count} "
           f"copy roof {session.roof:.2f} TB/s", flush=True)  # fmt: skip
