@@ -124,7 +124,7 @@ def backend_unavailable(recipe: str, backend: str, device: torch.device) -> str 
 
 FUSED_WITHHELD = (
     "triton_fused is withheld on GPUs: four pipeline stages of its 2D x 3D kernel gave wrong bf16 outputs on an H100 "
-    "(a race in the build, docs/perf-log.md), and the configurations measured right are slower than triton_dequant; "
+    "(a race in the build, docs/perf-log.md), and the configurations measured right are no faster than triton_dequant; "
     "it runs under the interpreter for its tests, and on GPUs in its own GPU tests and tuning script"
 )
 
