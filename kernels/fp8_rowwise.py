@@ -50,10 +50,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .block_math import abs_max_bits, masked_load, masked_store, to_e4m3_bits, to_fp32
 from .cost import Cost
 from .format import DATA_DTYPE, E4M3_MAX
 from .padding import group_bounds, locate, pick
-from .quantize import _abs_max_bits, _load, _store, _to_e4m3_bits, _to_fp32
 from .runtime import (
     INTERPRET,
     MAX_GROUPS,
@@ -143,23 +143,23 @@ def _rowwise_kernel(
     if SINGLE:
         c = tl.arange(0, BLOCK_C)
         mask = row_ok[:, None] & (c < cols)[None, :]
-        x = _load(x_rows + c[None, :], mask, EVEN)
-        scale, recip = _scale_and_reciprocal(_abs_max_bits(x, 1).to(tl.float32, bitcast=True))
-        _store(scale_ptr + r, scale, row_ok, EVEN)
-        _store(q_rows + c[None, :], _to_e4m3_bits(_to_fp32(x) * recip[:, None], EXACT), mask, EVEN)
+        x = masked_load(x_rows + c[None, :], mask, EVEN)
+        scale, recip = _scale_and_reciprocal(abs_max_bits(x, 1).to(tl.float32, bitcast=True))
+        masked_store(scale_ptr + r, scale, row_ok, EVEN)
+        masked_store(q_rows + c[None, :], to_e4m3_bits(to_fp32(x) * recip[:, None], EXACT), mask, EVEN)
     else:
         amax = tl.zeros((BLOCK_R,), tl.int32)
         for c0 in range(0, cols, BLOCK_C):
             c = c0 + tl.arange(0, BLOCK_C)
             mask = row_ok[:, None] & (c < cols)[None, :]
-            amax = tl.maximum(amax, _abs_max_bits(_load(x_rows + c[None, :], mask, EVEN), 1))
+            amax = tl.maximum(amax, abs_max_bits(masked_load(x_rows + c[None, :], mask, EVEN), 1))
         scale, recip = _scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
-        _store(scale_ptr + r, scale, row_ok, EVEN)
+        masked_store(scale_ptr + r, scale, row_ok, EVEN)
         for c0 in range(0, cols, BLOCK_C):
             c = c0 + tl.arange(0, BLOCK_C)
             mask = row_ok[:, None] & (c < cols)[None, :]
-            x = _to_fp32(_load(x_rows + c[None, :], mask, EVEN))
-            _store(q_rows + c[None, :], _to_e4m3_bits(x * recip[:, None], EXACT), mask, EVEN)
+            x = to_fp32(masked_load(x_rows + c[None, :], mask, EVEN))
+            masked_store(q_rows + c[None, :], to_e4m3_bits(x * recip[:, None], EXACT), mask, EVEN)
 
 
 @triton.jit
@@ -192,7 +192,7 @@ def _colwise_kernel(
     for m0 in range(start, end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         mask = (m < end)[:, None] & col_ok[None, :]
-        x = _to_fp32(tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0))
+        x = to_fp32(tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0))
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
     scale, recip = _scale_and_reciprocal(amax)
     tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
@@ -200,8 +200,8 @@ def _colwise_kernel(
     for m0 in range(start, end, BLOCK_M):
         m = m0 + tl.arange(0, BLOCK_M)
         mask = (m < end)[:, None] & col_ok[None, :]
-        x = _to_fp32(tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0))
-        tl.store(q_cols + m[:, None], _to_e4m3_bits(x * recip[None, :], EXACT), mask=mask)
+        x = to_fp32(tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0))
+        tl.store(q_cols + m[:, None], to_e4m3_bits(x * recip[None, :], EXACT), mask=mask)
 
 
 @triton.jit
@@ -248,15 +248,15 @@ def _strip_scale_steps(
             m_next = m + STEP
             mask_next = (m_next < hi)[:, None] & col_ok[None, :]
             x_next = tl.load(x_cols + m_next.to(tl.int64)[:, None] * stride_xm, mask=mask_next, other=0.0)
-            q = _to_e4m3_bits(_to_fp32(x) * recip[None, :], EXACT)
+            q = to_e4m3_bits(to_fp32(x) * recip[None, :], EXACT)
             tl.store(q_cols + m.to(tl.int64)[:, None], q, mask=(m < hi)[:, None] & col_ok[None, :])
             x, m = x_next, m_next
     else:
         for i in tl.range(0, tl.cdiv(hi - lo, STEP), num_stages=STAGES):
             m = lo + i * STEP + tl.arange(0, STEP)
             mask = (m < hi)[:, None] & col_ok[None, :]
-            x = _to_fp32(tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0))
-            tl.store(q_cols + m.to(tl.int64)[:, None], _to_e4m3_bits(x * recip[None, :], EXACT), mask=mask)
+            x = to_fp32(tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0))
+            tl.store(q_cols + m.to(tl.int64)[:, None], to_e4m3_bits(x * recip[None, :], EXACT), mask=mask)
 
 
 @triton.jit
@@ -308,7 +308,7 @@ def _strips_kernel(
         m = lo + tl.arange(0, CHUNK)
         mask = (m < hi)[:, None] & col_ok[None, :]
         x = tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0)
-        seen = tl.atomic_max(amax_ptr, _abs_max_bits(x, 0), mask=col_ok, sem="relaxed", scope="gpu")
+        seen = tl.atomic_max(amax_ptr, abs_max_bits(x, 0), mask=col_ok, sem="relaxed", scope="gpu")
         if PHASE == 0:
             # The count must follow every thread's atomic max. The increment is computed from their results (always
             # 1: amax bits are >= 0, which the compiler cannot know), so no thread's max is still in flight, unlike a

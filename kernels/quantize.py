@@ -18,7 +18,7 @@ and tail are written too. Each kernel's launch is a frozen config passed as ``co
 ``ColsConfig``; None: the measured default), never autotuned: callers capture CUDA graphs. Offsets are 64-bit, so
 tensors may pass 2**31 elements.
 
-Numerics, shared by both kernels (``_quantize_blocks``): amax is the integer max of the fp32 bit patterns with the
+Numerics, shared by both kernels (``quantize_blocks``): amax is the integer max of the fp32 bit patterns with the
 sign cleared, so a NaN (bits above +Inf) wins the max like +Inf; the scale byte is computed from those bits with
 integer operations only (no SM100-only ``cvt ... ue8m0`` PTX), so one kernel runs on SM90 and SM100. The fp32 -> e4m3
 cast is the hardware ``cvt.rn.satfinite`` on a GPU; under ``TRITON_INTERPRET=1`` the interpreter's own cast is wrong
@@ -34,13 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .block_math import masked_load, masked_store, quantize_blocks
 from .cost import Cost
 from .format import (
     BLOCK_SIZE,
     DATA_DTYPE,
-    E4M3_NAN_BYTE,
-    E8M0_MAX_FINITE,
-    E8M0_NAN,
     SCALE_DTYPE,
     ScaleMode,
 )
@@ -163,128 +161,6 @@ _BLOCKED_3D: tl.constexpr = tl.constexpr(2)
 _K_GROUPS: tl.constexpr = tl.constexpr(3)
 _SCALE_KINDS = {"row_major": 0, "col_major": 0, "m_groups": 1, "3d": 2, "k_groups": 3}
 
-_NAN_BYTE: tl.constexpr = tl.constexpr(E4M3_NAN_BYTE)
-_SCALE_NAN: tl.constexpr = tl.constexpr(E8M0_NAN)
-_SCALE_MAX: tl.constexpr = tl.constexpr(E8M0_MAX_FINITE)
-_F32_INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)
-_F32_NAN_BITS: tl.constexpr = tl.constexpr(0x7FC00000)
-# fp32 bits of 448 = 1.75 * 2**8, the largest finite e4m3 value.
-_F32_448_BITS: tl.constexpr = tl.constexpr(0x43E00000)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Device helpers
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _to_fp32(x):
-    """bf16 or fp32 tile -> fp32, exactly. bf16 widens through its bits: the interpreter's bf16 cast flushes
-    subnormals, and on a GPU the shift is what the cast compiles to anyway."""
-    if x.dtype == tl.bfloat16:
-        x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    return x
-
-
-@triton.jit
-def _scale_byte(amax_bits, RCEIL: tl.constexpr):
-    """Biased e8m0 scale byte (int32) of each block from the fp32 bits of its amax (sign clear; > +Inf is NaN).
-
-    FLOOR: E(amax) - 8, clamped to 0..254.
-    RCEIL: ceil(log2(d)) + 127 with d = fp32(amax / 448), written on amax's own bits, so no division. With
-    amax = 1.m * 2**e and 448 = 1.75 * 2**8, amax / 448 is an exact power of two only when 1.m == 1.75, and the fp32
-    rounding of a normal d never lands on or leaves a power of two, so byte = e - 8 + (1.m > 1.75). Below
-    d = 2**-126 the format's rule takes the subnormal d's rounding: byte 1 iff mantissa(d) > 0x400000, i.e.
-    d > 2**-127 after rounding to a multiple of 2**-149. The formula agrees everywhere except amax = (1.75 + 2**-23)
-    * 2**-119 (bits 0x04600001), whose d = 2**-127 * (1 + 2**-23 / 1.75) rounds down to 2**-127: byte 0, not 1.
-    (Both modes were checked against ``format.scale_bytes_reference`` on all 2**31 non-negative fp32 patterns.)
-    """
-    exp = amax_bits >> 23
-    if RCEIL:
-        mant = amax_bits & 0x7FFFFF
-        byte = exp - 8 + (mant > 0x600000).to(tl.int32)
-        byte = tl.where(amax_bits == 0x04600001, 0, byte)
-    else:
-        byte = exp - 8
-    byte = tl.minimum(tl.maximum(byte, 0), _SCALE_MAX)
-    return tl.where(amax_bits >= _F32_INF_BITS, _SCALE_NAN, byte)
-
-
-@triton.jit
-def _reciprocal_scale(byte):
-    """fp32 2**(127 - byte), built from bits: byte 254 gives the subnormal 2**-127, the NaN byte 255 gives NaN."""
-    bits = tl.where(byte == _SCALE_NAN, _F32_NAN_BITS, 0x400000)
-    bits = tl.where(byte < _SCALE_MAX, (_SCALE_MAX - byte) << 23, bits)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _to_e4m3_bits(y, EXACT: tl.constexpr):
-    """fp32 tile -> e4m3fn bytes (uint8), round to nearest even, saturating to +-448.
-
-    EXACT=False: the hardware cast (``cvt.rn.satfinite.e4m3x2.f32``; NaN -> 0x7F, since the NaN a multiply makes
-    is the positive canonical one). EXACT=True: the same in integer arithmetic, for the interpreter.
-    """
-    if EXACT:
-        bits = y.to(tl.int32, bitcast=True)
-        sign = (bits >> 24) & 0x80
-        a = tl.minimum(bits & 0x7FFFFFFF, _F32_448_BITS)
-        exp = a >> 23
-        # e4m3 normals start at 2**-6 (fp32 biased exponent 121): keep 3 of the 23 mantissa bits (shift 20), the
-        # exponent field rides along and a mantissa carry bumps it. Below, the result is round(|y| * 2**9), the
-        # subnormal's integer mantissa (8 -> 0x08, the smallest normal): the 24-bit significand shifted right by
-        # 141 - exp, capped at 25 (beyond which everything rounds to 0).
-        normal = exp > 120
-        mag = tl.where(normal, a, (a & 0x7FFFFF) | 0x800000)
-        shift = tl.where(normal, 20, tl.minimum(141 - exp, 25))
-        rounded = (mag + (1 << (shift - 1)) - 1 + ((mag >> shift) & 1)) >> shift
-        q = tl.where(normal, rounded - (120 << 3), rounded) | sign
-        return tl.where((bits & 0x7FFFFFFF) > _F32_INF_BITS, _NAN_BYTE, q).to(tl.uint8)
-    else:
-        return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-
-
-@triton.jit
-def _abs_max_bits(x, AXIS: tl.constexpr):
-    """fp32 bit pattern (int32) of max |x| along AXIS of a bf16/fp32 tile: the integer max of the magnitudes' bits,
-    so a NaN (bits above +Inf) wins like +Inf. bf16 is reduced on its 16-bit patterns, so fp32 values exist only at
-    the multiply that follows (fewer live registers)."""
-    if x.dtype == tl.bfloat16:
-        bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
-    else:
-        bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
-    return bits
-
-
-@triton.jit
-def _quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr):
-    """Quantize a 3D fp32 tile whose dim ``AXIS`` (length 32) runs along one block.
-
-    Returns (data bytes uint8, same shape as x; scale bytes uint8, x's shape without AXIS). A block holding a NaN or
-    an Inf gets scale 255 and data 0x7F.
-    """
-    byte = _scale_byte(_abs_max_bits(x, AXIS), RCEIL)
-    # A NaN/Inf block's reciprocal scale is NaN, so all its products are NaN and the cast writes 0x7F: no
-    # per-element select.
-    q = _to_e4m3_bits(_to_fp32(x) * tl.expand_dims(_reciprocal_scale(byte), AXIS), EXACT)
-    return q, byte.to(tl.uint8)
-
-
-@triton.jit
-def _load(ptrs, mask, EVEN: tl.constexpr):
-    if EVEN:
-        return tl.load(ptrs)
-    return tl.load(ptrs, mask=mask, other=0.0)
-
-
-@triton.jit
-def _store(ptrs, value, mask, EVEN: tl.constexpr):
-    if EVEN:
-        tl.store(ptrs, value)
-    else:
-        tl.store(ptrs, value, mask=mask)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------------------------
@@ -327,18 +203,18 @@ def _quantize_rows_kernel(
     offs = rows[:, None] * n_cols + cols[None, :]
     mask = valid[:, None] & (cols[None, :] < n_cols)
 
-    x = _load(x_ptr + offs, mask, EVEN)
-    q, scale = _quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)
-    _store(q_ptr + offs, tl.reshape(q, (BLOCK_R, BLOCK_C)), mask, EVEN)
+    x = masked_load(x_ptr + offs, mask, EVEN)
+    q, scale = quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)
+    masked_store(q_ptr + offs, tl.reshape(q, (BLOCK_R, BLOCK_C)), mask, EVEN)
 
     blocks = (pid % n_col_tiles) * (BLOCK_C // _BLOCK) + tl.arange(0, BLOCK_C // _BLOCK)
     if SCALES == _STRIDED:
         n_blocks = n_cols // _BLOCK
         s_mask = valid[:, None] & (blocks[None, :] < n_blocks)
-        _store(s_ptr + rows[:, None] * n_blocks + blocks[None, :], scale, s_mask, EVEN)
+        masked_store(s_ptr + rows[:, None] * n_blocks + blocks[None, :], scale, s_mask, EVEN)
     else:
         dest = blocked_byte((tile_row + r)[:, None], blocks[None, :], s_cols)
-        _store(s_ptr + dest, scale, (blocks < s_cols)[None, :], EVEN)
+        masked_store(s_ptr + dest, scale, (blocks < s_cols)[None, :], EVEN)
 
 
 @triton.jit
@@ -401,20 +277,20 @@ def _quantize_cols_kernel(
     # Byte i of a column's word is its scale of step i (STEPS <= 8): one register per column, not STEPS.
     packed = tl.zeros((1, BLOCK_C), dtype=tl.int64)
     if PREFETCH:
-        x_next = _load(x_tile + x_offs, (src_first + r[:, None] < src_end) & (cols[None, :] < n_cols), EVEN)
+        x_next = masked_load(x_tile + x_offs, (src_first + r[:, None] < src_end) & (cols[None, :] < n_cols), EVEN)
         for i in tl.static_range(STEPS):
             x = x_next
             if i + 1 < STEPS:
                 rows = src_first + (i + 1) * _BLOCK + r
                 mask = (rows[:, None] < src_end) & (cols[None, :] < n_cols)
-                x_next = _load(x_tile + (i + 1) * _BLOCK * n_cols + x_offs, mask, EVEN)
+                x_next = masked_load(x_tile + (i + 1) * _BLOCK * n_cols + x_offs, mask, EVEN)
             packed = _quantize_col_step(x, q_tile + i * _BLOCK + q_offs, src_first + i * _BLOCK + r, src_end, cols,
                                         n_cols, packed, i, BLOCK_C, EVEN, RCEIL, EXACT)  # fmt: skip
     else:
         for i in tl.range(STEPS, num_stages=STAGES):
             rows = src_first + i * _BLOCK + r
             mask = (rows[:, None] < src_end) & (cols[None, :] < n_cols)
-            x = _load(x_tile + i * _BLOCK * n_cols + x_offs, mask, EVEN)
+            x = masked_load(x_tile + i * _BLOCK * n_cols + x_offs, mask, EVEN)
             packed = _quantize_col_step(x, q_tile + i * _BLOCK + q_offs, rows, src_end, cols, n_cols, packed, i,
                                         BLOCK_C, EVEN, RCEIL, EXACT)  # fmt: skip
 
@@ -426,7 +302,7 @@ def _quantize_cols_kernel(
         else:
             blocks = block0 + steps
             s_mask = (blocks[:, None] < n_rows // _BLOCK) & (cols[None, :] < n_cols)
-            _store(col_base + blocks[:, None] * s_stride_block, _unpack(packed, steps), s_mask, EVEN)
+            masked_store(col_base + blocks[:, None] * s_stride_block, _unpack(packed, steps), s_mask, EVEN)
     elif SCALES == _BLOCKED_3D:
         image = s_ptr + batch * s_stride_batch
         if WORDS:
@@ -438,7 +314,7 @@ def _quantize_cols_kernel(
             blocks = block0 + steps
             dest = blocked_byte(cols[None, :], blocks[:, None], s_stride_col)
             s_mask = (blocks[:, None] < s_stride_col) & (cols[None, :] < grid_cols)
-            _store(image + dest, _unpack(packed, steps), s_mask, EVEN)
+            masked_store(image + dest, _unpack(packed, steps), s_mask, EVEN)
     else:
         # Image g: ceil_128(K) x width bytes at ceil_128(K) x (the widths before it); the tail (lane G) is flat,
         # one ceil_128(K)-byte run per buffer column.
@@ -448,7 +324,7 @@ def _quantize_cols_kernel(
         dest = tl.where(g < G, blocked, (block0 + steps)[:, None] * grid_cols + cols[None, :])
         # Malformed offs could ask for more images than fit: never write past the buffer.
         s_mask = (cols[None, :] < grid_cols) & ((local + steps)[:, None] < w) & (dest < grid_rows // _BLOCK * grid_cols)
-        _store(s_ptr + dest, _unpack(packed, steps), s_mask, False)
+        masked_store(s_ptr + dest, _unpack(packed, steps), s_mask, False)
 
 
 @triton.jit
@@ -458,10 +334,10 @@ def _quantize_col_step(
 ):  # fmt: skip
     """One 32-row step of the cols kernel: quantize x (32, BLOCK_C) down its columns, store it transposed at q_ptrs
     (BLOCK_C, 32), and return ``packed`` with the step's scale bytes at bits 8i."""
-    q, scale = _quantize_blocks(tl.reshape(x, (1, _BLOCK, BLOCK_C)), 1, RCEIL, EXACT)
+    q, scale = quantize_blocks(tl.reshape(x, (1, _BLOCK, BLOCK_C)), 1, RCEIL, EXACT)
     # Transposed in registers (Triton stages it through shared memory), so the store runs along the output rows.
     q_t = tl.trans(tl.reshape(q, (_BLOCK, BLOCK_C)))
-    _store(q_ptrs, q_t, (cols[:, None] < n_cols) & (rows[None, :] < src_end), EVEN)
+    masked_store(q_ptrs, q_t, (cols[:, None] < n_cols) & (rows[None, :] < src_end), EVEN)
     return packed | (scale.to(tl.int64) << (8 * i))
 
 
@@ -469,11 +345,11 @@ def _quantize_col_step(
 def _store_word(ptrs, packed, mask, STEPS: tl.constexpr, EVEN: tl.constexpr):
     """Store the low STEPS bytes of each int64 in ``packed`` as one word at ``ptrs`` (byte pointers, STEPS-aligned)."""
     if STEPS == 2:
-        _store(ptrs.to(tl.pointer_type(tl.int16)), packed.to(tl.int16), mask, EVEN)
+        masked_store(ptrs.to(tl.pointer_type(tl.int16)), packed.to(tl.int16), mask, EVEN)
     elif STEPS == 4:
-        _store(ptrs.to(tl.pointer_type(tl.int32)), packed.to(tl.int32), mask, EVEN)
+        masked_store(ptrs.to(tl.pointer_type(tl.int32)), packed.to(tl.int32), mask, EVEN)
     else:
-        _store(ptrs.to(tl.pointer_type(tl.int64)), packed, mask, EVEN)
+        masked_store(ptrs.to(tl.pointer_type(tl.int64)), packed, mask, EVEN)
 
 
 @triton.jit

@@ -20,10 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from helpers import offsets  # noqa: E402
-from mxkernels import gemm_fused  # noqa: E402
-from mxkernels import grouped_gemm as GG  # noqa: E402
-from test_grouped_gemm import gpu_case, gpu_sizes, sqnr, valid  # noqa: E402
+from helpers import offsets
+from mxkernels import gemm_fused
+from mxkernels import grouped_gemm as GG
+from test_grouped_gemm import gpu_case, gpu_sizes, sqnr, valid
 
 
 class _NaNEmpty:

@@ -25,7 +25,7 @@ DSV3 = [EP / "ep-deepseek-v3.json", EP / "ep4-deepseek-v3.json"]
 
 def expected(path: Path, strategy: str) -> tuple[float, float, float]:
     """(step us, all-to-all share %, all-to-all GB/s) of one strategy, from the raw JSON."""
-    records = [r for r in json.load(open(path))["records"] if r["point"]["recipe"] == strategy and not r["error"]]
+    records = [r for r in json.loads(path.read_text())["records"] if r["point"]["recipe"] == strategy and not r["error"]]
     step = next(r for r in records if r["category"] == "end_to_end")
     stages = [r for r in records if r["category"] != "end_to_end" and not r["telemetry"].get("note")]
     slowest = [max(rank["median_us"] for rank in r["telemetry"]["ranks"]) for r in stages]

@@ -297,7 +297,7 @@ def test_bf16_wgmma_with_the_a_operand_in_registers(ptx, case):
 def test_each_tile_waits_for_every_warp_before_its_first_async_copy(ptx, case):
     # The previous tile's epilogue reads shared memory that the next tile's cp.async stages overwrite (the race
     # ``_tile_barrier`` closes): on the path from the tile loop's header to its first cp.async, a CTA-wide barrier.
-    header = re.search(r"^\$L__BB\d+_\d+:\s*// =>This Loop Header: Depth=1$", ptx[case], re.M)
+    header = re.search(r"^\$L__BB\d+_\d+:\s*// =>This Loop Header: Depth=1$", ptx[case], re.MULTILINE)
     assert header, "no outer loop found"
     body = ptx[case][header.end():]
     first_copy = body.index("cp.async.")

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from crosscompile import compile_ptx
 from helpers import f32
+from mxkernels.block_math import scale_byte, to_e4m3_bits
 from mxkernels.cost import Cost
 from mxkernels.format import (
     BLOCK_SIZE,
@@ -33,8 +34,6 @@ from mxkernels.quantize import (
     DIM1_COLS,
     ROWS_CONFIG,
     RowsConfig,
-    _scale_byte,
-    _to_e4m3_bits,
     quantize_2d_cost,
     quantize_3d,
     quantize_3d_cost,
@@ -247,7 +246,7 @@ def test_empty_inputs(device):
 def _cast_kernel(y_ptr, q_ptr, n, BLOCK: tl.constexpr, EXACT: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    tl.store(q_ptr + offs, _to_e4m3_bits(tl.load(y_ptr + offs, mask=mask, other=0.0), EXACT), mask=mask)
+    tl.store(q_ptr + offs, to_e4m3_bits(tl.load(y_ptr + offs, mask=mask, other=0.0), EXACT), mask=mask)
 
 
 def sweep_block(device: str) -> int:
@@ -289,7 +288,7 @@ def test_cast_matches_torch(exact, device):
 def _scale_byte_kernel(amax_ptr, byte_ptr, n, BLOCK: tl.constexpr, RCEIL: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    tl.store(byte_ptr + offs, _scale_byte(tl.load(amax_ptr + offs, mask=mask, other=0), RCEIL), mask=mask)
+    tl.store(byte_ptr + offs, scale_byte(tl.load(amax_ptr + offs, mask=mask, other=0), RCEIL), mask=mask)
 
 
 @pytest.mark.parametrize("mode", MODES)

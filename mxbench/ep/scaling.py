@@ -65,8 +65,8 @@ def scaling_table(runs: Sequence[Run], fmt: str = "markdown", *, columns: list[s
         return text
     prefix = "- " if fmt in ("markdown", "github") else ""
     lines = [f"EP-degree scaling on {runs[0].card}: {_describe(runs[0], card=False)}",
-             "Times: the slowest rank's median; all-to-all GB/s = bytes sent to + received from other ranks per rank "
-             "(both directions); the share is of the strategy's stage sum"]  # fmt: skip
+             ("Times: the slowest rank's median; all-to-all GB/s = bytes sent to + received from other ranks per "
+              "rank (both directions); the share is of the strategy's stage sum")]  # fmt: skip
     for run in runs:
         peaks = ep_peaks(run)
         roofs = "; ".join(peaks[k].label for k in ("link", "measured_link") if k in peaks)

@@ -1,0 +1,132 @@
+"""Element and block arithmetic shared by the quantizers (``quantize``, ``quantize_blocked``, ``fp8_rowwise``).
+
+Triton device functions on tiles: exact widening to fp32, the amax of a block as fp32 bits, the e8m0 scale byte
+(FLOOR and RCEIL, integer operations only, so one build runs on SM90 and SM100) and its reciprocal, the fp32 -> e4m3
+cast (the hardware one, or an exact integer one for the interpreter), a whole block's quantization, and loads and
+stores that drop their masks on tiles that divide the tensor evenly.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .format import E4M3_NAN_BYTE, E8M0_MAX_FINITE, E8M0_NAN
+
+_NAN_BYTE: tl.constexpr = tl.constexpr(E4M3_NAN_BYTE)
+_SCALE_NAN: tl.constexpr = tl.constexpr(E8M0_NAN)
+_SCALE_MAX: tl.constexpr = tl.constexpr(E8M0_MAX_FINITE)
+_F32_INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)
+_F32_NAN_BITS: tl.constexpr = tl.constexpr(0x7FC00000)
+# fp32 bits of 448 = 1.75 * 2**8, the largest finite e4m3 value.
+_F32_448_BITS: tl.constexpr = tl.constexpr(0x43E00000)
+
+
+
+
+@triton.jit
+def to_fp32(x):
+    """bf16 or fp32 tile -> fp32, exactly. bf16 widens through its bits: the interpreter's bf16 cast flushes
+    subnormals, and on a GPU the shift is what the cast compiles to anyway."""
+    if x.dtype == tl.bfloat16:
+        x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def scale_byte(amax_bits, RCEIL: tl.constexpr):
+    """Biased e8m0 scale byte (int32) of each block from the fp32 bits of its amax (sign clear; > +Inf is NaN).
+
+    FLOOR: E(amax) - 8, clamped to 0..254.
+    RCEIL: ceil(log2(d)) + 127 with d = fp32(amax / 448), written on amax's own bits, so no division. With
+    amax = 1.m * 2**e and 448 = 1.75 * 2**8, amax / 448 is an exact power of two only when 1.m == 1.75, and the fp32
+    rounding of a normal d never lands on or leaves a power of two, so byte = e - 8 + (1.m > 1.75). Below
+    d = 2**-126 the format's rule takes the subnormal d's rounding: byte 1 iff mantissa(d) > 0x400000, i.e.
+    d > 2**-127 after rounding to a multiple of 2**-149. The formula agrees everywhere except amax = (1.75 + 2**-23)
+    * 2**-119 (bits 0x04600001), whose d = 2**-127 * (1 + 2**-23 / 1.75) rounds down to 2**-127: byte 0, not 1.
+    (Both modes were checked against ``format.scale_bytes_reference`` on all 2**31 non-negative fp32 patterns.)
+    """
+    exp = amax_bits >> 23
+    if RCEIL:
+        mant = amax_bits & 0x7FFFFF
+        byte = exp - 8 + (mant > 0x600000).to(tl.int32)
+        byte = tl.where(amax_bits == 0x04600001, 0, byte)
+    else:
+        byte = exp - 8
+    byte = tl.minimum(tl.maximum(byte, 0), _SCALE_MAX)
+    return tl.where(amax_bits >= _F32_INF_BITS, _SCALE_NAN, byte)
+
+
+@triton.jit
+def reciprocal_scale(byte):
+    """fp32 2**(127 - byte), built from bits: byte 254 gives the subnormal 2**-127, the NaN byte 255 gives NaN."""
+    bits = tl.where(byte == _SCALE_NAN, _F32_NAN_BITS, 0x400000)
+    bits = tl.where(byte < _SCALE_MAX, (_SCALE_MAX - byte) << 23, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def to_e4m3_bits(y, EXACT: tl.constexpr):
+    """fp32 tile -> e4m3fn bytes (uint8), round to nearest even, saturating to +-448.
+
+    EXACT=False: the hardware cast (``cvt.rn.satfinite.e4m3x2.f32``; NaN -> 0x7F, since the NaN a multiply makes
+    is the positive canonical one). EXACT=True: the same in integer arithmetic, for the interpreter.
+    """
+    if EXACT:
+        bits = y.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        a = tl.minimum(bits & 0x7FFFFFFF, _F32_448_BITS)
+        exp = a >> 23
+        # e4m3 normals start at 2**-6 (fp32 biased exponent 121): keep 3 of the 23 mantissa bits (shift 20), the
+        # exponent field rides along and a mantissa carry bumps it. Below, the result is round(|y| * 2**9), the
+        # subnormal's integer mantissa (8 -> 0x08, the smallest normal): the 24-bit significand shifted right by
+        # 141 - exp, capped at 25 (beyond which everything rounds to 0).
+        normal = exp > 120
+        mag = tl.where(normal, a, (a & 0x7FFFFF) | 0x800000)
+        shift = tl.where(normal, 20, tl.minimum(141 - exp, 25))
+        rounded = (mag + (1 << (shift - 1)) - 1 + ((mag >> shift) & 1)) >> shift
+        q = tl.where(normal, rounded - (120 << 3), rounded) | sign
+        return tl.where((bits & 0x7FFFFFFF) > _F32_INF_BITS, _NAN_BYTE, q).to(tl.uint8)
+    else:
+        return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def abs_max_bits(x, AXIS: tl.constexpr):
+    """fp32 bit pattern (int32) of max |x| along AXIS of a bf16/fp32 tile: the integer max of the magnitudes' bits,
+    so a NaN (bits above +Inf) wins like +Inf. bf16 is reduced on its 16-bit patterns, so fp32 values exist only at
+    the multiply that follows (fewer live registers)."""
+    if x.dtype == tl.bfloat16:
+        bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
+    else:
+        bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
+    return bits
+
+
+@triton.jit
+def quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr):
+    """Quantize a 3D fp32 tile whose dim ``AXIS`` (length 32) runs along one block.
+
+    Returns (data bytes uint8, same shape as x; scale bytes uint8, x's shape without AXIS). A block holding a NaN or
+    an Inf gets scale 255 and data 0x7F.
+    """
+    byte = scale_byte(abs_max_bits(x, AXIS), RCEIL)
+    # A NaN/Inf block's reciprocal scale is NaN, so all its products are NaN and the cast writes 0x7F: no
+    # per-element select.
+    q = to_e4m3_bits(to_fp32(x) * tl.expand_dims(reciprocal_scale(byte), AXIS), EXACT)
+    return q, byte.to(tl.uint8)
+
+
+@triton.jit
+def masked_load(ptrs, mask, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def masked_store(ptrs, value, mask, EVEN: tl.constexpr):
+    if EVEN:
+        tl.store(ptrs, value)
+    else:
+        tl.store(ptrs, value, mask=mask)
