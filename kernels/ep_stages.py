@@ -36,12 +36,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import ep_comm, gemm_dequant, grouped_gemm, layouts, padding, quantize
+from .comparison import BitExact
 from .cost import Cost, ceil_to
 from .format import BLOCK_SIZE, dequantize_reference
 from .names import PASSES, Category, Pass, Recipe
 from .pipeline import Stage, bind_stage, needs_padding, step_stages, with_impls
 from .runtime import MAX_GROUPS, InputError
-from .stages import BitExact, Port, StageImpl, StageSpec, get_spec, padding_alignment
+from .stages import Port, StageImpl, StageSpec, get_spec, padding_alignment
 from .token_permute import (
     chunk_transpose_cost,
     chunk_transpose_index,

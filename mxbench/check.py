@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
+from mxkernels.comparison import MinSQNR, Mismatch
 from mxkernels.errors import InputError
 from mxkernels.format import BLOCK_SIZE
 from mxkernels.names import Recipe
 from mxkernels.pipeline import Stage, group_ends, step_stages
-from mxkernels.stages import MinSQNR, Mismatch, padding_alignment
+from mxkernels.stages import padding_alignment
 
 from .registry import Deviation, Implementation
 

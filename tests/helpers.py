@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from mxkernels.comparison import BitExact
 from mxkernels.names import Category, Pass, Recipe
 from mxkernels.pipeline import Stage
-from mxkernels.stages import BitExact, Port, StageSpec
+from mxkernels.stages import Port, StageSpec
 
 # ---- bits and token groups ----------------------------------------------------------------------------------
 

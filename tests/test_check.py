@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from mxkernels.comparison import BitExact, MinSQNR
 from mxkernels.names import Recipe
 from mxkernels.runtime import InputError
-from mxkernels.stages import BitExact, MinSQNR, all_specs, get_spec, specs_of
+from mxkernels.stages import all_specs, get_spec, specs_of
 
 from mxbench import check as C
 from mxbench.registry import Deviation, Implementation, Registry, builtin_registry, load_entry_points, parse_impl

@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 from helpers import FakeTiming
 from mxkernels import ep_comm, ep_reference, ep_stages, token_permute
+from mxkernels.comparison import sqnr_db
 from mxkernels.padding import padded_rows
-from mxkernels.stages import all_specs, get_spec, sqnr_db
+from mxkernels.stages import all_specs, get_spec
 
 from mxbench.ep import check as ep_check
 from mxbench.ep import launch, measure, rank_timing, tables

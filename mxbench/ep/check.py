@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from mxkernels.comparison import sqnr_db
 from mxkernels.ep import ep_expert_projection, plan_routing
 from mxkernels.ep_reference import ep_layer_reference
 from mxkernels.ep_stages import BASELINE, ep_step_stages
 from mxkernels.pipeline import Stage, with_impls
-from mxkernels.stages import sqnr_db
 
 from .dist import Context, any_rank, gather
 from .inputs import layer_tensors, routing
