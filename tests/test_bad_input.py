@@ -137,6 +137,9 @@ def test_without_a_gpu_a_limit_above_every_known_card_is_refused(no_gpu):
                    f"--power-limit-watts: {top + 1:g} W is above every known card's maximum power ({top:g} W")  # fmt: skip
     fine = invoke("roofline", *SHAPE, "--power-limit-watts", f"{top}")
     assert fine.exit_code == 0 and "power limits need a GPU: ignored" in fine.output
+    one_line_error(invoke("roofline", *SHAPE, "--power-limit", "80,5000"),
+                   "--power-limit: 5000% is above the default limit")  # fmt: skip
+    assert invoke("roofline", *SHAPE, "--power-limit", "80,100").exit_code == 0
 
 
 def test_a_limit_outside_the_cards_nvml_range_names_the_option_and_the_range(fake_gpu, monkeypatch):

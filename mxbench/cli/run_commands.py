@@ -100,6 +100,10 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
     option = "--power-limit" if percents else "--power-limit-watts"
     if not gpu:
         _check_watts_known(watts or [])
+        over = [p for p in percents or [] if p > 100]
+        if over:  # hardware.toml's limits are the cards' defaults (TDP), which data-center cards cannot exceed
+            raise BadInput(f"--power-limit: {over[0]:g}% is above the default limit, the most a known card allows; "
+                           f"give percents of at most 100")  # fmt: skip
         return [None], None
     from mxkernels.errors import InputError
 
