@@ -277,10 +277,12 @@ def test_two_processes_fail_the_check_of_a_broken_permutation():
     assert "FAIL bf16/permute on rank 0" in done.stdout and "FAIL bf16/permute on rank 1" in done.stdout
 
 
-def test_four_processes_check_the_world_size_four_paths():
-    done = mxbench_ep("--nproc", "4", "--check", *TINY, "--top-k", "3", "--strategy", "mxfp8_a2a")
+@pytest.mark.parametrize("world", [4, 8])  # the EP degrees of the 4- and 8-GPU runs, on gloo
+def test_four_and_eight_processes_check_those_world_sizes_paths(world):
+    done = mxbench_ep("--nproc", str(world), "--check", *TINY, "--top-k", "3", "--groups", "skewed", "--seed", "1",
+                      "--strategy", "mxfp8_a2a", timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "stages match their oracle on all 4 ranks" in done.stdout and "FAIL" not in done.stdout
+    assert f"stages match their oracle on all {world} ranks" in done.stdout and "FAIL" not in done.stdout
 
 
 @pytest.mark.parametrize(
