@@ -321,6 +321,64 @@ def _strips_kernel(
                                   stride_xm, STEP, STAGES, PREFETCH, True, EXACT)  # fmt: skip
 
 
+@triton.jit
+def _strip_amax(x_cols, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr):
+    """amax bits (int32) of rows [lo, hi) of a strip's columns, STEP rows at a time, with the loads kept in flight as
+    in ``_strip_scale_steps`` (PREFETCH: the next step's load issued first; else STAGES-deep pipelining)."""
+    amax = tl.zeros((x_cols.shape[1],), tl.int32)
+    if PREFETCH:
+        m = lo + tl.arange(0, STEP)
+        x = tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=(m < hi)[:, None] & col_ok[None, :], other=0.0)
+        for _ in range(tl.cdiv(hi - lo, STEP)):
+            m = m + STEP
+            x_next = tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=(m < hi)[:, None] & col_ok[None, :],
+                             other=0.0)  # fmt: skip
+            amax = tl.maximum(amax, abs_max_bits(x, 0))
+            x = x_next
+    else:
+        for i in tl.range(0, tl.cdiv(hi - lo, STEP), num_stages=STAGES):
+            m = lo + i * STEP + tl.arange(0, STEP)
+            x = tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=(m < hi)[:, None] & col_ok[None, :],
+                        other=0.0)  # fmt: skip
+            amax = tl.maximum(amax, abs_max_bits(x, 0))
+    return amax
+
+
+@triton.jit
+def _walk_kernel(
+    x_ptr, offs_ptr, q_ptr, scale_ptr, rows, cols, G, PROGRAMS,
+    stride_xg, stride_xm, stride_xc, stride_qg, stride_qc,
+    HAS_OFFS: tl.constexpr, STRIP: tl.constexpr, STEP: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+    EXACT: tl.constexpr,
+):  # fmt: skip
+    """Per-group column scales, the output transposed (groups and strides as in ``_colwise_kernel``), by PROGRAMS
+    persistent programs that each walk whole strips (STRIP columns of one group), strip p, p + PROGRAMS, ...: pass 1
+    reads the strip for its amax, pass 2 reads it again, scales, casts and stores it transposed. Only PROGRAMS strips
+    are in flight at a time, so when they fit in L2 pass 2 finds its strip there, and programs side by side walk
+    neighbouring strips of one group, which share their rows' sectors."""
+    n_strips = tl.cdiv(cols, STRIP)
+    for item in range(tl.program_id(0), G * n_strips, PROGRAMS):
+        g = item // n_strips
+        c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
+        col_ok = c < cols
+        if HAS_OFFS:  # clamped like padding.group_bounds: malformed offs never address outside x
+            start = tl.minimum(tl.maximum(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 0), rows)
+            end = tl.minimum(tl.maximum(tl.load(offs_ptr + g), start), rows)
+        else:
+            start = 0
+            end = rows
+        x_cols = x_ptr + g.to(tl.int64) * stride_xg + c.to(tl.int64)[None, :] * stride_xc
+        q_cols = q_ptr + g.to(tl.int64) * stride_qg + c.to(tl.int64)[None, :] * stride_qc
+        amax = _strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
+        scale, recip = _scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
+        tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
+        if (start % 16 == 0) & (end % 16 == 0):  # 16-byte transposed stores (see ``_strip_scale_pass``)
+            _strip_scale_steps(x_cols, q_cols, recip, col_ok, start // 16 * 16, end // 16 * 16, stride_xm, STEP,
+                               STAGES, PREFETCH, EXACT)  # fmt: skip
+        else:
+            _strip_scale_steps(x_cols, q_cols, recip, col_ok, start, end, stride_xm, _UNALIGNED_STEP, 1, False, EXACT)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Launch configurations
 # ---------------------------------------------------------------------------------------------------------------
@@ -389,6 +447,33 @@ class ColwiseConfig:
                 raise InputError(f"ColwiseConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
 
 
+@dataclass(frozen=True)
+class WalkConfig:
+    """One launch of the walking kernel (``quantize_fp8_rowwise_3d(along="N")``, ``quantize_fp8_rowwise_k_groups``):
+    a persistent grid of programs that each read a whole strip twice, the second time from L2."""
+
+    # Columns of a strip, a power of two. What L2 must hold is (programs in flight) x (a group's rows) x strip_cols x
+    # the input's item size: narrow strips for long groups.
+    strip_cols: int
+    # Rows per step down a strip, a power of two (a step of strip_cols columns in registers at once).
+    step_rows: int
+    # Warps per program.
+    num_warps: int = 8
+    # Programs per SM in the persistent grid (SMs x this): the strips in flight.
+    programs_per_sm: int = 1
+    # Both passes keep loads in flight: prefetch=True issues the next step's load before this step's work (two steps
+    # in registers); else num_stages (1 to 4) lets Triton pipeline them through shared memory.
+    prefetch: bool = True
+    num_stages: int = 1
+
+    def __post_init__(self):
+        check_fields_power_of_two(self, "strip_cols", "step_rows", "num_warps")
+        check_int("WalkConfig.programs_per_sm", self.programs_per_sm, 1, 32)
+        check_int("WalkConfig.num_stages", self.num_stages, 1, 4)
+        if not isinstance(self.prefetch, bool):
+            raise InputError(f"WalkConfig.prefetch must be a bool, got {self.prefetch!r}")
+
+
 # The rows kernel's default holds rows of up to SINGLE_PASS_MAX elements in registers (one read) and gives each
 # program at least ROWS_TILE elements; not measured yet (docs/perf-log.md has the predictions).
 SINGLE_PASS_MAX = 16384
@@ -451,15 +536,15 @@ def quantize_fp8_rowwise(
 
 
 def quantize_fp8_rowwise_3d(
-    w: torch.Tensor, along: str = "K", *, config: Fp8RowwiseConfig | ColwiseConfig | None = None
+    w: torch.Tensor, along: str = "K", *, config: Fp8RowwiseConfig | ColwiseConfig | WalkConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert weights w (G, N, K) bf16/fp32, contiguous, quantized along the next GEMM's contraction dim.
 
     along="K" (forward, out = x @ w_g.T): q (G, N, K), scale (G, N), amax over k.
     along="N" (backward input, dx = dy @ w_g): q (G, K, N) with N contiguous, scale (G, K), amax over n.
     ``config``: the launch. Along K a ``Fp8RowwiseConfig`` (None: ``default_rowwise_config(K)``); along N a
-    ``ColwiseConfig`` (the strips kernel; None: ``COLWISE_CONFIG``) or a ``Fp8RowwiseConfig`` (the two-pass colwise
-    kernel).
+    ``ColwiseConfig`` (the strips kernel; None: ``COLWISE_CONFIG``), a ``WalkConfig`` (the walking kernel) or a
+    ``Fp8RowwiseConfig`` (the two-pass colwise kernel).
     """
     check_tensor("w", w, dtypes=INPUT_DTYPES, ndim=3)
     G, N, K = w.shape
@@ -469,7 +554,7 @@ def quantize_fp8_rowwise_3d(
         return q.view(G, N, K), scale.view(G, N)
     if along != "N":
         raise InputError(f"along must be 'K' or 'N', got {along!r}")
-    check_config("config", config, (ColwiseConfig, Fp8RowwiseConfig))
+    check_config("config", config, (ColwiseConfig, WalkConfig, Fp8RowwiseConfig))
     if G > MAX_GROUPS:
         raise InputError(f"w must hold at most {MAX_GROUPS} experts (dim 0), got {G}")
     q = torch.empty(G, K, N, dtype=DATA_DTYPE, device=w.device)
@@ -480,7 +565,7 @@ def quantize_fp8_rowwise_3d(
 
 
 def quantize_fp8_rowwise_k_groups(
-    x: torch.Tensor, offs: torch.Tensor, *, config: ColwiseConfig | Fp8RowwiseConfig | None = None
+    x: torch.Tensor, offs: torch.Tensor, *, config: ColwiseConfig | WalkConfig | Fp8RowwiseConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-group scales for the 2D x 2D weight-gradient GEMM, which contracts over the token dim M.
 
@@ -489,12 +574,12 @@ def quantize_fp8_rowwise_k_groups(
     Returns q (R, M) e4m3 row-major (M contiguous: pass ``q`` as ``_scaled_grouped_mm``'s row-major mat_a or
     ``q.t()`` as its column-major mat_b) and scale (G, R) fp32, scale[g, r] = amax over group g's rows of
     |x[:, r]| / 448 (floored as above; an empty group counts as all zero). Columns of q past ``offs[-1]`` are not
-    written. ``config``: a ``ColwiseConfig`` (the strips kernel; None: ``K_GROUPS_CONFIG``) or a
-    ``Fp8RowwiseConfig`` (the two-pass colwise kernel).
+    written. ``config``: a ``ColwiseConfig`` (the strips kernel; None: ``K_GROUPS_CONFIG``), a ``WalkConfig`` (the
+    walking kernel) or a ``Fp8RowwiseConfig`` (the two-pass colwise kernel).
     """
     check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2, contiguous=False)
     check_group_offsets(offs, x, x.shape[0])
-    check_config("config", config, (ColwiseConfig, Fp8RowwiseConfig))
+    check_config("config", config, (ColwiseConfig, WalkConfig, Fp8RowwiseConfig))
     config = config or K_GROUPS_CONFIG
     M, R = x.shape
     G = offs.numel()
@@ -509,6 +594,16 @@ def quantize_fp8_rowwise_k_groups(
 
 def _launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_strides, config):
     config = config or COLWISE_CONFIG
+    if isinstance(config, WalkConfig):
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+        items = groups * triton.cdiv(cols, config.strip_cols)
+        programs = max(min(items, sms * config.programs_per_sm), 1)
+        _walk_kernel[(programs,)](
+            x, offs, q.view(torch.uint8), scale, rows, cols, groups, programs, *x_strides, *q_strides,
+            HAS_OFFS=offs is not None, STRIP=config.strip_cols, STEP=config.step_rows, STAGES=config.num_stages,
+            PREFETCH=config.prefetch, EXACT=INTERPRET, num_warps=config.num_warps,
+        )  # fmt: skip
+        return
     if isinstance(config, Fp8RowwiseConfig):
         grid = (triton.cdiv(cols, config.block_cols), groups)
         _colwise_kernel[grid](
@@ -560,9 +655,10 @@ def quantize_fp8_rowwise_k_groups_cost(M: int, R: int, G: int, in_dtype: torch.d
     """``quantize_fp8_rowwise_k_groups`` of (M, R) in G groups: read it, write (R, M) e4m3 and G*R fp32 scales.
 
     A group's column scale needs all of the group's rows (up to all M), more than a program can hold, so every
-    launch reads the input twice: the amax, then the scale and cast. A one-launch ``ColwiseConfig`` takes the second
-    read from L2 when the strips in flight fit there, and the cost counts one read; the default (split, two
-    launches) and the two-pass ``Fp8RowwiseConfig`` kernel reread from device memory, and the cost counts both."""
+    launch reads the input twice: the amax, then the scale and cast. A one-launch ``ColwiseConfig`` and a
+    ``WalkConfig`` take the second read from L2 when the strips in flight fit there, and the cost counts one read;
+    the split ``ColwiseConfig`` (two launches) and the two-pass ``Fp8RowwiseConfig`` kernel reread from device
+    memory, and the cost counts both."""
     return _colwise_cost(M, R, G, in_dtype, config or K_GROUPS_CONFIG)
 
 

@@ -181,24 +181,35 @@ def strips(strip, chunk, step, group=256, warps=8, **kw) -> F.ColwiseConfig:
 
 def cases() -> list[Case]:
     old_rows, old_cols = F.TWO_PASS_ROWS_CONFIG, F.TWO_PASS_COLWISE_CONFIG
-    k_groups = [("old: two-pass colwise (64, 64) w4", "old", old_cols), ("new: strips 16 x 512 g256 w8", "new", None),
+    k_groups = [("old: two-pass colwise (64, 64) w4", "old", old_cols), ("new: the default (k_groups split strips, 3D along N one-launch strips)", "new", None),
                 ("strips, split (two launches)", "candidate", replace(F.COLWISE_CONFIG, split=True)),
                 ("strips 16 x 512 g64 w8", "candidate", strips(16, 512, 512, group=64)),
                 ("strips 32 x 256 g256, step 256, w8", "candidate", strips(32, 256, 256)),
                 ("strips 8 x 1024 g256, step 1024, w8", "candidate", strips(8, 1024, 1024))]  # fmt: skip
+    W = F.WalkConfig
+    walk_k_groups = [("walk 8 x 1024 w8, 1/SM", "candidate", W(8, 1024, 8, 1)),
+                     ("walk 8 x 512 w4, 2/SM", "candidate", W(8, 512, 4, 2)),
+                     ("walk 16 x 1024 w8, 1/SM", "candidate", W(16, 1024, 8, 1)),
+                     ("walk 8 x 1024 w8, 1/SM, 3 stages", "candidate", W(8, 1024, 8, 1, prefetch=False, num_stages=3))]
+    walk_n = [("walk 32 x 256 w8, 1/SM", "candidate", W(32, 256, 8, 1)),
+              ("walk 32 x 256 w8, 2/SM", "candidate", W(32, 256, 8, 2)),
+              ("walk 64 x 256 w8, 1/SM", "candidate", W(64, 256, 8, 1)),
+              ("walk 16 x 512 w8, 2/SM", "candidate", W(16, 512, 8, 2)),
+              ("walk 32 x 512 w8, 1/SM, 3 stages", "candidate", W(32, 512, 8, 1, prefetch=False, num_stages=3))]
     old_n = replace(Q.ALONG_N_COLS, scale_words=False)
     return [
         fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
             ("one read (2, 8192) w16", "candidate", F.Fp8RowwiseConfig(2, 8192, 16)),
         ]),
-        fp8_cols_case("fp8 k_groups A (131072, 7168) -> (7168, 131072)", k_groups[:4], (K, BALANCED)),
-        fp8_cols_case("fp8 k_groups grad_out (131072, 2048) -> (2048, 131072)", k_groups, (N, BALANCED)),
+        fp8_cols_case("fp8 k_groups A (131072, 7168) -> (7168, 131072)", k_groups[:3] + walk_k_groups, (K, BALANCED)),
+        fp8_cols_case("fp8 k_groups grad_out (131072, 2048) -> (2048, 131072)", k_groups[:3] + walk_k_groups,
+                      (N, BALANCED)),
         fp8_rows_case("fp8 rowwise grad_out (131072, 2048)", (M, N), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (4, 2048) w8", "new", None),
             ("one read (8, 2048) w8", "candidate", F.Fp8RowwiseConfig(8, 2048, 8)),
         ]),
-        fp8_cols_case("fp8 3D along N (8, 2048, 7168) -> (8, 7168, 2048)", k_groups[:3], None),
+        fp8_cols_case("fp8 3D along N (8, 2048, 7168) -> (8, 7168, 2048)", k_groups[:3] + walk_n, None),
         fp8_rows_case("fp8 3D along K (8, 2048, 7168)", (G, N, K), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
         ]),
@@ -250,7 +261,7 @@ def race_and_group_checks() -> list[dict]:
     rows = small.shape[0]
     fp8_sizes, mx_sizes = [rows // 3 + 1, 0, 3, rows - rows // 3 - 4], [rows // 4, 0, 32, rows - rows // 4 - 32]
     skew, mx_groups = offsets(fp8_sizes), offsets(mx_sizes)
-    for config in (None, replace(F.COLWISE_CONFIG, split=True), F.TWO_PASS_COLWISE_CONFIG):
+    for config in (None, replace(F.COLWISE_CONFIG, split=True), F.TWO_PASS_COLWISE_CONFIG, F.WalkConfig(8, 1024)):
         check(f"fp8 k_groups groups {fp8_sizes}, {type(config).__name__}",
               F.quantize_fp8_rowwise_k_groups(small, skew, config=config),
               F.quantize_fp8_rowwise_k_groups_reference(small, skew))  # fmt: skip

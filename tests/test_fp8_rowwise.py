@@ -181,6 +181,8 @@ COLWISE_CONFIGS = {
                                  num_stages=2),
     "split": F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=64, split=True),
     "two-pass kernel": F.TWO_PASS_COLWISE_CONFIG,
+    "walk, prefetch": F.WalkConfig(strip_cols=8, step_rows=16, num_warps=2),  # 4 "SMs" on CPU: programs walk
+    "walk, pipelined": F.WalkConfig(strip_cols=16, step_rows=32, prefetch=False, num_stages=2, programs_per_sm=2),
 }  # fmt: skip
 # Group sizes: empty groups first, inside and last; sizes on and off 16-row boundaries (the vector and the byte
 # stores of pass 2); a group of many chunks; offs[-1] < M (the rows after belong to no group).
