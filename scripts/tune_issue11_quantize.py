@@ -193,12 +193,12 @@ def cases() -> list[Case]:
                      ("walk 8 x 2048 w8, 1/SM", "candidate", W(8, 2048, 8, 1)),
                      ("walk 16 x 1024 w16, 2/SM", "candidate", W(16, 1024, 16, 2)),
                      ("walk 32 x 1024 w16, 1/SM", "candidate", W(32, 1024, 16, 1))]
-    walk_n = [("walk 64 x 256 w8, 1/SM", "candidate", W(64, 256, 8, 1)),
-              ("walk 64 x 512 w8, 1/SM", "candidate", W(64, 512, 8, 1)),
-              ("walk 64 x 512 w16, 1/SM", "candidate", W(64, 512, 16, 1)),
-              ("walk 128 x 256 w16, 1/SM", "candidate", W(128, 256, 16, 1)),
-              ("walk 32 x 1024 w16, 1/SM", "candidate", W(32, 1024, 16, 1)),
-              ("walk 64 x 256 w8, 2/SM", "candidate", W(64, 256, 8, 2))]
+    walk_n = [("walk 64 x 512 w8, 1/SM", "candidate", W(64, 512, 8, 1)),
+              ("walk 64 x 1024 w16, 1/SM", "candidate", W(64, 1024, 16, 1)),
+              ("walk 128 x 512 w16, 1/SM", "candidate", W(128, 512, 16, 1)),
+              ("walk 64 x 2048 w16, 1/SM", "candidate", W(64, 2048, 16, 1)),
+              ("walk 32 x 2048 w16, 1/SM", "candidate", W(32, 2048, 16, 1)),
+              ("walk 64 x 512 w16, 2/SM", "candidate", W(64, 512, 16, 2))]
     old_n = replace(Q.ALONG_N_COLS, scale_words=False)
     return [
         fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [
