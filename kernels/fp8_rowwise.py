@@ -30,7 +30,7 @@ Kernels, each launched from a frozen config passed as ``config=`` (None: the def
   (``next_pow2(K) <= block_cols``) is loaded once, held in registers while its amax is reduced, then scaled and
   cast: one read. Longer rows take two passes (amax, then scale and cast) in steps of ``block_cols``; the second
   read is real traffic, and ``quantize_fp8_rowwise_cost`` counts it.
-* strips (``ColwiseConfig``), for the last two, whose scale spans a whole column of a group (2048 to ~16k rows x 2
+* strips (``ColwiseConfig``; split, the k_groups default), for the last two, whose scale spans a whole column of a group (2048 to ~16k rows x 2
   bytes: no program can hold it): a column strip (``strip_cols`` wide) of a group is cut into chunks of
   ``chunk_rows`` rows, one program each. A program reads its chunk once (pass 1), folds its column amax into a
   workspace with atomics and counts itself done; the program that finishes a strip's last chunk scales, casts and
@@ -38,6 +38,9 @@ Kernels, each launched from a frozen config passed as ``config=`` (None: the def
   by the chunks of that strip, which run side by side). So device memory sees one read; the cost counts one.
   ``ColwiseConfig(split=True)`` runs the two passes as two launches instead (the second read from device memory,
   counted by the cost), the fallback where L2 cannot hold the strips in flight.
+* walking (``WalkConfig``), the 3D-along-N default: a persistent grid, one program per SM, each program walking
+  whole strips (a group's rows x ``strip_cols``) and making both passes itself, so that only as many strips are in
+  flight as there are programs and pass 2 can find its strip in L2; the cost counts one read.
 * the two-pass colwise kernel (``Fp8RowwiseConfig``): one program per column block of a group reads its columns
   twice (amax, then scale and cast); both reads come from device memory at these sizes, and the cost counts them.
 """
@@ -481,6 +484,9 @@ ROWS_TILE = 8192
 # The old default, kept as the two-pass control of the tuning script.
 TWO_PASS_ROWS_CONFIG = Fp8RowwiseConfig(4, 1024, num_warps=4)
 COLWISE_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8)
+# 3D along N: the walking kernel, strips of 64 columns in 512-row steps, one program per SM (measured faster than the
+# strips kernel on DeepSeek-V3's and Scout's weights; docs/perf-log.md).
+ALONG_N_CONFIG = WalkConfig(strip_cols=64, step_rows=512, num_warps=8, programs_per_sm=1)
 # k_groups: a group's strip holds up to all M rows, and the one-launch kernel's pass 2 did not find them in L2
 # (slower than both reads from device memory: docs/perf-log.md); the split launch reads twice, and is counted so.
 K_GROUPS_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8, split=True)
@@ -543,7 +549,7 @@ def quantize_fp8_rowwise_3d(
     along="K" (forward, out = x @ w_g.T): q (G, N, K), scale (G, N), amax over k.
     along="N" (backward input, dx = dy @ w_g): q (G, K, N) with N contiguous, scale (G, K), amax over n.
     ``config``: the launch. Along K a ``Fp8RowwiseConfig`` (None: ``default_rowwise_config(K)``); along N a
-    ``ColwiseConfig`` (the strips kernel; None: ``COLWISE_CONFIG``), a ``WalkConfig`` (the walking kernel) or a
+    ``WalkConfig`` (the walking kernel; None: ``ALONG_N_CONFIG``), a ``ColwiseConfig`` (the strips kernel) or a
     ``Fp8RowwiseConfig`` (the two-pass colwise kernel).
     """
     check_tensor("w", w, dtypes=INPUT_DTYPES, ndim=3)
@@ -560,7 +566,8 @@ def quantize_fp8_rowwise_3d(
     q = torch.empty(G, K, N, dtype=DATA_DTYPE, device=w.device)
     scale = torch.empty(G, K, dtype=torch.float32, device=w.device)
     if q.numel():
-        _launch_colwise(w, None, q, scale, G, rows=N, cols=K, x_strides=w.stride(), q_strides=(K * N, N), config=config)
+        _launch_colwise(w, None, q, scale, G, rows=N, cols=K, x_strides=w.stride(), q_strides=(K * N, N),
+                        config=config or ALONG_N_CONFIG)  # fmt: skip
     return q, scale
 
 
@@ -593,7 +600,6 @@ def quantize_fp8_rowwise_k_groups(
 
 
 def _launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_strides, config):
-    config = config or COLWISE_CONFIG
     if isinstance(config, WalkConfig):
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
         items = groups * triton.cdiv(cols, config.strip_cols)
@@ -648,7 +654,7 @@ def quantize_fp8_rowwise_3d_cost(G: int, N: int, K: int, in_dtype: torch.dtype, 
     from device memory (see ``quantize_fp8_rowwise_cost``, ``quantize_fp8_rowwise_k_groups_cost``) counts twice."""
     if along == "K":
         return quantize_fp8_rowwise_cost(G * N, K, in_dtype, config)
-    return _colwise_cost(G * N, K, G, in_dtype, config)
+    return _colwise_cost(G * N, K, G, in_dtype, config or ALONG_N_CONFIG)
 
 
 def quantize_fp8_rowwise_k_groups_cost(M: int, R: int, G: int, in_dtype: torch.dtype, config=None) -> Cost:
@@ -663,6 +669,5 @@ def quantize_fp8_rowwise_k_groups_cost(M: int, R: int, G: int, in_dtype: torch.d
 
 
 def _colwise_cost(rows: int, cols: int, G: int, in_dtype: torch.dtype, config) -> Cost:
-    config = config or COLWISE_CONFIG
-    reads = 2 if isinstance(config, Fp8RowwiseConfig) or config.split else 1
+    reads = 2 if isinstance(config, Fp8RowwiseConfig) or (isinstance(config, ColwiseConfig) and config.split) else 1
     return Cost(bytes_read=reads * rows * cols * in_dtype.itemsize, bytes_written=rows * cols + 4 * G * cols)

@@ -183,7 +183,7 @@ def strips(strip, chunk, step, group=256, warps=8, **kw) -> F.ColwiseConfig:
 
 def cases() -> list[Case]:
     old_rows, old_cols = F.TWO_PASS_ROWS_CONFIG, F.TWO_PASS_COLWISE_CONFIG
-    k_groups = [("old: two-pass colwise (64, 64) w4", "old", old_cols), ("new: the default (k_groups split strips, 3D along N one-launch strips)", "new", None),
+    k_groups = [("old: two-pass colwise (64, 64) w4", "old", old_cols), ("new: the default (k_groups: split strips; 3D along N: walking)", "new", None),
                 ("strips, split (two launches)", "candidate", replace(F.COLWISE_CONFIG, split=True)),
                 ("strips 16 x 512 g64 w8", "candidate", strips(16, 512, 512, group=64)),
                 ("strips 32 x 256 g256, step 256, w8", "candidate", strips(32, 256, 256)),
