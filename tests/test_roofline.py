@@ -167,6 +167,24 @@ def test_measured_peaks_come_from_the_stored_ceilings(monkeypatch):
     assert peaks["mxfp8"].value == 3432.0 and peaks["mxfp8"].label != peaks["fp8"].label
 
 
+def test_a_stored_ceiling_the_run_beats_gives_way_to_its_fastest_stage(monkeypatch):
+    monkeypatch.setattr(roofline, "get_spec", lambda key: spec())
+    c = Ceilings(card="NVIDIA B200", power_limit_w=1000.0, copy_tbps=5.0, read2write1_tbps=5.2, read_tbps=5.3,
+                 bandwidth_tbps=5.3, bf16_tflops=2000.0, fp8_tflops=4000.0, meta={})  # fmt: skip
+    # quantize: 2,847,932,416 B in 525.3 us = 5.4216 TB/s > 5.3; bf16 GEMM in 1671.2 us = 2302.7 TF > 2000; the fp8
+    # GEMM (1000 us: 3848.3 TF) stays under its 4000, and a failed record counts for nothing
+    gemm = record("gemm", us=(1671.2,), read=0, written=0, flops=GEMM_FLOPS, precision="bf16")
+    slow_fp8 = record("gemm", us=(1000.0,), read=0, written=0, flops=GEMM_FLOPS, precision="fp8")
+    failed = record(us=(1.0,), error="boom")
+    run = Run(meta={"card": "NVIDIA B200", "hardware": "b200", "ceilings": asdict(c)},
+              records=[record(), gemm, slow_fp8, failed])  # fmt: skip
+    peaks = roofline.peaks_for_run(run, "measured")
+    assert peaks["bandwidth"].value == pytest.approx(5.4216, abs=1e-4) and peaks["fp8"].value == 4000.0
+    assert peaks["bf16"].value == pytest.approx(2302.7, abs=0.1)
+    assert "this run's fastest, s (mxfp8) at M=131072, above the measured bf16 GEMM ceiling 2000" in peaks["bf16"].label
+    assert max(roofline.efficiency(r, peaks)[0] for r in (record(), gemm, slow_fp8)) == pytest.approx(100.0)
+
+
 # ------------------------------------------------------------------------------------------------- model
 
 
