@@ -95,6 +95,15 @@ def test_a_folder_loads_every_run_in_it_and_passes_over_the_ceilings_store():
     assert df.attrs["runs"][str(DEEPSEEK)]["command"] == raw(DEEPSEEK)["meta"]["command"]
 
 
+def test_no_stored_run_reads_above_a_measured_denominator():
+    # Every card's stored runs, each against its own measured ceilings (held by its own fastest stages).
+    runs = [p for p in sorted(RESULTS.parent.glob("*/**/*.json")) if p.parent.name != "tuning" and "records" in raw(p)]
+    df = mxbench.load(runs)
+    measured = df["eff_measured_pct"].dropna()
+    assert len(measured) > 100 and set(df.card) >= {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    assert measured.max() <= 100.0 + 1e-9, df.loc[measured.idxmax(), ["file", "stage", "eff_measured_pct"]]
+
+
 def test_a_run_names_each_implementations_version_and_commit():
     p = Point(1024, 256, 512, 4)
     run = Run(meta={"card": "X", "implementations": {"mxkernels": {"version": "0.1.0", "commit": "abc"}}},
