@@ -217,7 +217,7 @@ def test_3d_along_n_launches_are_bit_exact(device, name, N, poisoned_empty):
     assert torch.equal(scale, scale_ref)
 
 
-def test_launch_configs_check_their_fields():
+def test_launch_configs_check_their_fields(device):
     with pytest.raises(ValueError, match="strip_cols"):
         C.ColwiseConfig(strip_cols=12, chunk_rows=32, step_rows=32, group_cols=24)
     with pytest.raises(ValueError, match="group_cols"):
@@ -227,14 +227,14 @@ def test_launch_configs_check_their_fields():
     with pytest.raises(ValueError, match="split"):
         C.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, split=1)
     with pytest.raises(ValueError, match="config"):
-        F.quantize_fp8_rowwise(torch.ones(4, 4), config=C.COLWISE_CONFIG)
+        F.quantize_fp8_rowwise(torch.ones(4, 4, device=device), config=C.COLWISE_CONFIG)
     with pytest.raises(ValueError, match="block_cols"):
         C.TwoPassColwiseConfig(64, 48)
     # The two-pass colwise kernel has its own config: the rows kernel's, with the same fields, names no column kernel.
     with pytest.raises(ValueError, match="TwoPassColwiseConfig or None"):
-        F.quantize_fp8_rowwise_3d(torch.ones(1, 4, 4), along="N", config=F.Fp8RowwiseConfig(64, 64))
+        F.quantize_fp8_rowwise_3d(torch.ones(1, 4, 4, device=device), along="N", config=F.Fp8RowwiseConfig(64, 64))
     with pytest.raises(ValueError, match="config"):
-        F.quantize_fp8_rowwise_3d(torch.ones(1, 4, 4), along="K", config=C.TWO_PASS_COLWISE_CONFIG)
+        F.quantize_fp8_rowwise_3d(torch.ones(1, 4, 4, device=device), along="K", config=C.TWO_PASS_COLWISE_CONFIG)
 
 
 # ---- costs and errors ----------------------------------------------------------------------------------------
