@@ -5,7 +5,7 @@ Depends on torch and triton only; knows nothing of the mxbench harness. Modules,
 * ``format``: the MX format, scale modes, and the quantize / dequantize references (the oracle of every test);
 * ``quantize``: Triton MXFP8 quantizers (dim0, dim1 transposed, 3D expert weights along K or N);
 * ``quantize_blocked``: the same quantizers writing the grouped GEMMs' blocked scales themselves (fused scales);
-* ``fp8_rowwise``: the FP8 rowwise recipe's quantizers;
+* ``fp8_rowwise``: the FP8 rowwise recipe's quantizers, and ``fp8_colwise`` their column-direction kernels;
 * ``layouts``: the blocked scale layout and its per-group rearrangements;
 * ``padding``: token-group padding and unpadding;
 * ``grouped_gemm``: the grouped GEMMs behind one front door, by recipe and backend, which run in ``gemm_native``

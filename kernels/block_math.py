@@ -1,9 +1,11 @@
-"""Element and block arithmetic shared by the quantizers (``quantize``, ``quantize_blocked``, ``fp8_rowwise``).
+"""Element and block arithmetic shared by the quantizers (``quantize``, ``quantize_blocked``, ``fp8_rowwise``,
+``fp8_colwise``).
 
 Triton device functions on tiles: exact widening to fp32, the amax of a block as fp32 bits, the e8m0 scale byte
-(FLOOR and RCEIL, integer operations only, so one build runs on SM90 and SM100) and its reciprocal, the fp32 -> e4m3
-cast (the hardware one, or an exact integer one for the interpreter), a whole block's quantization, and loads and
-stores that drop their masks on tiles that divide the tensor evenly.
+(FLOOR and RCEIL, integer operations only, so one build runs on SM90 and SM100) and its reciprocal, the FP8 rowwise
+recipe's fp32 scale and its reciprocal from a floored amax, the fp32 -> e4m3 cast (the hardware one, or an exact
+integer one for the interpreter), a whole block's quantization, and loads and stores that drop their masks on tiles
+that divide the tensor evenly.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ _F32_INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)
 _F32_NAN_BITS: tl.constexpr = tl.constexpr(0x7FC00000)
 # fp32 bits of 448 = 1.75 * 2**8, the largest finite e4m3 value.
 _F32_448_BITS: tl.constexpr = tl.constexpr(0x43E00000)
-
-
+# The FP8 rowwise recipe's amax floor: it keeps 448 / amax finite (that overflows fp32 below amax ~ 2**-119) and only
+# touches rows or columns of magnitude < 2**-112 (``fp8_rowwise`` says more).
+AMAX_FLOOR = 2.0**-112
+_AMAX_FLOOR: tl.constexpr = tl.constexpr(AMAX_FLOOR)
 
 
 @triton.jit
@@ -63,6 +67,14 @@ def reciprocal_scale(byte):
     bits = tl.where(byte == _SCALE_NAN, _F32_NAN_BITS, 0x400000)
     bits = tl.where(byte < _SCALE_MAX, (_SCALE_MAX - byte) << 23, bits)
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fp8_scale_and_reciprocal(amax):
+    """(amax / 448, 448 / amax) of the floored amax (``AMAX_FLOOR``), with IEEE division: the FP8 rowwise recipe's
+    fp32 scale and the factor its cast multiplies by."""
+    amax = tl.maximum(amax, _AMAX_FLOOR)
+    return tl.math.div_rn(amax, 448.0), tl.math.div_rn(448.0, amax)
 
 
 @triton.jit

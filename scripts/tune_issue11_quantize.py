@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
+from mxkernels import fp8_colwise as C
 from mxkernels import fp8_rowwise as F
 from mxkernels import layouts
 from mxkernels import quantize as Q
@@ -177,18 +178,18 @@ def fused_case(name: str, kind: str, cols: int, launches: list[tuple[str, str, o
     return Case(name, "fused", cost.bytes, setup)
 
 
-def strips(strip, chunk, step, group=256, warps=8, **kw) -> F.ColwiseConfig:
-    return F.ColwiseConfig(strip_cols=strip, chunk_rows=chunk, step_rows=step, group_cols=group, num_warps=warps, **kw)
+def strips(strip, chunk, step, group=256, warps=8, **kw) -> C.ColwiseConfig:
+    return C.ColwiseConfig(strip_cols=strip, chunk_rows=chunk, step_rows=step, group_cols=group, num_warps=warps, **kw)
 
 
 def cases() -> list[Case]:
-    old_rows, old_cols = F.TWO_PASS_ROWS_CONFIG, F.TWO_PASS_COLWISE_CONFIG
+    old_rows, old_cols = F.TWO_PASS_ROWS_CONFIG, C.TWO_PASS_COLWISE_CONFIG
     k_groups = [("old: two-pass colwise (64, 64) w4", "old", old_cols), ("new: the default (k_groups: split strips; 3D along N: walking)", "new", None),
-                ("strips, split (two launches)", "candidate", replace(F.COLWISE_CONFIG, split=True)),
+                ("strips, split (two launches)", "candidate", replace(C.COLWISE_CONFIG, split=True)),
                 ("strips 16 x 512 g64 w8", "candidate", strips(16, 512, 512, group=64)),
                 ("strips 32 x 256 g256, step 256, w8", "candidate", strips(32, 256, 256)),
                 ("strips 8 x 1024 g256, step 1024, w8", "candidate", strips(8, 1024, 1024))]  # fmt: skip
-    W = F.WalkConfig
+    W = C.WalkConfig
     walk_k_groups = [("walk 8 x 1024 w8, 1/SM", "candidate", W(8, 1024, 8, 1)),
                      ("walk 16 x 1024 w8, 1/SM", "candidate", W(16, 1024, 8, 1)),
                      ("walk 16 x 2048 w16, 1/SM", "candidate", W(16, 2048, 16, 1)),
@@ -264,7 +265,7 @@ def race_and_group_checks() -> list[dict]:
     rows = small.shape[0]
     fp8_sizes, mx_sizes = [rows // 3 + 1, 0, 3, rows - rows // 3 - 4], [rows // 4, 0, 32, rows - rows // 4 - 32]
     skew, mx_groups = offsets(fp8_sizes), offsets(mx_sizes)
-    for config in (None, replace(F.COLWISE_CONFIG, split=True), F.TWO_PASS_COLWISE_CONFIG, F.WalkConfig(8, 1024)):
+    for config in (None, replace(C.COLWISE_CONFIG, split=True), C.TWO_PASS_COLWISE_CONFIG, C.WalkConfig(8, 1024)):
         check(f"fp8 k_groups groups {fp8_sizes}, {type(config).__name__}",
               F.quantize_fp8_rowwise_k_groups(small, skew, config=config),
               F.quantize_fp8_rowwise_k_groups_reference(small, skew))  # fmt: skip

@@ -1,4 +1,5 @@
-"""Specification of the FP8 rowwise quantizers (kernels/fp8_rowwise.py).
+"""Specification of the FP8 rowwise quantizers (kernels/fp8_rowwise.py, the column-direction kernels in
+kernels/fp8_colwise.py).
 
 The oracle: scale = amax / 448 per row along the next GEMM's contraction dim (amax floored at 2**-112),
 q = e4m3(x * 448 / amax) rounded to nearest even (torch's own fp32 -> e4m3 cast), dequant = q * scale; a zero row
@@ -11,6 +12,7 @@ import pytest
 import torch
 from crosscompile import compile_ptx
 from helpers import offsets
+from mxkernels import fp8_colwise as C
 from mxkernels import fp8_rowwise as F
 from mxkernels.cost import Cost
 
@@ -175,14 +177,14 @@ def test_default_rows_launch_reads_once_up_to_the_register_limit():
 # two-pass kernel.
 COLWISE_CONFIGS = {
     "default": None,
-    "prefetch": F.ColwiseConfig(strip_cols=8, chunk_rows=32, step_rows=16, group_cols=16, num_warps=2),
-    "no prefetch": F.ColwiseConfig(strip_cols=16, chunk_rows=16, step_rows=32, group_cols=32, prefetch=False),
-    "pipelined": F.ColwiseConfig(strip_cols=8, chunk_rows=64, step_rows=16, group_cols=8, prefetch=False,
+    "prefetch": C.ColwiseConfig(strip_cols=8, chunk_rows=32, step_rows=16, group_cols=16, num_warps=2),
+    "no prefetch": C.ColwiseConfig(strip_cols=16, chunk_rows=16, step_rows=32, group_cols=32, prefetch=False),
+    "pipelined": C.ColwiseConfig(strip_cols=8, chunk_rows=64, step_rows=16, group_cols=8, prefetch=False,
                                  num_stages=2),
-    "split": F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=64, split=True),
-    "two-pass kernel": F.TWO_PASS_COLWISE_CONFIG,
-    "walk, prefetch": F.WalkConfig(strip_cols=8, step_rows=16, num_warps=2),  # 4 "SMs" on CPU: programs walk
-    "walk, pipelined": F.WalkConfig(strip_cols=16, step_rows=32, prefetch=False, num_stages=2, programs_per_sm=2),
+    "split": C.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=64, split=True),
+    "two-pass kernel": C.TWO_PASS_COLWISE_CONFIG,
+    "walk, prefetch": C.WalkConfig(strip_cols=8, step_rows=16, num_warps=2),  # 4 "SMs" on CPU: programs walk
+    "walk, pipelined": C.WalkConfig(strip_cols=16, step_rows=32, prefetch=False, num_stages=2, programs_per_sm=2),
 }  # fmt: skip
 # Group sizes: empty groups first, inside and last; sizes on and off 16-row boundaries (the vector and the byte
 # stores of pass 2); a group of many chunks; offs[-1] < M (the rows after belong to no group).
@@ -215,17 +217,24 @@ def test_3d_along_n_launches_are_bit_exact(device, name, N, poisoned_empty):
     assert torch.equal(scale, scale_ref)
 
 
-def test_launch_configs_check_their_fields():
+def test_launch_configs_check_their_fields(device):
     with pytest.raises(ValueError, match="strip_cols"):
-        F.ColwiseConfig(strip_cols=12, chunk_rows=32, step_rows=32, group_cols=24)
+        C.ColwiseConfig(strip_cols=12, chunk_rows=32, step_rows=32, group_cols=24)
     with pytest.raises(ValueError, match="group_cols"):
-        F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=24)
+        C.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=24)
     with pytest.raises(ValueError, match="num_stages"):
-        F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, num_stages=5)
+        C.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, num_stages=5)
     with pytest.raises(ValueError, match="split"):
-        F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, split=1)
+        C.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, split=1)
     with pytest.raises(ValueError, match="config"):
-        F.quantize_fp8_rowwise(torch.ones(4, 4), config=F.COLWISE_CONFIG)
+        F.quantize_fp8_rowwise(torch.ones(4, 4, device=device), config=C.COLWISE_CONFIG)
+    with pytest.raises(ValueError, match="block_cols"):
+        C.TwoPassColwiseConfig(64, 48)
+    # The two-pass colwise kernel has its own config: the rows kernel's, with the same fields, names no column kernel.
+    with pytest.raises(ValueError, match="TwoPassColwiseConfig or None"):
+        F.quantize_fp8_rowwise_3d(torch.ones(1, 4, 4, device=device), along="N", config=F.Fp8RowwiseConfig(64, 64))
+    with pytest.raises(ValueError, match="config"):
+        F.quantize_fp8_rowwise_3d(torch.ones(1, 4, 4, device=device), along="K", config=C.TWO_PASS_COLWISE_CONFIG)
 
 
 # ---- costs and errors ----------------------------------------------------------------------------------------
@@ -245,14 +254,14 @@ def test_costs_count_a_second_read_from_device_memory():
     # Two passes over rows longer than a step, the split strips launch and the two-pass colwise kernel read twice.
     two_pass = F.Fp8RowwiseConfig(4, 32)
     assert F.quantize_fp8_rowwise_cost(16, 64, torch.bfloat16, two_pass) == Cost(2 * 16 * 64 * 2, 16 * 64 + 16 * 4)
-    split = F.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, split=True)
-    for config in (split, F.TWO_PASS_COLWISE_CONFIG):
+    split = C.ColwiseConfig(strip_cols=16, chunk_rows=32, step_rows=32, group_cols=32, split=True)
+    for config in (split, C.TWO_PASS_COLWISE_CONFIG):
         assert F.quantize_fp8_rowwise_k_groups_cost(128, 24, 3, torch.bfloat16, config) == Cost(
             2 * 128 * 24 * 2, 128 * 24 + 3 * 24 * 4
         )
         assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.bfloat16, "N", config).bytes_read == 2 * 2 * 8 * 32 * 2
     # DeepSeek-V3 A (131072, 7168) bf16, 8 groups: the one-launch strips read once, the default (split) twice.
-    assert F.quantize_fp8_rowwise_k_groups_cost(131072, 7168, 8, torch.bfloat16, F.COLWISE_CONFIG) == Cost(
+    assert F.quantize_fp8_rowwise_k_groups_cost(131072, 7168, 8, torch.bfloat16, C.COLWISE_CONFIG) == Cost(
         1_879_048_192, 939_524_096 + 4 * 8 * 7168
     )
     assert F.quantize_fp8_rowwise_k_groups_cost(131072, 7168, 8, torch.bfloat16).bytes_read == 2 * 1_879_048_192
@@ -318,7 +327,7 @@ def test_strips_kernel_orders_its_count_after_the_amaxes(cc):
         "stride_qg",
         "stride_qc",
     )
-    ptx = compile_ptx("mxkernels.fp8_rowwise", "_strips_kernel", signature, constexprs, cc, aligned)
+    ptx = compile_ptx("mxkernels.fp8_colwise", "_strips_kernel", signature, constexprs, cc, aligned)
     assert "atom.global.gpu.relaxed.max.s32" in ptx and "red.global" not in ptx
     assert "atom.global.gpu.acq_rel.add.u32" in ptx and "atom.global.gpu.relaxed.add.u32" in ptx
     assert "st.global.v4.b32" in ptx
