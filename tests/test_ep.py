@@ -256,8 +256,10 @@ def test_launcher_command_passes_rendezvous_options_and_defaults_to_standalone()
 
 
 def mxbench_ep(*args: str, extra_path: str | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (*sys.path, extra_path) if p)}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    # The CPU path (gloo, the Triton interpreter) on any machine: a GPU box hides its GPUs from these workers (its
+    # NCCL path is what the GPU runs measure; several ranks cannot share one GPU there).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (*sys.path, extra_path) if p),
+           "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}  # fmt: skip
     return subprocess.run([sys.executable, "-m", "mxbench", "ep", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)  # fmt: skip
 
