@@ -22,6 +22,8 @@ from mxbench.registry import Deviation, Implementation, Registry, builtin_regist
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plain_quantizer"
 SMALL = {"M": 512, "N": 128, "K": 256, "G": 2}
+# Where the checks run: the GPU when there is one (as `mxbench check` does), else the CPU under the interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
@@ -38,7 +40,7 @@ def run(impls, recipe="mxfp8", mode="rceil", **shape):
     by_stage = {}
     for i in impls:
         by_stage.setdefault(i.stage, []).append(i)
-    return C.check_step(recipe, shape["M"], shape["N"], shape["K"], shape["G"], by_stage, mode=mode)
+    return C.check_step(recipe, shape["M"], shape["N"], shape["K"], shape["G"], by_stage, mode=mode, device=DEVICE)
 
 
 # ---- the rules -------------------------------------------------------------------------------------------------
@@ -159,7 +161,7 @@ def test_a_declared_deviation_is_reported_not_failed():
 
     def flush_special_blocks(a, *, mode):
         q, s = spec.oracle(a, mode=mode)
-        special = torch.isin(s.view(torch.uint8), torch.tensor([0, 255], dtype=torch.uint8))
+        special = torch.isin(s.view(torch.uint8), torch.tensor([0, 255], dtype=torch.uint8, device=s.device))
         q = torch.where(special.repeat_interleave(32, -1), torch.zeros_like(q.view(torch.uint8)), q.view(torch.uint8))
         return q.view(torch.float8_e4m3fn), s
 
