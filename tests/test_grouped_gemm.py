@@ -529,6 +529,8 @@ def test_bad_mxfp8_operands_raise_value_error(device, change, error):
 
 
 def test_wgrad_groups_must_hold_whole_mx_blocks(device):
+    if device == "cuda":  # GPU offs are checked on the device, without a sync (test_native_guards)
+        pytest.skip("checks host offs; on a GPU the emulated reference would index past a group's scales")
     (ops, _), _ = small_case("2d2d", device, torch.Generator().manual_seed(6))
     with pytest.raises(ValueError, match="group 0 holds 48 rows, not a multiple of 32"):
         GG.mxfp8_scaled_grouped_mm(**ops, offs=offsets([48, 48, 64, 32], device), backend="emulated")
