@@ -46,6 +46,23 @@ _UNALIGNED_STEP: tl.constexpr = tl.constexpr(64)
 
 
 @triton.jit
+def _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg, stride_qc,
+                   HAS_OFFS: tl.constexpr):  # fmt: skip
+    """Rows [start, end) of group g (from ``offs``, or all ``rows`` of the g-th matrix) and the pointers of its
+    columns c in x and, transposed, in q (add a row index m: x_cols + m * stride_xm, q_cols + m)."""
+    if HAS_OFFS:
+        # Clamped to [0, rows] like padding.group_bounds: malformed offs never address outside x.
+        start = tl.minimum(tl.maximum(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 0), rows)
+        end = tl.minimum(tl.maximum(tl.load(offs_ptr + g), start), rows)
+    else:
+        start = 0
+        end = rows
+    x_cols = x_ptr + g.to(tl.int64) * stride_xg + c.to(tl.int64)[None, :] * stride_xc
+    q_cols = q_ptr + g.to(tl.int64) * stride_qg + c.to(tl.int64)[None, :] * stride_qc
+    return start, end, x_cols, q_cols
+
+
+@triton.jit
 def _colwise_kernel(
     x_ptr, offs_ptr, q_ptr, scale_ptr, rows, cols,
     stride_xg, stride_xm, stride_xc, stride_qg, stride_qc,
@@ -61,15 +78,8 @@ def _colwise_kernel(
     g = tl.program_id(1)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = c < cols
-    if HAS_OFFS:
-        # Clamped to [0, rows] like padding.group_bounds: malformed offs never address outside x.
-        start = tl.minimum(tl.maximum(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 0), rows)
-        end = tl.minimum(tl.maximum(tl.load(offs_ptr + g), start), rows)
-    else:
-        start = 0
-        end = rows
-    x_cols = x_ptr + g.to(tl.int64) * stride_xg + c.to(tl.int64)[None, :] * stride_xc
-    q_cols = q_ptr + g.to(tl.int64) * stride_qg + c.to(tl.int64)[None, :] * stride_qc
+    start, end, x_cols, q_cols = _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg,
+                                                stride_qc, HAS_OFFS)  # fmt: skip
 
     amax = tl.zeros((BLOCK_C,), tl.float32)
     for m0 in range(start, end, BLOCK_M):
@@ -244,14 +254,8 @@ def _walk_kernel(
         g = item // n_strips
         c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
         col_ok = c < cols
-        if HAS_OFFS:  # clamped like padding.group_bounds: malformed offs never address outside x
-            start = tl.minimum(tl.maximum(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 0), rows)
-            end = tl.minimum(tl.maximum(tl.load(offs_ptr + g), start), rows)
-        else:
-            start = 0
-            end = rows
-        x_cols = x_ptr + g.to(tl.int64) * stride_xg + c.to(tl.int64)[None, :] * stride_xc
-        q_cols = q_ptr + g.to(tl.int64) * stride_qg + c.to(tl.int64)[None, :] * stride_qc
+        start, end, x_cols, q_cols = _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc,
+                                                    stride_qg, stride_qc, HAS_OFFS)  # fmt: skip
         amax = _strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
         scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
         tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
