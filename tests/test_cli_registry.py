@@ -13,13 +13,10 @@ import torch
 from click.testing import CliRunner
 from mxkernels.names import Recipe
 from mxkernels.stages import all_specs
-from test_cli import FakeController, synthetic_run
+from test_cli import fake_gpu  # the fixture (a GPU run without a GPU), used by name
 
-import mxbench.power
-import mxbench.sweep
 from mxbench import registry
-from mxbench.cli import cli, run_commands
-from mxbench.results import save_run
+from mxbench.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "plain_quantizer"
@@ -110,25 +107,6 @@ def test_check_bad_input_exits_2(plain, args, message):
     result = invoke("check", *args)
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch, tmp_path):
-    calls = {}
-
-    def fake_sweep(points, *, options, progress=True, instruments=None):
-        calls.update(points=points, options=options)
-        run = synthetic_run()
-        save_run(run, options.out)
-        return run
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
-    monkeypatch.setattr(mxbench.sweep, "run_sweep", fake_sweep)
-    return calls
 
 
 def test_roofline_impl_is_checked_then_runs_in_the_whole_step(fake_gpu, plain):
