@@ -114,10 +114,18 @@ def _strip_scale_pass(
         amax_bits = tl.load(amax_ptr, mask=col_ok, other=0)
     scale, recip = fp8_scale_and_reciprocal(amax_bits.to(tl.float32, bitcast=True))
     tl.store(scale_ptr, scale, mask=c < scale_limit)
-    # Rows [lo, hi) on 16-row boundaries (every group of a 16-aligned padding, every 3D shape with N % 16 == 0):
-    # said so, the transposed store goes out as 16-byte vectors; otherwise byte by byte, in steps small enough that
-    # the byte stores' addresses do not set the kernel's register count. (Said by rounding, which here changes
-    # nothing: triton 3.6 drops tl.multiple_of on a scalar.)
+    _strip_scale_rows(x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP, STAGES, PREFETCH, EXACT)
+
+
+@triton.jit
+def _strip_scale_rows(
+    x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    """``_strip_scale_steps`` over rows [lo, hi). On 16-row boundaries (every group of a 16-aligned padding, every
+    3D shape with N % 16 == 0), said so, the transposed store goes out as 16-byte vectors; otherwise byte by byte,
+    in steps small enough that the byte stores' addresses do not set the kernel's register count. (Said by rounding,
+    which here changes nothing: triton 3.6 drops tl.multiple_of on a scalar.)"""
     if (lo % 16 == 0) & (hi % 16 == 0):
         _strip_scale_steps(x_cols, q_cols, recip, col_ok, lo // 16 * 16, hi // 16 * 16, stride_xm, STEP, STAGES,
                            PREFETCH, EXACT)  # fmt: skip
@@ -259,11 +267,7 @@ def _walk_kernel(
         amax = _strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
         scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
         tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
-        if (start % 16 == 0) & (end % 16 == 0):  # 16-byte transposed stores (see ``_strip_scale_pass``)
-            _strip_scale_steps(x_cols, q_cols, recip, col_ok, start // 16 * 16, end // 16 * 16, stride_xm, STEP,
-                               STAGES, PREFETCH, EXACT)  # fmt: skip
-        else:
-            _strip_scale_steps(x_cols, q_cols, recip, col_ok, start, end, stride_xm, _UNALIGNED_STEP, 1, False, EXACT)
+        _strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH, EXACT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
