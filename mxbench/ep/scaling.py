@@ -129,11 +129,11 @@ def _strategy_point(run: Run, strategy: str) -> tuple[float | None, float, float
 
 
 def _draw_roofs(ax, runs: list[Run]) -> None:
-    link = next((ep_peaks(run)["link"] for run in runs if "link" in ep_peaks(run)), None)
+    peaks = [(_degree(run), ep_peaks(run)) for run in runs]
+    link = next((p["link"] for _, p in peaks if "link" in p), None)
     if link is not None:
         ax.axhline(link.value * 1e3, color="black", linestyle="--", linewidth=1, label=link.label)
-    measured = [(_degree(run), ep_peaks(run)["measured_link"].value * 1e3) for run in runs
-                if "measured_link" in ep_peaks(run)]  # fmt: skip
+    measured = [(degree, p["measured_link"].value * 1e3) for degree, p in peaks if "measured_link" in p]
     if measured:
         ax.scatter([d for d, _ in measured], [v for _, v in measured], marker="x", color="black", zorder=3,
                    label="measured all-to-all ceiling at that EP degree")  # fmt: skip
