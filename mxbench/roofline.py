@@ -116,24 +116,31 @@ def peaks_for_run(run: Run, denominator: str = "datasheet") -> dict[str, Peak]:
 
 
 def _held(key: str, peak: Peak, peaks: dict[str, Peak], records: list[Record]) -> Peak:
-    """``peak``, or this run's own fastest stage against it where that beat it: a ceiling that is exceeded is not a
-    ceiling. Stored ceilings come from `mxbench ceilings`, often on another machine of the same model or in another
-    hour; a run's own kernel can outrun them by a few percent, and its efficiency must not read above 100%."""
-    best, what = 0.0, ""
-    for r in records:
-        if not r.ok or not r.measured or not r.median_us or r.median_us <= 0:
-            continue
-        if key == "bandwidth" and r.category in MEMORY_CATEGORIES and r.bytes:
-            rate = achieved_tbps(r.bytes, r.median_us)
-        elif key != "bandwidth" and r.category == "gemm" and r.flops and gemm_peak(peaks, r.precision) is peak:
-            rate = achieved_tflops(r.flops, r.median_us)
-        else:
-            continue
-        if rate > best:
-            best, what = rate, f"{r.stage} ({r.point.recipe}) at M={r.point.M}"
-    if best <= peak.value:
+    """The stored ceiling ``peaks[key]`` held against this run's stages that run against it: bandwidth for the
+    data-movement categories, each GEMM precision for its GEMMs. Stored ceilings come from `mxbench ceilings`, often
+    on another machine of the same model or in another hour, and a run's own kernel can outrun them by a few
+    percent."""
+    if key == "bandwidth":
+        rates = [(achieved_tbps(r.bytes, r.median_us), r) for r in _timed(records)
+                 if r.category in MEMORY_CATEGORIES and r.bytes]  # fmt: skip
+        return held(peak, rates, "bandwidth")
+    rates = [(achieved_tflops(r.flops, r.median_us), r) for r in _timed(records)
+             if r.category == "gemm" and r.flops and gemm_peak(peaks, r.precision) is peak]  # fmt: skip
+    return held(peak, rates, f"{key} GEMM")
+
+
+def _timed(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.ok and r.measured and r.median_us and r.median_us > 0]
+
+
+def held(peak: Peak, rates: list[tuple[float, Record]], name: str) -> Peak:
+    """``peak``, or the fastest of ``rates`` (the run's own stages against it, each rate in ``peak``'s unit) where
+    that beat it, labelled as such: a ceiling that is exceeded is not a ceiling, and no efficiency reads above
+    100% of its denominator."""
+    best, record = max(rates, key=lambda pair: pair[0], default=(0.0, None))
+    if record is None or best <= peak.value:
         return peak
-    name = "bandwidth" if key == "bandwidth" else f"{key} GEMM"
+    what = f"{record.stage} ({record.point.recipe}) at M={record.point.M}"
     return Peak(best, peak.unit, f"measured {name} ceiling {best:.4g} {peak.unit}: this run's fastest, {what}, "
                                  f"above the {peak.label}")  # fmt: skip
 

@@ -391,14 +391,16 @@ def test_alltoall_ceilings_are_stored_per_card_and_world_size(tmp_path):
 
 
 def test_a_measured_all_to_all_ceiling_that_the_run_beats_is_replaced_by_the_runs_best():
-    from mxbench.ep.tables import _holding
-    from mxbench.hardware import Peak
     from mxbench.results import Point, Record, Run
 
     p = Point(1024, 64, 64, 2, "bf16")
     fast = Record(p, "forward", "dispatch", "a2a", "all_to_all", bytes_read=600_000, samples_us=[1.0])  # 0.6 TB/s
     slow = Record(p, "forward", "combine", "a2a", "all_to_all", bytes_read=100_000, samples_us=[1.0])
-    run = Run({"card": "X"}, [fast, slow])
-    assert _holding(Peak(0.7, "TB/s", "c"), run).value == 0.7  # held: kept
-    beaten = _holding(Peak(0.5, "TB/s", "c"), run)
-    assert beaten.value == pytest.approx(0.6) and "this run's fastest" in beaten.label
+
+    def measured_link(gbps):
+        ceiling = {"card": "X", "world_size": 2, "bidirectional_gbps": gbps, "nccl": "2.28.9"}
+        return tables.ep_peaks(Run({"card": "X", "alltoall_ceiling": ceiling}, [fast, slow]))["measured_link"]
+
+    assert measured_link(700.0).value == pytest.approx(0.7)  # held: kept
+    beaten = measured_link(500.0)
+    assert beaten.value == pytest.approx(0.6) and "this run's fastest, dispatch (bf16)" in beaten.label

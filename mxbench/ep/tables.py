@@ -19,7 +19,7 @@ from typing import Any
 from ..hardware import Peak, get_spec, link_peak
 from ..render import MISSING, Row, header_block, peak_text
 from ..results import Record, Run
-from ..roofline import MEMORY_CATEGORIES, achieved_tbps, efficiency, peaks_for_run
+from ..roofline import MEMORY_CATEGORIES, achieved_tbps, efficiency, held, peaks_for_run
 from . import TABLE_KINDS
 from .ceiling import alltoall_peak
 
@@ -39,20 +39,10 @@ def ep_peaks(run: Run) -> dict[str, Peak]:
     if run.meta.get("ceilings"):
         peaks.update({f"measured_{k}": v for k, v in peaks_for_run(run, "measured").items()})
     if run.meta.get("alltoall_ceiling"):
-        peaks["measured_link"] = _holding(alltoall_peak(run.meta["alltoall_ceiling"]), run)
+        a2a = [(achieved_tbps(r.bytes, r.median_us), r) for r in run.records if r.category == A2A and r.ok and r.bytes]
+        # the ceiling is one message size: the run's own all-to-alls may beat it
+        peaks["measured_link"] = held(alltoall_peak(run.meta["alltoall_ceiling"]), a2a, "all-to-all")
     return peaks
-
-
-def _holding(ceiling: Peak, run: Run) -> Peak:
-    """The measured all-to-all ceiling, or the run's own fastest all-to-all where that beat it (the ceiling is one
-    message size; a ceiling that is exceeded is not a ceiling, as the GEMM ceilings include the step's own GEMMs)."""
-    rates = [achieved_tbps(r.bytes, r.median_us) for r in run.records if r.category == A2A and r.ok and r.bytes]
-    best = max(rates, default=0.0)
-    if best <= ceiling.value:
-        return ceiling
-    label = (f"measured all-to-all ceiling {best * 1e3:.0f} GB/s (both directions: this run's fastest all-to-all, "
-             f"above the {ceiling.value * 1e3:.0f} GB/s of the dedicated 1 GiB measurement)")  # fmt: skip
-    return Peak(best, "TB/s", label)
 
 
 def _pct(value: float, peak: Peak | None) -> str | None:
