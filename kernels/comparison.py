@@ -22,6 +22,18 @@ class Mismatch:
     expected: str | None = None
     got: str | None = None
 
+    def describe(self, input_text: str | None = None) -> str:
+        """One line: output, message, index, the input there (``input_text``, where the caller knows it), expected,
+        got."""
+        text = f"{self.output}: {self.message}"
+        if self.index is not None:
+            text += f"; first at index {self.index}"
+        if input_text:
+            text += f": input {input_text}"
+        if self.expected is not None:
+            text += f", expected {self.expected}, got {self.got}"
+        return text
+
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

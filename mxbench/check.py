@@ -49,17 +49,7 @@ class CheckResult:
 
     def finding(self) -> str:
         """The first mismatch in one line: output, index, input, expected, got."""
-        m = self.mismatch
-        if m is None:
-            return self.detail
-        text = f"{m.output}: {m.message}"
-        if m.index is not None:
-            text += f"; first at index {m.index}"
-        if self.input_text:
-            text += f": input {self.input_text}"
-        if m.expected is not None:
-            text += f", expected {m.expected}, got {m.got}"
-        return text
+        return self.detail if self.mismatch is None else self.mismatch.describe(self.input_text)
 
 
 # ---------------------------------------------------------------------------------------------------------------

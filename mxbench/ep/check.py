@@ -85,13 +85,6 @@ def strategy_stages(ctx: Context, strategy: str, shape, o: EPOptions, impls: Seq
     return with_impls(stages, {keys[i.recipe, i.stage]: i for i in impls if (i.recipe, i.stage) in keys})
 
 
-def _finding(mismatch) -> str:
-    text = f"{mismatch.output}: {mismatch.message}"
-    if mismatch.index is not None:
-        text += f"; first at {mismatch.index}, expected {mismatch.expected}, got {mismatch.got}"
-    return text
-
-
 def check_stages(ctx: Context, strategy: str, stages: Sequence[Stage], env: Mapping[str, torch.Tensor]):
     """This rank's verdict on every stage (see the module doc, part 1)."""
     env, results = dict(env), []
@@ -101,7 +94,7 @@ def check_stages(ctx: Context, strategy: str, stages: Sequence[Stage], env: Mapp
         try:
             got = stage.fn(*inputs, **stage.params)
             mismatch = stage.spec.compare(got, expected, inputs)
-            verdict, detail = ("PASS", stage.spec.rule.describe()) if mismatch is None else ("FAIL", _finding(mismatch))
+            verdict, detail = ("PASS", stage.spec.rule.describe()) if mismatch is None else ("FAIL", mismatch.describe())
         except Exception as e:  # noqa: BLE001 -- the implementation under test raised: its row says how
             verdict, detail = "ERROR", f"{type(e).__name__}: {' '.join(str(e).split())}"
         results.append(StageCheck(strategy, stage.name, ctx.rank, verdict, detail))
