@@ -169,3 +169,16 @@ class FakeGPU:
             device_properties=lambda: {"name": "Fake GPU", "uuid": "GPU-fake"}, ceilings=lambda card: None,
             release=lambda: None, power=FakePower(), make_power=FakePower,
         )  # fmt: skip
+
+
+def with_flipped_bits(quantize, index: tuple[int, int], mask: int):
+    """``quantize`` (a quantize_a implementation) with bits ``mask`` of its data byte at ``index`` flipped: a
+    quantizer wrong in exactly one byte, which ``check`` must catch and name."""
+
+    def flipped(a, *, mode):
+        q, s = quantize(a, mode=mode)
+        q = q.clone()
+        q.view(torch.uint8)[index] ^= mask
+        return q, s
+
+    return flipped

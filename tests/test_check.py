@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import with_flipped_bits
 from mxkernels.comparison import BitExact, MinSQNR
 from mxkernels.names import Recipe
 from mxkernels.runtime import InputError
@@ -120,13 +121,7 @@ def test_a_plain_torch_quantizer_written_from_the_spec_passes_in_both_modes(plai
 
 
 def test_one_flipped_byte_fails_naming_index_input_expected_and_got(plain, monkeypatch):
-    def flipped(a, *, mode):
-        q, s = plain.quantize_a(a, mode=mode)
-        q = q.clone()
-        q.view(torch.uint8)[40, 100] ^= 0x01
-        return q, s
-
-    monkeypatch.setattr(plain, "flipped", flipped, raising=False)
+    monkeypatch.setattr(plain, "flipped", with_flipped_bits(plain.quantize_a, (40, 100), 0x01), raising=False)
     (result,) = run([parse_impl("quantize_a=plain_quantizer:flipped")])
     assert result.verdict == C.Verdict.FAIL
     assert result.mismatch.index == (40, 100) and result.mismatch.output == "a_q"

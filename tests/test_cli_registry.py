@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import with_flipped_bits
 from mxkernels.names import Recipe
 from mxkernels.stages import all_specs
 from test_cli import fake_gpu  # the fixture (a GPU run without a GPU), used by name
@@ -39,12 +40,7 @@ def plain(monkeypatch):
     sys.modules.pop("plain_quantizer", None)
     import plain_quantizer
 
-    def flipped(a, *, mode):
-        q, s = plain_quantizer.quantize_a(a, mode=mode)
-        q = q.clone()
-        q.view(torch.uint8)[33, 65] ^= 0x40
-        return q, s
-
+    flipped = with_flipped_bits(plain_quantizer.quantize_a, (33, 65), 0x40)
     monkeypatch.setattr(plain_quantizer, "flipped", flipped, raising=False)
     return plain_quantizer
 
