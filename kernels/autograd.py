@@ -86,9 +86,12 @@ def mxfp8_grouped_mm(
     return _staged("mxfp8", a, b_t, offs, mode=mode, backend=backend, pad=pad, impls=impls, fuse_scales=fuse_scales)
 
 
-def fp8_rowwise_grouped_mm(a, b_t, offs, *, pad: bool = True, impls=None) -> torch.Tensor:
-    """The FP8 rowwise sibling of ``mxfp8_grouped_mm`` (groups padded to multiples of 16)."""
-    return _staged("fp8_rowwise", a, b_t, offs, pad=pad, impls=impls)
+def fp8_rowwise_grouped_mm(a, b_t, offs, *, pad: bool = True, impls=None, fuse_scales: bool = False) -> torch.Tensor:
+    """The FP8 rowwise sibling of ``mxfp8_grouped_mm`` (groups padded to multiples of 16). ``fuse_scales=True``:
+    the forward quantizers of A and w and the backward one of grad_out also fold the column amaxes that the
+    transposed copies are scaled by (A's and w's, 4 * G * K bytes each, kept on the autograd context), so each
+    transposed copy reads its tensor once (``fp8_amax``)."""
+    return _staged("fp8_rowwise", a, b_t, offs, pad=pad, impls=impls, fuse_scales=fuse_scales)
 
 
 def bf16_grouped_mm(a, b_t, offs, *, pad: bool = True, impls=None) -> torch.Tensor:
@@ -103,13 +106,16 @@ def end_to_end(
     recipe, M, N, K, G, group_sizes, *, mode="rceil", backend=None, device="cuda", seed=0, impls=None, fuse_scales=False
 ) -> Callable[[], object]:
     """A zero-argument call running one forward + backward of the recipe's autograd function on fixed inputs.
-    ``fuse_scales``: MXFP8 with the fused-scale quantizers (ignored by the other recipes)."""
+    ``fuse_scales``: MXFP8 and FP8 rowwise with their fused-scale quantizers (ignored by bf16)."""
     recipe = check_recipe(recipe)
     t = make_inputs(M, N, K, G, group_sizes, device=device, seed=seed)
     a = t["a"].requires_grad_()
     b_t = t["w"].transpose(-2, -1).requires_grad_()
     pad = needs_padding(recipe, group_sizes)
-    kwargs = {"mode": mode, "backend": backend, "fuse_scales": fuse_scales} if recipe == "mxfp8" else {}
+    kwargs = {
+        "mxfp8": {"mode": mode, "backend": backend, "fuse_scales": fuse_scales},
+        "fp8_rowwise": {"fuse_scales": fuse_scales},
+    }.get(recipe, {})
     op = _AUTOGRAD[recipe]
 
     def step():

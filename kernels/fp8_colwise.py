@@ -412,18 +412,28 @@ def launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_stride
             num_warps=config.num_warps,
         )  # fmt: skip
         return
+    n_strips = triton.cdiv(cols, config.strip_cols)
+    work = torch.zeros(groups * (cols + n_strips), dtype=torch.int32, device=x.device)
+    for phase in (1, 2) if config.split else (0,):
+        _launch_strips(x, offs, q, scale, work, groups, rows, cols, x_strides, q_strides, config, phase)
+
+
+def launch_from_amax(x, offs, amax, q, scale, groups, *, rows, cols, x_strides, q_strides, config: ColwiseConfig):
+    """Pass 2 of the strips kernel alone, from column amaxes already known: ``amax`` (groups, cols) fp32, the max
+    of |x| down each column of each group (``fp8_amax``'s rows kernel folds them). Groups, strides and outputs as in
+    ``launch_colwise``; ``config.split`` plays no part (there is one launch). One read of x, one write of q."""
+    _launch_strips(x, offs, q, scale, amax.view(torch.int32), groups, rows, cols, x_strides, q_strides, config, 2)
+
+
+def _launch_strips(x, offs, q, scale, work, groups, rows, cols, x_strides, q_strides, config, phase) -> None:
     strip, chunk = config.strip_cols, config.chunk_rows
-    n_strips = triton.cdiv(cols, strip)
     group = config.group_cols // strip
     # Chunks in all: an upper bound, so the launch needs no group sizes (each group rounds up, an empty one counts 1).
     chunks = triton.cdiv(rows, chunk) + groups if offs is not None else groups * max(triton.cdiv(rows, chunk), 1)
-    grid = (chunks * group, triton.cdiv(n_strips, group))
-    work = torch.zeros(groups * (cols + n_strips), dtype=torch.int32, device=x.device)
-    phases = (1, 2) if config.split else (0,)
-    for phase in phases:
-        _strips_kernel[grid](
-            x, offs, q.view(torch.uint8), scale, work, rows, cols, groups, *x_strides, *q_strides,
-            HAS_OFFS=offs is not None, CHUNK=chunk, STRIP=strip, STEP=config.step_rows, GROUP=group, PHASE=phase,
-            STAGES=config.num_stages, PREFETCH=config.prefetch, BLOCK_G=triton.next_power_of_2(groups), EXACT=INTERPRET,
-            num_warps=config.num_warps,
-        )  # fmt: skip
+    grid = (chunks * group, triton.cdiv(triton.cdiv(cols, strip), group))
+    _strips_kernel[grid](
+        x, offs, q.view(torch.uint8), scale, work, rows, cols, groups, *x_strides, *q_strides,
+        HAS_OFFS=offs is not None, CHUNK=chunk, STRIP=strip, STEP=config.step_rows, GROUP=group, PHASE=phase,
+        STAGES=config.num_stages, PREFETCH=config.prefetch, BLOCK_G=triton.next_power_of_2(groups), EXACT=INTERPRET,
+        num_warps=config.num_warps,
+    )  # fmt: skip

@@ -84,8 +84,14 @@ def quantize_fp8_rowwise_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch
     To quantize along another dim, move it last first: ``quantize_fp8_rowwise_reference(w.transpose(-2, -1))`` is
     the oracle of ``quantize_fp8_rowwise_3d(w, along="N")``.
     """
+    return quantize_with_amax_reference(x, x.float().abs().amax(dim=-1))
+
+
+def quantize_with_amax_reference(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., K) bf16/fp32 and its rows' amax (...) fp32 -> (q (..., K) e4m3, scale (...) fp32): the recipe's
+    scale and cast of each row from the amax given (floored at AMAX_FLOOR), which need not be x's own."""
     xf = x.float()
-    amax = xf.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)
+    amax = amax.float().clamp_min(AMAX_FLOOR)
     # Tensor / tensor: torch turns `448.0 / t` into `t.reciprocal() * 448` (and, on CUDA, `t / 448.0` into
     # `t * (1 / 448)`), rounding twice.
     e4m3_max = torch.full_like(amax, E4M3_MAX)
@@ -99,17 +105,22 @@ def dequantize_fp8_rowwise_reference(q: torch.Tensor, scale: torch.Tensor) -> to
     return q.float() * scale.unsqueeze(-1)
 
 
-def quantize_fp8_rowwise_k_groups_reference(x: torch.Tensor, offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_rowwise_k_groups_reference(
+    x: torch.Tensor, offs: torch.Tensor, amax: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference of ``quantize_fp8_rowwise_k_groups``: x (M, R), offs (G,) -> (q (R, M) e4m3, scale (G, R) fp32).
 
-    Reads ``offs`` on the host. An empty group gets the scale of an all-zero column, AMAX_FLOOR / 448.
+    Reads ``offs`` on the host. An empty group gets the scale of an all-zero column, AMAX_FLOOR / 448. ``amax``
+    (G, R) fp32: scale from these column amaxes instead of x's own (``fp8_amax``'s contract).
     """
     M, R = x.shape
     q = torch.zeros(R, M, dtype=DATA_DTYPE, device=x.device)
     scale = torch.full((offs.numel(), R), AMAX_FLOOR / E4M3_MAX, dtype=torch.float32, device=x.device)
     start = 0
     for g, end in enumerate(offs.tolist()):
-        if end > start:
+        if amax is not None:
+            q[:, start:end], scale[g] = quantize_with_amax_reference(x[start:end].t(), amax[g])
+        elif end > start:
             q[:, start:end], scale[g] = quantize_fp8_rowwise_reference(x[start:end].t())
         start = end
     return q, scale
@@ -118,6 +129,23 @@ def quantize_fp8_rowwise_k_groups_reference(x: torch.Tensor, offs: torch.Tensor)
 # ---------------------------------------------------------------------------------------------------------------
 # Triton kernels
 # ---------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def quantize_whole_rows(x_ptr, q_ptr, scale_ptr, r, rows, cols, BLOCK_C: tl.constexpr, EVEN: tl.constexpr,
+                        EXACT: tl.constexpr):  # fmt: skip
+    """Quantize rows r of row-major x (rows, cols), each loaded whole (BLOCK_C >= cols) and held in registers through
+    its amax, scale and cast; returns the loaded (len(r), BLOCK_C) tile (zeros outside x) for callers that fold
+    more out of it (``fp8_amax``'s column amax)."""
+    row_ok = r < rows
+    c = tl.arange(0, BLOCK_C)
+    mask = row_ok[:, None] & (c < cols)[None, :]
+    x = masked_load(x_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], mask, EVEN)
+    scale, recip = fp8_scale_and_reciprocal(abs_max_bits(x, 1).to(tl.float32, bitcast=True))
+    masked_store(scale_ptr + r, scale, row_ok, EVEN)
+    masked_store(q_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], to_e4m3_bits(to_fp32(x) * recip[:, None], EXACT),
+                 mask, EVEN)  # fmt: skip
+    return x
 
 
 @triton.jit
@@ -131,17 +159,12 @@ def _rowwise_kernel(
     cast. Otherwise two passes in BLOCK_C steps: the amax, then the scale and cast. EVEN: the tile divides x (no
     masks)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = r < rows
-    x_rows = x_ptr + r.to(tl.int64)[:, None] * cols
-    q_rows = q_ptr + r.to(tl.int64)[:, None] * cols
     if SINGLE:
-        c = tl.arange(0, BLOCK_C)
-        mask = row_ok[:, None] & (c < cols)[None, :]
-        x = masked_load(x_rows + c[None, :], mask, EVEN)
-        scale, recip = fp8_scale_and_reciprocal(abs_max_bits(x, 1).to(tl.float32, bitcast=True))
-        masked_store(scale_ptr + r, scale, row_ok, EVEN)
-        masked_store(q_rows + c[None, :], to_e4m3_bits(to_fp32(x) * recip[:, None], EXACT), mask, EVEN)
+        quantize_whole_rows(x_ptr, q_ptr, scale_ptr, r, rows, cols, BLOCK_C, EVEN, EXACT)
     else:
+        row_ok = r < rows
+        x_rows = x_ptr + r.to(tl.int64)[:, None] * cols
+        q_rows = q_ptr + r.to(tl.int64)[:, None] * cols
         amax = tl.zeros((BLOCK_R,), tl.int32)
         for c0 in range(0, cols, BLOCK_C):
             c = c0 + tl.arange(0, BLOCK_C)

@@ -24,7 +24,7 @@ from types import MappingProxyType
 
 import torch
 
-from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize, quantize_blocked
+from . import fp8_amax, fp8_rowwise, grouped_gemm, layouts, padding, quantize, quantize_blocked
 from .cost import Cost
 from .format import BLOCK_SIZE, ScaleMode
 from .names import OURS, PASSES, Category, Pass, Recipe, format_shapes
@@ -194,27 +194,48 @@ def _mxfp8_stages(M, N, K, G, mode, backend, pad, fuse_scales=False) -> list[Sta
     return _assemble(R, M, N, K, G, pad, passes)
 
 
-def _fp8_rowwise_stages(M, N, K, G, backend, pad) -> list[Stage]:
+def _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales=False) -> list[Stage]:
     bf16, R = torch.bfloat16, Recipe.FP8_ROWWISE
     rows, rows_3d, k_groups = (fp8_rowwise.quantize_fp8_rowwise_cost, fp8_rowwise.quantize_fp8_rowwise_3d_cost,
                                fp8_rowwise.quantize_fp8_rowwise_k_groups_cost)  # fmt: skip
+    with_amax, from_amax = fp8_amax.with_amax_cost, fp8_amax.from_amax_cost
     mm = grouped_gemm.grouped_mm_cost
+    if fuse_scales and max(K, N) > fp8_amax.MAX_COLS:
+        raise InputError(f"fuse_scales for FP8 rowwise holds rows of up to {fp8_amax.MAX_COLS} elements whole; "
+                         f"K={K}, N={N}")  # fmt: skip
+
+    def pick(unfused: Stage, fused: Stage) -> Stage:
+        """``fused`` with ``fuse_scales``: the first quantizer of a tensor also folds the column amaxes, the second
+        scales from them (one read instead of two)."""
+        return fused if fuse_scales else unfused
 
     def passes(n: _Names):
         Mp, a, dy, offs = n.rows, n.a, n.dy, n.offs
         return [
-            _stage(R, "quantize_a", [(Mp, K)], rows(Mp, K, bf16), (a,), ("a_q", "a_s")),
-            _stage(R, "quantize_w", [(G, N, K)], rows_3d(G, N, K, bf16, "K"), ("w",), ("w_q", "w_s")),
+            pick(_stage(R, "quantize_a", [(Mp, K)], rows(Mp, K, bf16), (a,), ("a_q", "a_s")),
+                 _stage(R, "quantize_a_amax", [(Mp, K)], with_amax(Mp, K, G, bf16), (a, offs),
+                        ("a_q", "a_s", "a_amax"))),
+            pick(_stage(R, "quantize_w", [(G, N, K)], rows_3d(G, N, K, bf16, "K"), ("w",), ("w_q", "w_s")),
+                 _stage(R, "quantize_w_amax", [(G, N, K)], with_amax(G * N, K, G, bf16), ("w",),
+                        ("w_q", "w_s", "w_amax"))),
             _stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], mm(Mp, N, K, G, R, "2d3d"),
                    ("a_q", "a_s", "w_q", "w_s", offs), (n.out,), backend=backend),
         ], [
-            _stage(R, "quantize_grad_out", [(Mp, N)], rows(Mp, N, bf16), (dy,), ("dy_q", "dy_s")),
-            _stage(R, "quantize_w_t", [(G, N, K)], rows_3d(G, N, K, bf16, "N"), ("w",), ("wt_q", "wt_s")),
+            pick(_stage(R, "quantize_grad_out", [(Mp, N)], rows(Mp, N, bf16), (dy,), ("dy_q", "dy_s")),
+                 _stage(R, "quantize_grad_out_amax", [(Mp, N)], with_amax(Mp, N, G, bf16), (dy, offs),
+                        ("dy_q", "dy_s", "dy_amax"))),
+            pick(_stage(R, "quantize_w_t", [(G, N, K)], rows_3d(G, N, K, bf16, "N"), ("w",), ("wt_q", "wt_s")),
+                 _stage(R, "quantize_w_t_from_amax", [(G, N, K)], from_amax(G * N, K, G, bf16), ("w", "w_amax"),
+                        ("wt_q", "wt_s"))),
             _stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], mm(Mp, K, N, G, R, "2d3d"),
                    ("dy_q", "dy_s", "wt_q", "wt_s", offs), (n.grad_a,), backend=backend),
         ], [
-            _stage(R, "quantize_grad_out_t", [(Mp, N)], k_groups(Mp, N, G, bf16), (dy, offs), ("dyt_q", "dyt_s")),
-            _stage(R, "quantize_a_t", [(Mp, K)], k_groups(Mp, K, G, bf16), (a, offs), ("at_q", "at_s")),
+            pick(_stage(R, "quantize_grad_out_t", [(Mp, N)], k_groups(Mp, N, G, bf16), (dy, offs), ("dyt_q", "dyt_s")),
+                 _stage(R, "quantize_grad_out_t_from_amax", [(Mp, N)], from_amax(Mp, N, G, bf16),
+                        (dy, "dy_amax", offs), ("dyt_q", "dyt_s"))),
+            pick(_stage(R, "quantize_a_t", [(Mp, K)], k_groups(Mp, K, G, bf16), (a, offs), ("at_q", "at_s")),
+                 _stage(R, "quantize_a_t_from_amax", [(Mp, K)], from_amax(Mp, K, G, bf16), (a, "a_amax", offs),
+                        ("at_q", "at_s"))),
             _stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], mm(Mp, N, K, G, R, "2d2d"),
                    ("dyt_q", "dyt_s", "at_q", "at_s", offs), ("grad_w",), backend=backend),
         ]  # fmt: skip
@@ -298,8 +319,9 @@ def step_stages(
     group first (into a buffer sized by the upper bound, no host sync) and the GEMM outputs unpadded.
     ``impls``: stage name -> implementation to run instead of mxkernels' (see ``with_impls``).
     ``fuse_scales``: MXFP8 quantizes with the fused-scale quantizers (``quantize_*_blocked``), which write the
-    blocked scales the GEMMs read, instead of quantize then rearrange: six stages fewer. No effect on the other
-    recipes, whose scales need no rearrange.
+    blocked scales the GEMMs read, instead of quantize then rearrange: six stages fewer. FP8 rowwise quantizes each
+    tensor's first copy with ``fp8_amax``'s quantizers that also fold the column amaxes its second (transposed)
+    copy is scaled by, and the second from them: one read of the tensor fewer each. No effect on bf16.
     """
     recipe = _check_problem(recipe, M, N, K, G)
     mode = ScaleMode.parse(mode).value
@@ -308,7 +330,8 @@ def step_stages(
     if recipe == Recipe.MXFP8:
         stages = _mxfp8_stages(M, N, K, G, mode, backend or grouped_gemm.default_backend("mxfp8"), pad, fuse_scales)
     elif recipe == Recipe.FP8_ROWWISE:
-        stages = _fp8_rowwise_stages(M, N, K, G, backend or grouped_gemm.default_backend("fp8_rowwise"), pad)
+        stages = _fp8_rowwise_stages(M, N, K, G, backend or grouped_gemm.default_backend("fp8_rowwise"), pad,
+                                     fuse_scales)
     else:
         stages = _bf16_stages(M, N, K, G, pad)
     return with_impls(stages, impls)

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from . import fp8_rowwise, grouped_gemm, layouts, padding, quantize, quantize_blocked
+from . import fp8_amax, fp8_rowwise, grouped_gemm, layouts, padding, quantize, quantize_blocked
 from .comparison import BitExact, MinSQNR, Mismatch, Rule, sqnr_db
 from .format import BLOCK_SIZE, quantize_reference
 from .names import (
@@ -199,6 +199,9 @@ def _mx_locate(kind: str):
 def _rowwise_locate(output: str, index: tuple[int, ...]) -> tuple[int, tuple]:
     if output.endswith("_q"):
         return 0, index
+    if output.endswith("_amax"):
+        # A ValueError: the check reads it as "no input to show" (a column of a group, not one input block).
+        raise ValueError(f"{output} reduces a column of a group")
     return 0, (*index, slice(None))
 
 
@@ -384,10 +387,13 @@ def _fp8_rowwise() -> list[StageSpec]:
     ref = fp8_rowwise.quantize_fp8_rowwise_reference
     k = "quantize_fp8_rowwise"
 
-    def quant(name, pass_, purpose, src, out, impl, oracle, kernel, shape_in, shape_out, scales, ins=None, **kw):
+    def quant(name, pass_, purpose, src, out, impl, oracle, kernel, shape_in, shape_out, scales, ins=None, amax=None,
+              **kw):  # fmt: skip
+        outs = (Port(f"{out}_q", f"{_E4M3} {shape_out}"), Port(f"{out}_s", f"float32 {scales}"))
+        if amax is not None:  # the column amaxes of a tensor's first quantizer, for its second (fp8_amax)
+            outs += (Port(f"{out}_amax", f"float32 {amax}: max |{src}| down each column of each group"),)
         return StageSpec(R, name, pass_, Category.QUANTIZE, purpose, ins or (Port(src, f"{_BF16} {shape_in}"),),
-                         (Port(f"{out}_q", f"{_E4M3} {shape_out}"), Port(f"{out}_s", f"float32 {scales}")),
-                         oracle, BitExact(), impl, kernel, finite_inputs=True, **kw)  # fmt: skip
+                         outs, oracle, BitExact(), impl, kernel, finite_inputs=True, **kw)  # fmt: skip
 
     def gemm(name, pass_, purpose, a, b, out, shapes, two_d_three_d=True):
         ins = (Port(f"{a}_q", f"{_E4M3} {shapes[0]}"), Port(f"{a}_s", "float32 row scales"),
@@ -422,8 +428,39 @@ def _fp8_rowwise() -> list[StageSpec]:
               regions=k_groups_regions("at")),
         gemm("gemm_wgrad", DW, "2D x 2D FP8 rowwise grouped GEMM", "dyt", "at",
              Port("grad_w", f"{_BF16} (G, N, K); empty groups zero"), ("(N, M)", "(K, M)"), two_d_three_d=False),
+        # The fuse_scales step's quantizers (fp8_amax): each tensor's first also folds its column amaxes, the
+        # second (transposed) scales from them.
+        quant("quantize_a_amax", F, "Quantize A rowwise along K, and fold its column amax per group", "a", "a",
+              fp8_amax.quantize_fp8_rowwise_with_amax, fp8_amax.quantize_fp8_rowwise_with_amax_reference,
+              f"{k}_with_amax", "(M, K)", "(M, K)", "(M,)", ins=k_groups_ins("a", "(M, K)"), amax="(G, K)",
+              locate=_rowwise_locate),
+        quant("quantize_w_amax", F, "Quantize B rowwise along K, and fold its column amax per expert", "w", "w",
+              fp8_amax.quantize_fp8_rowwise_3d_with_amax, fp8_amax.quantize_fp8_rowwise_3d_with_amax_reference,
+              f"{k}_3d_with_amax", "(G, N, K)", "(G, N, K)", "(G, N)", amax="(G, K)", locate=_rowwise_locate),
+        quant("quantize_grad_out_amax", DI, "Quantize grad_out rowwise along N, and fold its column amax per group",
+              "grad_out", "dy", fp8_amax.quantize_fp8_rowwise_with_amax,
+              fp8_amax.quantize_fp8_rowwise_with_amax_reference, f"{k}_with_amax", "(M, N)", "(M, N)", "(M,)",
+              ins=k_groups_ins("grad_out", "(M, N)"), amax="(G, N)", locate=_rowwise_locate),
+        quant("quantize_w_t_from_amax", DI, "Quantize B rowwise along N, scaled from its column amax", "w", "wt",
+              fp8_amax.quantize_fp8_rowwise_3d_from_amax, fp8_amax.quantize_fp8_rowwise_3d_from_amax_reference,
+              f"{k}_3d_from_amax", "(G, N, K)", "(G, K, N)", "(G, K)",
+              ins=(Port("w", f"{_BF16} (G, N, K)"), _amax_port("w", "(G, K)"))),
+        quant("quantize_grad_out_t_from_amax", DW, "Quantize grad_out per group along M (output transposed), scaled "
+              "from its column amax", "grad_out", "dyt", fp8_amax.quantize_fp8_rowwise_k_groups_from_amax,
+              fp8_amax.quantize_fp8_rowwise_k_groups_from_amax_reference, f"{k}_k_groups_from_amax", "(M, N)",
+              "(N, M)", "(G, N)", ins=(Port("grad_out", f"{_BF16} (M, N)"), _amax_port("dy", "(G, N)"), _OFFS),
+              regions=k_groups_regions("dyt")),
+        quant("quantize_a_t_from_amax", DW, "Quantize A per group along M (output transposed), scaled from its "
+              "column amax", "a", "at", fp8_amax.quantize_fp8_rowwise_k_groups_from_amax,
+              fp8_amax.quantize_fp8_rowwise_k_groups_from_amax_reference, f"{k}_k_groups_from_amax", "(M, K)",
+              "(K, M)", "(G, K)", ins=(Port("a", f"{_BF16} (M, K)"), _amax_port("a", "(G, K)"), _OFFS),
+              regions=k_groups_regions("at")),
         *_pads(R),
     ]  # fmt: skip
+
+
+def _amax_port(out: str, shape: str) -> Port:
+    return Port(f"{out}_amax", f"float32 {shape} column amax per group, as the tensor's first quantizer folded it")
 
 
 def _bf16() -> list[StageSpec]:

@@ -56,7 +56,8 @@ COLUMNS = {
     "groups": '"balanced" or "skewed" token-group sizes',
     "seed": "seed of the inputs and of skewed group sizes",
     "power_limit_w": "power limit mxbench set (W); NaN: the card's limit as found",
-    "fuse_scales": "True where the MXFP8 quantizers wrote the blocked scales themselves (no rearrange stages)",
+    "fuse_scales": "True where the quantizers fused their scales: MXFP8's wrote the blocked scales themselves (no "
+    "rearrange stages), FP8 rowwise's second copy of each tensor was scaled from column amaxes its first folded",
     # the stage and what ran
     "pass_name": '"forward", "backward_input", "backward_weight" or "end_to_end"',
     "stage": 'the stage in its pass ("quantize_a", "gemm_fwd", ..., "fwd+bwd")',

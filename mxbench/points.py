@@ -10,7 +10,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from mxkernels.errors import InputError
-from mxkernels.names import BASELINE
+from mxkernels.fp8_amax import MAX_COLS as FP8_FUSED_MAX_COLS
+from mxkernels.names import BASELINE, Recipe
 from mxkernels.pipeline import RECIPES
 from mxkernels.runtime import MAX_GROUPS
 
@@ -22,6 +23,8 @@ MODES = ("rceil", "floor")
 # Concentration of the skewed (router-like) split: Dirichlet(0.5) over experts gives the heavy few and the idle
 # many of an imperfectly balanced router (the largest of 8 groups typically holds 2-4x the balanced share).
 SKEW_ALPHA = 0.5
+# The recipes with a fused-scales step (``pipeline.step_stages(fuse_scales=True)``).
+FUSED_RECIPES = (Recipe.MXFP8, Recipe.FP8_ROWWISE)
 SKEW_METHOD = f"dirichlet(alpha={SKEW_ALPHA}) from numpy.random.default_rng(seed), largest-remainder rounding"
 
 
@@ -51,8 +54,8 @@ def plan_points(
 ) -> list[Point]:
     """The cross product power limit x M x recipe (in that nesting, so each limit is applied once).
 
-    ``power_limits`` in watts; None means the card's limit as found. ``fuse_scales``: each MXFP8 point is followed
-    by its fused-scales twin (quantizers writing the blocked scales themselves), measured side by side in the same
+    ``power_limits`` in watts; None means the card's limit as found. ``fuse_scales``: each MXFP8 and FP8 rowwise
+    point is followed by its fused-scales twin (see ``pipeline.step_stages``), measured side by side in the same
     run. Duplicates are dropped, order kept.
     """
     check_shape(N, K, G)
@@ -64,6 +67,9 @@ def plan_points(
         raise InputError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     if groups not in GROUP_KINDS:
         raise InputError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {groups!r}")
+    if fuse_scales and Recipe.FP8_ROWWISE in recipes and max(K, N) > FP8_FUSED_MAX_COLS:
+        raise InputError(f"--fuse-scales with fp8_rowwise holds rows of up to {FP8_FUSED_MAX_COLS} elements; "
+                         f"K={K}, N={N}: drop fp8_rowwise or --fuse-scales")  # fmt: skip
     if not power_limits or any(w is not None and w <= 0 for w in power_limits):
         raise InputError(f"power limits must be positive watts or None, got {list(power_limits)}")
     points = [
@@ -71,7 +77,7 @@ def plan_points(
         for w in power_limits
         for M in Ms
         for recipe in recipes
-        for fused in ((False, True) if fuse_scales and recipe == "mxfp8" else (False,))
+        for fused in ((False, True) if fuse_scales and recipe in FUSED_RECIPES else (False,))
     ]
     return list(dict.fromkeys(points))
 

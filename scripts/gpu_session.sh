@@ -47,6 +47,8 @@ for s in "$@"; do
     tune_issue11) step tune_issue11 360 python scripts/tune_issue11_gemm.py --profile --out "$TUNE/tune_issue11_gemm.json" ;;
     tune_layouts) step tune_layouts 240 env OUT="$TUNE" python scripts/tune_layouts.py ;;
     tune_quantize) step tune_quantize 240 env OUT="$TUNE" python scripts/tune_quantize.py ;;
+    tune_amax) step tune_amax 330 python scripts/tune_issue11_quantize.py --only amax --budget-s 280 --out "$TUNE/tune_issue11_quantize-amax.json" ;;
+    gputests_fp8) step gputests_fp8 200 python -m pytest -q -p no:cacheprovider -rfE --timeout 180 -m gpu tests/test_fp8_amax.py tests/test_fp8_rowwise.py tests/test_pipeline.py tests/test_check.py ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -192,8 +192,9 @@ def _check_watts_known(watts: Sequence[float]) -> None:
 @click.option(
     "--fuse-scales",
     is_flag=True,
-    help="Also measure each MXFP8 point with fused scales (quantizers that write the GEMM's blocked scales, no "
-    "rearrange stages), side by side with the unfused step in the same run.",
+    help="Also measure each MXFP8 and FP8 rowwise point with fused scales, side by side with the unfused step in the "
+    "same run: MXFP8 quantizers that write the GEMM's blocked scales (no rearrange stages); FP8 rowwise quantizers "
+    "whose first pass over a tensor also folds the column amaxes its transposed copy is scaled by (one read fewer).",
 )
 @click.option(
     "--impl",
