@@ -172,7 +172,7 @@ class AmaxRowsConfig:
 
     # Programs per SM of the persistent grid (SMs x this programs, each a contiguous span of rows): more keeps more
     # rows in flight, fewer makes fewer atomics (each program folds every column of every group it crosses once).
-    programs_per_sm: int = 4
+    programs_per_sm: int = 2
     # Warps per program: a whole row of next_pow2(C) elements, and its column amax, are spread over them.
     num_warps: int = 8
     # Rows per step, a power of two; 0: ``fp8_rowwise.default_rowwise_config``'s (at least ROWS_TILE elements).
@@ -187,10 +187,15 @@ class AmaxRowsConfig:
 
 # The longest row the rows kernel here takes: it holds whole rows (and their column amax) in registers.
 MAX_COLS = fp8_rowwise.SINGLE_PASS_MAX
-# Not measured yet: docs/perf-log.md has the prediction.
-AMAX_ROWS_CONFIG = AmaxRowsConfig()
-# The second quantization: the strips kernel's pass 2 alone (not measured yet).
-FROM_AMAX_CONFIG = fp8_colwise.ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8)
+# The measured defaults (config=None), chosen by scripts/tune_issue11_quantize.py --only amax (docs/perf-log.md).
+# Rows kernel: two programs per SM, the most its registers allow (one leaves memory idle between rows).
+AMAX_ROWS_CONFIG = AmaxRowsConfig(programs_per_sm=2, num_warps=8)
+# The second quantization, the strips kernel's pass 2 alone: k_groups in 64-column strips of 512-row chunks, 3D along
+# N (shorter groups) in 128-row chunks of 4 warps.
+K_GROUPS_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=512, step_rows=128, group_cols=1024,
+                                               num_warps=8)  # fmt: skip
+ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=128, step_rows=128, group_cols=512,
+                                              num_warps=4)  # fmt: skip
 
 
 def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None):
@@ -252,7 +257,7 @@ def quantize_fp8_rowwise_k_groups_from_amax(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_fp8_rowwise_k_groups(x, offs)`` (q (R, M) e4m3, scale (G, R) fp32) with the column amaxes given:
     amax (G, R) fp32 as ``quantize_fp8_rowwise_with_amax`` returns it for this x and offs. One read of x.
-    ``config``: the strips kernel's launch (None: ``FROM_AMAX_CONFIG``; its ``split`` plays no part)."""
+    ``config``: the strips kernel's launch (None: ``K_GROUPS_FROM_AMAX``; its ``split`` plays no part)."""
     check_tensor("x", x, dtypes=fp8_rowwise.INPUT_DTYPES, ndim=2, contiguous=False)
     check_group_offsets(offs, x, x.shape[0])
     check_config("config", config, fp8_colwise.ColwiseConfig)
@@ -263,7 +268,7 @@ def quantize_fp8_rowwise_k_groups_from_amax(
     scale = torch.empty(G, R, dtype=torch.float32, device=x.device)
     if R:
         fp8_colwise.launch_from_amax(x, offs, amax, q, scale, G, rows=M, cols=R, x_strides=(0, *x.stride()),
-                                     q_strides=(0, M), config=config or FROM_AMAX_CONFIG)  # fmt: skip
+                                     q_strides=(0, M), config=config or K_GROUPS_FROM_AMAX)  # fmt: skip
     return q, scale
 
 
@@ -271,7 +276,8 @@ def quantize_fp8_rowwise_3d_from_amax(
     w: torch.Tensor, amax: torch.Tensor, *, config: fp8_colwise.ColwiseConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_fp8_rowwise_3d(w, along="N")`` (q (G, K, N), scale (G, K)) with the column amaxes given: amax
-    (G, K) fp32 as ``quantize_fp8_rowwise_3d_with_amax`` returns it for this w. One read of w."""
+    (G, K) fp32 as ``quantize_fp8_rowwise_3d_with_amax`` returns it for this w. One read of w. ``config``: the
+    strips kernel's launch (None: ``ALONG_N_FROM_AMAX``)."""
     check_tensor("w", w, dtypes=fp8_rowwise.INPUT_DTYPES, ndim=3)
     check_config("config", config, fp8_colwise.ColwiseConfig)
     G, N, K = w.shape
@@ -282,7 +288,7 @@ def quantize_fp8_rowwise_3d_from_amax(
     scale = torch.empty(G, K, dtype=torch.float32, device=w.device)
     if q.numel():
         fp8_colwise.launch_from_amax(w, None, amax, q, scale, G, rows=N, cols=K, x_strides=w.stride(),
-                                     q_strides=(K * N, N), config=config or FROM_AMAX_CONFIG)  # fmt: skip
+                                     q_strides=(K * N, N), config=config or ALONG_N_FROM_AMAX)  # fmt: skip
     return q, scale
 
 

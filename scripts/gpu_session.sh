@@ -35,8 +35,8 @@ for s in "$@"; do
     torchao) step torchao 120 bash -c 'python -m pip install --no-deps -q .wheels/torchao-*.whl && python -c "import torchao; print(torchao.__version__)"' ;;
     ceilings) step ceilings 480 mxbench ceilings --out-dir results ;;
     roofline) step roofline 500 mxbench roofline --K 7168 --N 2048 --out "$RES/roofline-deepseek-v3.json" --plot-file plots/deepseek-v3 ;;
-    scout) step scout 500 mxbench roofline --preset llama4-scout --out "$RES/roofline-llama4-scout.json" --plot-file plots/llama4-scout ;;
-    fp8) step fp8 400 mxbench roofline --K 7168 --N 2048 --recipe fp8_rowwise --out "$RES/roofline-deepseek-v3-fp8_rowwise.json" ;;
+    scout) step scout "${SCOUT_LIMIT:-500}" mxbench roofline --preset llama4-scout --M 131072 --recipe mxfp8,fp8_rowwise --out "$RES/roofline-llama4-scout.json" --denominator measured --fuse-scales ;;
+    fp8) step fp8 "${FP8_LIMIT:-400}" mxbench roofline --K 7168 --N 2048 --recipe fp8_rowwise --out "$RES/roofline-deepseek-v3-fp8_rowwise.json" --denominator measured --fuse-scales ;;
     skewed) step skewed 300 mxbench roofline --K 7168 --N 2048 --M 131072 --groups skewed --out "$RES/roofline-deepseek-v3-skewed.json" ;;
     peers) step peers 500 mxbench peers --preset deepseek-v3 --out "$RES/peers-deepseek-v3.json" ;;
     peers_scout) step peers_scout 500 mxbench peers --preset llama4-scout --out "$RES/peers-llama4-scout.json" ;;

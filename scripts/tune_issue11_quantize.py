@@ -268,7 +268,8 @@ def cases() -> list[Case]:
                  ("8/SM w8", "candidate", R(8, 8))]  # fmt: skip
     amax_rows_narrow = amax_rows + [("2/SM w4", "candidate", R(2, 4)), ("4/SM w4", "candidate", R(4, 4)),
                                     ("2/SM w8, 8 rows", "candidate", R(2, 8, 8))]  # fmt: skip
-    pass2 = [("new: the default (strips pass 2, 16 x 512, step 512, g256 w8)", "new", None),
+    pass2 = [("new: the default (k_groups 64 x 512 step 128 g1024 w8; along N 64 x 128 g512 w4)", "new", None),
+             ("16 x 512, step 512, g256 w8 (the split launch's)", "candidate", strips(16, 512, 512)),
              ("32 x 256, step 256, g256 w8", "candidate", strips(32, 256, 256)),
              ("64 x 128, step 128, g512 w4", "candidate", strips(64, 128, 128, group=512, warps=4)),
              ("64 x 256, step 64, g512 w4", "candidate", strips(64, 256, 64, group=512, warps=4)),
