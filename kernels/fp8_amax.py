@@ -37,9 +37,9 @@ import triton
 import triton.language as tl
 
 from . import fp8_colwise, fp8_rowwise
-from .padding import pick
 from .cost import Cost
 from .format import DATA_DTYPE
+from .padding import pick
 from .runtime import (
     INTERPRET,
     MAX_GROUPS,
