@@ -166,13 +166,6 @@ def test_autograd_drop_in_with_fused_scales():
         assert torch.equal(plain, fused)
 
 
-def test_fuse_scales_points_include_fp8_rowwise_twins():
-    points = plan_points([64], 128, 256, 2, ["mxfp8", "fp8_rowwise", "bf16"], fuse_scales=True)
-    assert [(p.recipe, p.fuse_scales) for p in points] == [
-        ("mxfp8", False), ("mxfp8", True), ("fp8_rowwise", False), ("fp8_rowwise", True), ("bf16", False),
-    ]  # fmt: skip
-
-
 @pytest.mark.gpu
 def test_gpu_shared_amax_bit_exact_at_deepseek_width():
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -406,11 +406,13 @@ def test_git_commit_without_a_checkout_comes_from_the_environment(monkeypatch):
     assert metadata.git_commit() == "abc123"
 
 
-def test_fuse_scales_measures_each_mxfp8_point_beside_its_fused_twin_and_one_baseline():
-    points = plan_points([64], 64, 32, 2, ["mxfp8", "fp8_rowwise"], fuse_scales=True)
-    assert [(p.recipe, p.fuse_scales) for p in points] == [("mxfp8", False), ("mxfp8", True), ("fp8_rowwise", False)]
+def test_fuse_scales_measures_each_scaled_point_beside_its_fused_twin_and_one_baseline():
+    points = plan_points([64], 64, 32, 2, ["mxfp8", "fp8_rowwise", "bf16"], fuse_scales=True)
+    assert [(p.recipe, p.fuse_scales) for p in points] == [
+        ("mxfp8", False), ("mxfp8", True), ("fp8_rowwise", False), ("fp8_rowwise", True), ("bf16", False),
+    ]  # fmt: skip
     assert [(p.recipe, p.fuse_scales) for p in with_baselines(points)] == [
-        ("mxfp8", False), ("bf16", False), ("mxfp8", True), ("fp8_rowwise", False),
+        ("mxfp8", False), ("bf16", False), ("mxfp8", True), ("fp8_rowwise", False), ("fp8_rowwise", True),
     ]  # fmt: skip
     assert "fused scales" in points[1].label() and "fused" not in points[0].label()
 
