@@ -19,6 +19,8 @@ from test_report import synthetic_run
 import mxbench
 from mxbench import plots
 from mxbench.ceilings import Ceilings, measured_peaks
+from mxbench.figures.context import Context
+from mxbench.figures.step import draw_net_speedup
 from mxbench.hardware import datasheet_peaks, get_spec
 from mxbench.results import load_run
 
@@ -227,3 +229,22 @@ def test_no_mxfp8_model_line_at_the_fp8_roof_of_a_card_without_mx_tensor_cores(t
     for words in ("mxfp8 measured on NVIDIA H100 80GB HBM3", projection, "mxfp8 B200 peak model",
                   "Time per pass at M=131072: projection from"):  # fmt: skip
         assert words in projected
+
+
+def test_net_speedup_draws_fused_scales_twins_as_curves_of_their_own():
+    path = Path(__file__).resolve().parent.parent / "results/nvidia-h100-80gb-hbm3/roofline-deepseek-v3.json"
+    run = load_run(path)
+    fig = Figure()
+    ax = fig.add_subplot()
+    assert draw_net_speedup(ax, Context.of(run))
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert {"fp8_rowwise measured", "fp8_rowwise, fused scales measured", "mxfp8, fused scales measured"} <= set(lines)
+    # The fused curve's points, from the records by hand: the bf16 step's end-to-end median over the fused step's.
+    df = mxbench.load(path)
+    e2e = df[df["pass_name"] == "end_to_end"]
+    for M, y in zip(*lines["fp8_rowwise, fused scales measured"].get_data(), strict=True):
+        at = e2e[e2e["M"] == M]
+        bf16 = at[at["recipe"] == "bf16"]["median_us"].iloc[-1]
+        fused = at[(at["recipe"] == "fp8_rowwise") & at["fuse_scales"]]["median_us"].iloc[-1]
+        assert y == pytest.approx(bf16 / fused)
+    assert len(lines["fp8_rowwise, fused scales measured"].get_xdata()) == 4

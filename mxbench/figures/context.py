@@ -27,8 +27,9 @@ RECIPE_COLORS = {"mxfp8": "tab:red", "fp8_rowwise": "tab:green", "bf16": "tab:gr
 CATEGORY_COLORS = {"quantize": "tab:blue", "rearrange": "tab:orange", "pad": "tab:green", "gemm": "tab:red"}
 PANEL_SIZE = (6.4, 4.8)
 CONDITION = ["N", "K", "G", "groups", "power_limit_w", "fuse_scales"]
-"""What one curve vs M holds fixed (the scale mode is the recipe's own: the bf16 baseline has none; a fused-scales
-twin is a table's side-by-side row, not another curve)."""
+"""What one curve vs M holds fixed (the scale mode is the recipe's own: the bf16 baseline has none). The panels draw
+the first condition stored; the net-speedup panel adds its fused-scales twins (``Context.twins``) as curves of their
+own."""
 SCALED_RECIPES = ("mxfp8",)
 """Recipes whose label names their scale mode."""
 
@@ -54,7 +55,8 @@ def run_meta(df: pd.DataFrame) -> dict:
 
 @dataclass
 class Context:
-    """``frame``: every row of the run; ``rows``: its rows with a time, of the first condition it stored.
+    """``frame``: every row of the run; ``rows``: its rows with a time, of the first condition it stored; ``twins``:
+    those of the same condition but with fused scales, where the first condition has none (``--fuse-scales``).
 
     ``peaks``: datasheet roofs of ``spec``; ``measured_peaks``: the run's stored ceilings ({} if none);
     ``efficiency_peaks``: the denominator of efficiency axes, the measured ceilings when the run was made with
@@ -68,6 +70,7 @@ class Context:
     peaks: dict[str, Peak]
     measured_peaks: dict[str, Peak]
     efficiency_peaks: dict[str, Peak]
+    twins: pd.DataFrame | None = None
 
     @classmethod
     def of(cls, data: Run | pd.DataFrame, spec: HardwareSpec | None = None) -> Context:
@@ -82,14 +85,18 @@ class Context:
         measured = peaks_for_run(run, "measured") if meta.get("ceilings") else {}
         chosen = measured if measured and meta.get("denominator") == "measured" else peaks
         ok = df[df["ok"]]
+        twins = ok.iloc[:0]
         if len(ok):
             first = ok.iloc[0]
             same = pd.Series(True, index=ok.index)
             for c in CONDITION:
-                same &= (ok[c] == first[c]) | (ok[c].isna() & pd.isna(first[c]))
-            ok = ok[same]
+                if c != "fuse_scales":
+                    same &= (ok[c] == first[c]) | (ok[c].isna() & pd.isna(first[c]))
+            fused = ok["fuse_scales"].astype(bool)
+            twins = ok[same & fused] if not first["fuse_scales"] else twins
+            ok = ok[same & (fused == bool(first["fuse_scales"]))]
         card = df["card"].iloc[0] if len(df) else str(meta.get("card", "unknown"))
-        return cls(df, ok, card, spec, peaks, measured, chosen)
+        return cls(df, ok, card, spec, peaks, measured, chosen, twins)
 
     @property
     def recipe(self) -> str | None:

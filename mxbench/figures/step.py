@@ -20,14 +20,19 @@ def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
     over ``ctx.spec``. A card without MX tensor cores has no mxfp8 roof: its model line would sit at the fp8
     roof, which the MXFP8 step cannot reach there, so it is not drawn (``--project b200`` shows what a card with
     them would do)."""
-    found = speedups(ctx.rows)
+    rows = ctx.rows if ctx.twins is None else pd.concat([ctx.rows, ctx.twins])
+    found = speedups(rows)
     drew = False
     unreachable = []
-    for recipe, mine in found.groupby("recipe", sort=False):
+    for (recipe, fused), mine in found.groupby(["recipe", "fuse_scales"], sort=False):
         color = RECIPE_COLORS.get(recipe, "tab:blue")
+        name = f"{recipe}, fused scales" if fused else recipe
         measured = mine[mine["measured"] & mine["net"].notna()].sort_values("M")
         if len(measured):
-            ax.plot(measured["M"], measured["net"], "o-", color=color, label=f"{recipe} measured")
+            ax.plot(measured["M"], measured["net"], "D-." if fused else "o-", color=color, label=f"{name} measured")
+        if fused:  # one model line per recipe (the unfused step's), to keep the legend readable
+            drew = drew or bool(len(measured))
+            continue
         model = model_net_speedups(ctx.rows, ctx.spec, mine) if _reachable(ctx, recipe) else []
         if ctx.spec is not None and not _reachable(ctx, recipe):
             unreachable.append(recipe)
@@ -49,7 +54,10 @@ def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
         if unreachable
         else None
     )
-    legend(ax, title=why, title_fontsize=7)
+    # Beside fused-scales twins the curves fill the panel: the legend goes below it.
+    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.13), "ncol": 2} if ctx.twins is not None and len(
+        ctx.twins) else {}  # fmt: skip
+    legend(ax, title=why, title_fontsize=7, **below)
     return True
 
 
