@@ -177,9 +177,13 @@ class AmaxRowsConfig:
     num_warps: int = 8
     # Rows per step, a power of two; 0: ``fp8_rowwise.default_rowwise_config``'s (at least ROWS_TILE elements).
     block_rows: int = 0
+    # Registers a thread may use (ptxas' maxnreg), 0: the compiler's choice. The kernel is occupancy-bound by its
+    # registers (a row and its running column amax live in them): a cap buys programs per SM with spills.
+    max_registers: int = 0
 
     def __post_init__(self):
         check_int("AmaxRowsConfig.programs_per_sm", self.programs_per_sm, 1, 64)
+        check_int("AmaxRowsConfig.max_registers", self.max_registers, 0, 255)
         check_fields_power_of_two(self, "num_warps")
         if self.block_rows:
             check_fields_power_of_two(self, "block_rows")
@@ -212,10 +216,12 @@ def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None
         block_r = config.block_rows or fp8_rowwise.default_rowwise_config(cols).block_rows
         sms = torch.cuda.get_device_properties(x2d.device).multi_processor_count if x2d.is_cuda else 4
         span = triton.cdiv(triton.cdiv(rows, sms * config.programs_per_sm), block_r) * block_r
+        cap = {"maxnreg": config.max_registers} if config.max_registers and not INTERPRET else {}
         _rows_amax_kernel[(triton.cdiv(rows, span),)](
             x2d, offs if offs is not None else amax, q.view(torch.uint8), scale, amax, rows, cols, groups, group_rows,
             span, HAS_OFFS=offs is not None, BLOCK_R=block_r, BLOCK_C=width, BLOCK_G=triton.next_power_of_2(groups),
-            EVEN=width == cols and (block_r == 1 or (offs is None and group_rows % block_r == 0)), EXACT=INTERPRET, num_warps=config.num_warps,
+            EVEN=width == cols and (block_r == 1 or (offs is None and group_rows % block_r == 0)), EXACT=INTERPRET,
+            num_warps=config.num_warps, **cap,
         )  # fmt: skip
     return q, scale, amax.view(torch.float32)
 

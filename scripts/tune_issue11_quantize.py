@@ -250,7 +250,11 @@ def cases() -> list[Case]:
                 ("strips, split (two launches)", "candidate", replace(C.COLWISE_CONFIG, split=True)),
                 ("strips 16 x 512 g64 w8", "candidate", strips(16, 512, 512, group=64)),
                 ("strips 32 x 256 g256, step 256, w8", "candidate", strips(32, 256, 256)),
-                ("strips 8 x 1024 g256, step 1024, w8", "candidate", strips(8, 1024, 1024))]  # fmt: skip
+                ("strips 8 x 1024 g256, step 1024, w8", "candidate", strips(8, 1024, 1024)),
+                ("split: 64 x 512, step 128, g1024 w8", "candidate", strips(64, 512, 128, group=1024, split=True)),
+                ("split: 32 x 256, step 256, g256 w8", "candidate", strips(32, 256, 256, split=True)),
+                ("split: 64 x 256, step 64, g512 w4", "candidate", strips(64, 256, 64, group=512, warps=4, split=True)),
+                ("split: 32 x 512, step 128, g256 w8", "candidate", strips(32, 512, 128, split=True))]  # fmt: skip
     W = C.WalkConfig
     walk_k_groups = [("walk 8 x 1024 w8, 1/SM", "candidate", W(8, 1024, 8, 1)),
                      ("walk 16 x 1024 w8, 1/SM", "candidate", W(16, 1024, 8, 1)),
@@ -265,7 +269,9 @@ def cases() -> list[Case]:
     R = A.AmaxRowsConfig
     amax_rows = [("new: the default", "new", None), ("1/SM w8", "candidate", R(1, 8)), ("2/SM w8", "candidate", R(2, 8)),
                  ("1/SM w16", "candidate", R(1, 16)), ("2/SM w16", "candidate", R(2, 16)),
-                 ("8/SM w8", "candidate", R(8, 8))]  # fmt: skip
+                 ("8/SM w8", "candidate", R(8, 8)), ("3/SM w8, <= 80 registers", "candidate", R(3, 8, max_registers=80)),
+                 ("4/SM w8, <= 64 registers", "candidate", R(4, 8, max_registers=64)),
+                 ("2/SM w8, <= 96 registers", "candidate", R(2, 8, max_registers=96))]  # fmt: skip
     amax_rows_narrow = amax_rows + [("2/SM w4", "candidate", R(2, 4)), ("4/SM w4", "candidate", R(4, 4)),
                                     ("2/SM w8, 8 rows", "candidate", R(2, 8, 8))]  # fmt: skip
     pass2 = [("new: the default (k_groups 64 x 512 step 128 g1024 w8; along N 64 x 128 g512 w4)", "new", None),
@@ -293,8 +299,9 @@ def cases() -> list[Case]:
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
             ("one read (2, 8192) w16", "candidate", F.Fp8RowwiseConfig(2, 8192, 16)),
         ]),
-        fp8_cols_case("fp8 k_groups A (131072, 7168) -> (7168, 131072)", k_groups[:3] + walk_k_groups, (K, BALANCED)),
-        fp8_cols_case("fp8 k_groups grad_out (131072, 2048) -> (2048, 131072)", k_groups[:3] + walk_k_groups,
+        fp8_cols_case("fp8 k_groups A (131072, 7168) -> (7168, 131072)", k_groups[:3] + k_groups[6:] + walk_k_groups[:1],
+                      (K, BALANCED)),
+        fp8_cols_case("fp8 k_groups grad_out (131072, 2048) -> (2048, 131072)", k_groups[:3] + k_groups[6:] + walk_k_groups[:1],
                       (N, BALANCED)),
         fp8_rows_case("fp8 rowwise grad_out (131072, 2048)", (M, N), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (4, 2048) w8", "new", None),

@@ -122,6 +122,8 @@ def test_bad_inputs_are_refused(device):
                                          offsets([1], device))  # fmt: skip
     with pytest.raises(InputError, match="programs_per_sm"):
         A.AmaxRowsConfig(0)
+    with pytest.raises(InputError, match="max_registers"):
+        A.AmaxRowsConfig(2, 8, max_registers=300)
     with pytest.raises(InputError, match="up to"):
         step_stages("fp8_rowwise", 64, 128, A.MAX_COLS + 32, 2, fuse_scales=True)
     with pytest.raises(InputError, match="fuse-scales"):
