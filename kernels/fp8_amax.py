@@ -192,20 +192,21 @@ class AmaxRowsConfig:
 # The longest row the rows kernel here takes: it holds whole rows (and their column amax) in registers.
 MAX_COLS = fp8_rowwise.SINGLE_PASS_MAX
 # The measured defaults (config=None), chosen by scripts/tune_issue11_quantize.py --only amax (docs/perf-log.md).
-# Rows kernel: two programs per SM, the most its registers allow (one leaves memory idle between rows).
+# Rows kernel: as many programs per SM as its registers allow. Rows of 8192-wide steps (K = 7168, 5120) run faster
+# three to an SM under an 80-register cap, spills and all; narrower steps (four 2048-wide rows) lose with the cap.
+WIDE_ROWS_CONFIG = AmaxRowsConfig(programs_per_sm=3, num_warps=8, max_registers=80)
 AMAX_ROWS_CONFIG = AmaxRowsConfig(programs_per_sm=2, num_warps=8)
-# The second quantization, the strips kernel's pass 2 alone: k_groups in 64-column strips of 512-row chunks, 3D along
-# N (shorter groups) in 128-row chunks of 4 warps.
-K_GROUPS_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=512, step_rows=128, group_cols=1024,
-                                               num_warps=8)  # fmt: skip
+# The second quantization, the strips kernel's pass 2 alone: k_groups as the unfused k_groups launch (64-column
+# strips of 512-row chunks; its ``split`` plays no part), 3D along N (shorter groups) in 128-row chunks of 4 warps.
+K_GROUPS_FROM_AMAX = fp8_colwise.K_GROUPS_CONFIG
 ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=128, step_rows=128, group_cols=512,
                                               num_warps=4)  # fmt: skip
 
 
 def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None):
     rows, cols = x2d.shape
-    config = config or AMAX_ROWS_CONFIG
     width = max(triton.next_power_of_2(max(cols, 1)), 16)
+    config = config or (WIDE_ROWS_CONFIG if width >= 8192 else AMAX_ROWS_CONFIG)
     if cols > MAX_COLS:
         raise InputError(f"rows of {cols} elements are longer than the {MAX_COLS} the column-amax quantizer holds "
                          "whole; quantize without fused scales")  # fmt: skip
@@ -231,7 +232,8 @@ def quantize_fp8_rowwise_with_amax(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``quantize_fp8_rowwise(x)`` (q (M, C) e4m3, scale (M,) fp32) and amax (G, C) fp32, the max |x| down each
     column of each token group (``offs`` int32 (G,) group ends, read on the device; 0 for an empty group; rows
-    past offs[-1] in none), for ``quantize_fp8_rowwise_k_groups_from_amax``."""
+    past offs[-1] in none), for ``quantize_fp8_rowwise_k_groups_from_amax``. ``config``: the rows kernel's launch
+    (None: ``WIDE_ROWS_CONFIG`` for rows taken in 8192-wide steps or wider, else ``AMAX_ROWS_CONFIG``)."""
     check_tensor("x", x, dtypes=fp8_rowwise.INPUT_DTYPES, ndim=2)
     check_group_offsets(offs, x, x.shape[0])
     check_config("config", config, AmaxRowsConfig)
@@ -242,7 +244,8 @@ def quantize_fp8_rowwise_3d_with_amax(
     w: torch.Tensor, *, config: AmaxRowsConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``quantize_fp8_rowwise_3d(w, along="K")`` (q (G, N, K), scale (G, N)) and amax (G, K) fp32, the max |w|
-    down each column of each expert, for ``quantize_fp8_rowwise_3d_from_amax``."""
+    down each column of each expert, for ``quantize_fp8_rowwise_3d_from_amax``. ``config``: as
+    ``quantize_fp8_rowwise_with_amax``'s."""
     check_tensor("w", w, dtypes=fp8_rowwise.INPUT_DTYPES, ndim=3)
     check_config("config", config, AmaxRowsConfig)
     G, N, K = w.shape

@@ -370,7 +370,8 @@ COLWISE_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, gro
 ALONG_N_CONFIG = WalkConfig(strip_cols=64, step_rows=512, num_warps=8, programs_per_sm=1)
 # k_groups: a group's strip holds up to all M rows, and the one-launch kernel's pass 2 did not find them in L2
 # (slower than both reads from device memory: docs/perf-log.md); the split launch reads twice, and is counted so.
-K_GROUPS_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8, split=True)
+# 64-column strips: pass 2 reads whole 128-byte lines of each row (16-column strips read 32-byte pieces).
+K_GROUPS_CONFIG = ColwiseConfig(strip_cols=64, chunk_rows=512, step_rows=128, group_cols=1024, num_warps=8, split=True)
 # The old colwise default: the two-pass kernel, both reads from device memory.
 TWO_PASS_COLWISE_CONFIG = TwoPassColwiseConfig(64, 64, num_warps=4)
 

@@ -67,6 +67,13 @@ def test_with_amax_matches_reference_and_rowwise(device, sizes, M, config):
     assert_same(got[:2], F.quantize_fp8_rowwise(x))
 
 
+def test_wide_rows_take_the_wide_default(device):
+    # 4100 columns: 8192-wide steps, the launch WIDE_ROWS_CONFIG names (its register cap applies on GPUs only).
+    x = (torch.randn(20, 4100, generator=torch.Generator().manual_seed(5)) * 2).to(BF16).to(device)
+    offs = offsets([8, 0, 12], device)
+    assert_same(A.quantize_fp8_rowwise_with_amax(x, offs), A.quantize_fp8_rowwise_with_amax_reference(x, offs))
+
+
 def test_with_amax_fp32_input_and_zero_rows(device):
     x = torch.randn(48, 80, generator=torch.Generator().manual_seed(1)).to(device)
     x[16:32] = 0.0  # a whole group of zeros: amax 0, the scale of the floor downstream
