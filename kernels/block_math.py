@@ -104,15 +104,34 @@ def to_e4m3_bits(y, EXACT: tl.constexpr):
 
 
 @triton.jit
-def abs_max_bits(x, AXIS: tl.constexpr):
-    """fp32 bit pattern (int32) of max |x| along AXIS of a bf16/fp32 tile: the integer max of the magnitudes' bits,
-    so a NaN (bits above +Inf) wins like +Inf. bf16 is reduced on its 16-bit patterns, so fp32 values exist only at
-    the multiply that follows (fewer live registers)."""
+def magnitude(x):
+    """|x| of a bf16/fp32 tile as the integer bits of its own width (int16 for bf16, int32 for fp32): their integer
+    order is the order of the magnitudes, a NaN (bits above +Inf) above all, and a bf16 tile's stay 16 bits wide
+    (fewer live registers than fp32 values)."""
     if x.dtype == tl.bfloat16:
-        bits = tl.max(x.to(tl.int16, bitcast=True) & 0x7FFF, axis=AXIS).to(tl.int32) << 16
+        bits = x.to(tl.int16, bitcast=True) & 0x7FFF
     else:
-        bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
+        bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     return bits
+
+
+@triton.jit
+def magnitude_fp32_bits(m, FROM_BF16: tl.constexpr):
+    """fp32 bit pattern (int32) of ``magnitude`` bits ``m`` (or of a max of them) of a bf16 (FROM_BF16) or fp32
+    tile. Said by the caller, not read from ``m``: a reduction may already have widened bf16 bits to int32."""
+    if FROM_BF16:
+        bits = m.to(tl.int32) << 16
+    else:
+        bits = m
+    return bits
+
+
+@triton.jit
+def abs_max_bits(x, AXIS: tl.constexpr):
+    """fp32 bit pattern (int32) of max |x| along AXIS of a bf16/fp32 tile: the integer max of the ``magnitude``
+    bits, so a NaN wins like +Inf. bf16 is reduced on its 16-bit patterns, so fp32 values exist only at the multiply
+    that follows."""
+    return magnitude_fp32_bits(tl.max(magnitude(x), axis=AXIS), x.dtype == tl.bfloat16)
 
 
 @triton.jit

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from . import fp8_colwise, fp8_rowwise
+from .block_math import magnitude, magnitude_fp32_bits
 from .cost import Cost
 from .format import DATA_DTYPE
 from .padding import pick
@@ -96,27 +97,6 @@ def quantize_fp8_rowwise_3d_from_amax_reference(w: torch.Tensor, amax: torch.Ten
 
 
 @triton.jit
-def _magnitude(x):
-    """|x| as the integer bits of x's own type (int16 for bf16, int32 for fp32), whose integer order is the order of
-    the magnitudes: the running amax of a bf16 row then takes half the registers of fp32 bits."""
-    if x.dtype == tl.bfloat16:
-        bits = x.to(tl.int16, bitcast=True) & 0x7FFF
-    else:
-        bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    return bits
-
-
-@triton.jit
-def _fp32_bits(magnitude):
-    """fp32 bit pattern (int32) of a ``_magnitude``."""
-    if magnitude.dtype == tl.int16:
-        bits = magnitude.to(tl.int32) << 16
-    else:
-        bits = magnitude
-    return bits
-
-
-@triton.jit
 def _fold(amax_ptr, acc, g, c, cols, G):
     """Atomic max of one group's column amax bits ``acc`` into row g of the (G, cols) int32 table; nothing for a g
     outside [0, G) (before the first group of a program, past the last group end)."""
@@ -157,12 +137,12 @@ def _rows_amax_kernel(
             start = g * group_rows
             end = start + group_rows
         hi = tl.minimum(end, last)
-        acc = _magnitude(tl.zeros((BLOCK_R, BLOCK_C), x_ptr.dtype.element_ty))
+        acc = magnitude(tl.zeros((BLOCK_R, BLOCK_C), x_ptr.dtype.element_ty))
         for r0 in range(tl.maximum(start, first), hi, BLOCK_R):
             x = fp8_rowwise.quantize_whole_rows(x_ptr, q_ptr, scale_ptr, r0 + tl.arange(0, BLOCK_R), hi, cols,
                                                 BLOCK_C, EVEN, EXACT)  # fmt: skip
-            acc = tl.maximum(acc, _magnitude(x))
-        _fold(amax_ptr, tl.max(_fp32_bits(acc), 0), g, c, cols, G)
+            acc = tl.maximum(acc, magnitude(x))
+        _fold(amax_ptr, tl.max(magnitude_fp32_bits(acc, x_ptr.dtype.element_ty == tl.bfloat16), 0), g, c, cols, G)
 
 
 @dataclass(frozen=True)
