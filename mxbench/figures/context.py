@@ -70,7 +70,7 @@ class Context:
     peaks: dict[str, Peak]
     measured_peaks: dict[str, Peak]
     efficiency_peaks: dict[str, Peak]
-    twins: pd.DataFrame | None = None
+    twins: pd.DataFrame
 
     @classmethod
     def of(cls, data: Run | pd.DataFrame, spec: HardwareSpec | None = None) -> Context:

@@ -20,8 +20,7 @@ def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
     over ``ctx.spec``. A card without MX tensor cores has no mxfp8 roof: its model line would sit at the fp8
     roof, which the MXFP8 step cannot reach there, so it is not drawn (``--project b200`` shows what a card with
     them would do)."""
-    rows = ctx.rows if ctx.twins is None else pd.concat([ctx.rows, ctx.twins])
-    found = speedups(rows)
+    found = speedups(pd.concat([ctx.rows, ctx.twins]) if len(ctx.twins) else ctx.rows)
     drew = False
     unreachable = []
     for (recipe, fused), mine in found.groupby(["recipe", "fuse_scales"], sort=False):
@@ -55,8 +54,7 @@ def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
         else None
     )
     # Beside fused-scales twins the curves fill the panel: the legend goes below it.
-    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.13), "ncol": 2} if ctx.twins is not None and len(
-        ctx.twins) else {}  # fmt: skip
+    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.13), "ncol": 2} if len(ctx.twins) else {}
     legend(ax, title=why, title_fontsize=7, **below)
     return True
 
