@@ -41,11 +41,15 @@ class Category(StrEnum):
     PAD = "pad"
     GEMM = "gemm"
     ALL_TO_ALL = "all_to_all"  # expert parallelism: rows exchanged between ranks (roof: the interconnect)
-    PERMUTE = "permute"  # expert parallelism: rows reordered within a rank (roof: memory bandwidth)
+    PERMUTE = "permute"  # rows reordered into (or out of) expert groups (roof: memory bandwidth)
+    ROUTING = "routing"  # the MoE layer's router after its gate GEMM: scores, top-k, the padded layout
+    ACTIVATION = "activation"  # the experts' SwiGLU and its backward
+    COMBINE = "combine"  # the weighted sum of each token's expert outputs, and its backward
     END_TO_END = "end_to_end"
 
 
-MEMORY_CATEGORIES = (Category.QUANTIZE, Category.REARRANGE, Category.PAD, Category.PERMUTE)
+MEMORY_CATEGORIES = (Category.QUANTIZE, Category.REARRANGE, Category.PAD, Category.PERMUTE, Category.ROUTING,
+                     Category.ACTIVATION, Category.COMBINE)
 """Categories whose roof is memory bandwidth (they do no arithmetic worth counting)."""
 
 END_TO_END_STAGE = "fwd+bwd"
