@@ -40,6 +40,20 @@ class Preset:
     G: int
     G_reason: str
     keys: dict[str, str]
+    layer: LayerPreset | None = None
+
+
+@dataclass(frozen=True)
+class LayerPreset:
+    """The single-GPU MoE layer of ``mxbench layer --preset``: its tokens, experts (local to one GPU), top-k,
+    shared experts and score function, with the reason (whose benchmark or which config these are)."""
+
+    tokens: int
+    experts: int
+    top_k: int
+    shared_experts: int
+    score_func: str
+    reason: str
 
 
 PRESET_FIELDS = ("K", "N", "experts", "top_k")
@@ -50,7 +64,12 @@ def _read_preset(path: Path) -> Preset:
         d = tomllib.loads(path.read_text())
         values = {f: int(d[f]["value"]) for f in (*PRESET_FIELDS, "G")}
         keys = {f: str(d[f]["key"]) for f in PRESET_FIELDS}
-        preset = Preset(d["name"], d["model"], d["source"], G_reason=str(d["G"]["reason"]), keys=keys, **values)
+        layer = d.get("layer")
+        if layer is not None:
+            layer = LayerPreset(int(layer["tokens"]), int(layer["experts"]), int(layer["top_k"]),
+                                int(layer["shared_experts"]), str(layer["score_func"]), str(layer["reason"]))
+        preset = Preset(d["name"], d["model"], d["source"], G_reason=str(d["G"]["reason"]), keys=keys, layer=layer,
+                        **values)
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
         raise InputError(f"{path}: not a valid shape preset ({type(e).__name__}: {e})") from None
     if preset.name != path.stem:

@@ -1,0 +1,188 @@
+"""The records of a layer run: per recipe (bf16 first, the baseline), every stage of the layer timed alone, then
+the layer's forward + backward as one CUDA graph (``fwd+bwd``), then its accuracy: the SQNR of y and every gradient
+against an fp32 run of the independent plain-torch layer on the same seeded inputs (``telemetry["sqnr_db"]`` of
+the fwd+bwd record). Each stage's inputs come from one eager run of the whole layer, so every stage sees real data.
+Without a GPU, ``model_layer_run`` prices the same stages over a hardware spec. Nothing here computes a cost.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from mxkernels.cost import Cost
+from mxkernels.layer import LayerShape, layer_stages
+from mxkernels.moe_layer import layer_inputs, layer_outputs, layer_sqnr, moe_layer
+from mxkernels.names import END_TO_END_STAGE, Category, Pass, Recipe
+from mxkernels.pipeline import run_stages
+
+from ..measure import StageTimer, SweepOptions, error_message, stage_record
+from ..metadata import common_metadata, now, run_metadata
+from ..progress import Progress
+from ..results import Point, Record, Run, save_run
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """The layer's forward + backward as a pseudo-stage costing what its stages declare together."""
+
+    recipe: str
+    shapes: tuple[tuple[int, ...], ...]
+    cost: Cost
+    impl: str = "mxkernels"
+    pass_name: str = Pass.END_TO_END
+    name: str = END_TO_END_STAGE
+    category: str = Category.END_TO_END
+    backend: str | None = None
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.recipe} MoE layer (forward + backward, one graph)"
+
+    @property
+    def purpose(self) -> str:
+        return f"One forward + backward of the {self.recipe} MoE layer"
+
+
+def layer_step(point: Point, shape: LayerShape, stages: Sequence) -> LayerStep:
+    total = sum((s.cost for s in stages), Cost(0, 0))
+    impls = sorted({s.impl for s in stages if s.impl != "mxkernels"})
+    return LayerStep(point.recipe, ((shape.T, shape.K), (shape.E, shape.N, shape.K)), total, "+".join(["mxkernels", *impls]))
+
+
+def layer_points(shape: LayerShape, recipes: Sequence[str], *, mode: str, seed: int, fuse: bool) -> list[Point]:
+    """bf16 first (the baseline), then each recipe, and with ``fuse`` each recipe's fused twin beside it."""
+    base = dict(M=shape.copies, N=shape.N, K=shape.K, G=shape.E, mode=mode, groups=shape.routing.value, seed=seed)
+    points = [Point(recipe=Recipe.BF16.value, **base)]
+    for r in recipes:
+        if r == Recipe.BF16:
+            continue
+        points.append(Point(recipe=r, **base))
+        if fuse:
+            points.append(Point(recipe=r, fuse_scales=True, **base))
+    return points
+
+
+def layer_meta(shape: LayerShape, label: str = "") -> dict:
+    s = shape
+    return {"kind": "layer", "layer": {"label": label or f"{s.K}x{s.N}", "tokens": s.T, "K": s.K, "N": s.N, "experts": s.E, "top_k": s.top_k,
+            "shared_experts": s.shared, "score_func": s.score_func.value, "score_before_experts": s.score_before,
+            "routing": s.routing.value, "fused_gate_up": s.fuse_up,
+            "precision": "router gate and shared experts in bf16; every grouped GEMM in the point's recipe"}}  # fmt: skip
+
+
+class LayerTimer(StageTimer):
+    """``StageTimer`` for the layer: its stages, its one-graph forward + backward, its accuracy."""
+
+    def __init__(self, options: SweepOptions, ins, shape: LayerShape):
+        super().__init__(options, ins)
+        self.shape, self._reference = shape, None
+
+    def _stages(self, point: Point):
+        backend = None if point.recipe == Recipe.BF16 else self.options.backend
+        return layer_stages(point.recipe, self.shape, mode=point.mode, backend=backend, fuse=point.fuse_scales,
+                            impls=self.options.impls_for(point.recipe) or None)  # fmt: skip
+
+    def measure(self, point: Point) -> list[Record]:
+        try:
+            stages = self._stages(point)
+        except Exception as e:  # noqa: BLE001 -- a point that cannot be planned is one error row
+            return [stage_record(point, layer_step(point, self.shape, []), error=error_message(e))]
+        device = f"cuda:{self.options.device}"
+        inputs = layer_inputs(self.shape, device=device, seed=point.seed)
+        records = []
+        try:
+            env = run_stages(stages, dict(inputs))
+            for s in stages:
+                args, params, fn = [env[n] for n in s.inputs], dict(s.params), s.fn
+                records.append(self.time(point, s, lambda fn=fn, args=args, params=params: fn(*args, **params)))
+        except Exception as e:  # noqa: BLE001 -- no tensors for the stages: each says why
+            records += [stage_record(point, s, error=error_message(e)) for s in stages[len(records):]]
+        env = None
+        self.ins.release()
+        step = layer_step(point, self.shape, stages)
+        record = self.time(point, step, self._step_call(inputs, stages))
+        record.telemetry["sqnr_db"] = self._sqnr(point, inputs, stages)
+        records.append(record)
+        return records
+
+    def _step_call(self, inputs, stages):
+        s = self.shape
+        x = inputs["x"].detach().clone().requires_grad_()
+        weights = {n: inputs[n].detach().clone().requires_grad_() for n in s.weights}
+        assign, dy = inputs.get("assign"), inputs["dy"]
+
+        def step():
+            y = moe_layer(x, weights, s, assign=assign, stages=stages)
+            return torch.autograd.grad(y, [x, *weights.values()], dy)
+
+        return step
+
+    def _sqnr(self, point: Point, inputs, stages) -> dict[str, float] | str:
+        try:
+            if self._reference is None:
+                self._reference = layer_outputs(None, inputs, self.shape)
+            got = layer_outputs(point.recipe, inputs, self.shape, stages=stages)
+            return {k: round(v, 2) for k, v in layer_sqnr(got, self._reference).items()}
+        except Exception as e:  # noqa: BLE001 -- the accuracy that cannot be computed says why, the timing stays
+            return error_message(e)
+        finally:
+            self.ins.release()
+
+
+def run_layer(shape: LayerShape, points: Sequence[Point], options: SweepOptions, ins, *, label: str = "",
+              progress=True) -> Run:
+    """Measure every point; the run saved after each (``options.out``); Ctrl-C keeps what was measured."""
+    meta_points = [replace(p, groups="balanced") for p in points]  # the layer's groups come from its router
+    run = Run(meta={**run_metadata(meta_points, options, ins), **layer_meta(shape, label)})
+    _drop_group_sizes(run.meta)
+    timer, done = LayerTimer(options, ins, shape), 0
+    try:
+        with Progress(len(points), progress) as bar:
+            for point in points:
+                bar.start(point)
+                run.records += timer.measure(point)
+                done += 1
+                ins.release()
+                gc.collect()
+                if options.out is not None:
+                    save_run(run, options.out)
+                bar.finish(point)
+    except KeyboardInterrupt:
+        run.meta["interrupted"] = True
+        run.meta["partial"] = f"interrupted (Ctrl-C) after {done} of {len(points)} points"
+    run.meta["finished"] = now()
+    if options.out is not None:
+        save_run(run, options.out)
+    return run
+
+
+def _drop_group_sizes(meta: dict) -> None:
+    """The projection's token-group fields do not describe a layer (its router makes the groups)."""
+    for key in ("group_sizes", "group_sizes_method"):
+        meta.pop(key, None)
+
+
+def model_layer_run(shape: LayerShape, points: Sequence[Point], *, spec, hardware: str, command: str,
+                    label: str = "") -> Run:
+    """The analytic model of every point: each stage's declared cost over ``spec`` ("model, not measured")."""
+    from ..roofline import MODEL_ASSUMPTION, model_records
+
+    meta_points = [replace(p, groups="balanced") for p in points]
+    run = Run(meta={**common_metadata(meta_points, command), "hardware": hardware, "measured": False,
+                    "label": "model, not measured", "model": MODEL_ASSUMPTION, **layer_meta(shape, label)})  # fmt: skip
+    _drop_group_sizes(run.meta)
+    for p in points:
+        try:
+            stages = layer_stages(p.recipe, shape, mode=p.mode, fuse=p.fuse_scales, backend=_model_backend(p))
+            run.records += model_records(p, stages, spec)
+        except Exception as e:  # noqa: BLE001 -- a point the model cannot price is its error row
+            run.records.append(stage_record(p, layer_step(p, shape, []), measured=False, error=error_message(e)))
+    return run
+
+
+def _model_backend(point: Point) -> str | None:
+    """The model prices costs only: name the native backend, which the B200 the model stands for would run."""
+    return None if point.recipe == Recipe.BF16 else "native"

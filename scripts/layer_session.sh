@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The MoE layer runs on a GPU machine (no network): install, the layer's GPU tests, then `mxbench layer` per preset.
+# Usage: bash scripts/layer_session.sh [smoke] [tests] [deepseek-v3] [llama4-scout] [qwen3-30b-a3b] ...
+# Results and figures go to results/<card>/ and plots/<card>/, logs and copies under $OUT (the device tool's).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+CARD=$(python3 -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+mkdir -p "results/$CARD" "plots/$CARD"
+SAMPLES=${SAMPLES:-10}
+for step in "$@"; do
+  case "$step" in
+    smoke)
+      mxbench layer --K 256 --N 128 --tokens 4096 --experts 4 --top-k 2 --shared-experts 1 --routing skewed --fuse \
+        --samples 3 --out "$OUT/layer-smoke.json" 2>&1 | tee "$OUT/smoke.log" | tail -30 ;;
+    tests)
+      python3 -m pytest -q -m gpu tests/test_layer.py tests/test_moe_rows.py tests/test_swiglu.py tests/test_moe_fused.py \
+        2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+    *)
+      mxbench layer --preset "$step" --recipe fp8_rowwise,mxfp8 --fuse --samples "$SAMPLES" \
+        --out "results/$CARD/layer-$step.json" --plot-file "plots/$CARD/layer-$step.png" 2>&1 | tee "$OUT/$step.log" | tail -40
+      cp "results/$CARD/layer-$step.json" "plots/$CARD/layer-$step.png" "$OUT/" ;;
+  esac
+done
