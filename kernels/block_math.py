@@ -149,6 +149,27 @@ def quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.conste
 
 
 @triton.jit
+def to_bf16_bits(x):
+    """fp32 tile -> bf16 bits (int16), round to nearest even in integer arithmetic (a NaN stays a quiet NaN, overflow
+    gives Inf): exact under the interpreter too, whose float cast to bf16 truncates."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return tl.where(is_nan, (bits >> 16) | 0x40, rounded).to(tl.uint16).to(tl.int16, bitcast=True)
+
+
+@triton.jit
+def load_rows(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
+              VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    """The default tile producer of the quantizers' rows kernels: the tile (rows, cols) of the row-major (., n_cols)
+    input at out_ptr. A *producer* is a jit function of this signature passed to a rows kernel as a constexpr;
+    the fused stages (``moe_fused``) pass one that computes the tile from the producer's inputs (a_ptr, b_ptr,
+    c_ptr, the row strides a_stride, b_stride, its own VARIANT flag), stores it at out_ptr as the unfused producer
+    kernel would and returns it, so the quantizer's re-read of that tensor is saved. Here they are unused."""
+    return masked_load(out_ptr + rows[:, None] * n_cols + cols[None, :], row_ok[:, None] & col_ok[None, :], EVEN)
+
+
+@triton.jit
 def masked_load(ptrs, mask, EVEN: tl.constexpr):
     if EVEN:
         return tl.load(ptrs)

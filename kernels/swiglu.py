@@ -8,17 +8,138 @@ bf16 inputs, ``sigmoid(x) = 1 / (1 + exp(-x))``, one rounding to bf16 (nearest e
 * backward ``grad_h1 = bf16(g * h3 * s * (1 + h1 * (1 - s)))``, ``grad_h3 = bf16(g * h1 * s)`` with
   ``s = sigmoid(h1)``, ``g = grad_act``; written packed as one (M, 2N) tensor [grad_h1 | grad_h3] (the fused GEMM's
   layout) or as two (M, N) tensors.
+
+Kernels: every operation of the formulas is its own fp32 rounding, in the references' order (launched with
+``enable_fp_fusion=False``: no FMA contracts ``1 + h1 * (1 - s)``), the division is IEEE (``div_rn``, as torch's
+reciprocal), and the bf16 rounding is integer arithmetic (``block_math.to_bf16_bits``). ``exp`` is libdevice's
+``expf`` on a GPU, the function torch's CUDA ``exp`` compiles to, so the kernels should match the references
+evaluated on the GPU bit for bit (tests/test_moe_layer_gpu.py checks it); under the interpreter ``exp`` is numpy's,
+which may differ from torch's CPU ``exp`` by an ulp, and an output then by one bf16 ulp, rarely. ``swiglu_producer``
+and ``swiglu_backward_producer`` are the two as a quantizer's tile producer (``moe_fused``), the same arithmetic.
+Launches: ``SwigluConfig`` as ``config=``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
 
+from .block_math import masked_load, masked_store, to_bf16_bits, to_fp32
 from .cost import Cost
-from .runtime import InputError, check_tensor
+from .runtime import INTERPRET, InputError, check_config, check_fields_power_of_two, check_same_device, check_tensor
 
 
-def _check_halves(h1: object, h3: object) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class SwigluConfig:
+    """One launch of the SwiGLU kernels (forward and backward): an elementwise tile per program."""
+
+    # Rows per program, a power of two.
+    block_rows: int = 8
+    # Columns per program, a power of two: 1024 bf16 = 2 KiB of each input row, 32 elements a thread at 8 warps,
+    # four 16-byte vector loads per input.
+    block_cols: int = 1024
+    # Warps per program.
+    num_warps: int = 8
+
+    def __post_init__(self):
+        check_fields_power_of_two(self, "block_rows", "block_cols", "num_warps")
+
+
+# Not measured yet (docs/perf-log.md has the predictions): an elementwise streaming tile.
+SWIGLU_CONFIG = SwigluConfig()
+
+# ---------------------------------------------------------------------------------------------------------------
+# Device functions and kernels
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _sigmoid(a, EXACT: tl.constexpr):
+    """1 / (1 + exp(-a)), IEEE division; exp is libdevice's expf on a GPU (torch's), numpy's under the interpreter
+    (EXACT), where libdevice does not exist."""
+    if EXACT:
+        e = tl.exp(-a)
+    else:
+        e = libdevice.exp(-a)
+    return tl.math.div_rn(tl.full(a.shape, 1.0, tl.float32), 1.0 + e)
+
+
+@triton.jit
+def _grads(g, a, b, EXACT: tl.constexpr):
+    """fp32 (grad_h1, grad_h3) of act = silu(a) * b for the output gradient g, in the references' order."""
+    s = _sigmoid(a, EXACT)
+    return g * b * s * (1.0 + a * (1.0 - s)), g * a * s
+
+
+@triton.jit
+def _load(ptr, rows, stride, cols, mask, EVEN: tl.constexpr):
+    return to_fp32(masked_load(ptr + rows[:, None] * stride + cols[None, :], mask, EVEN))
+
+
+@triton.jit
+def swiglu_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
+                    VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    """``block_math.load_rows``'s producer signature: act = swiglu(h1, h3) of rows ``rows``, columns ``cols`` (h1 at
+    a_ptr, row stride a_stride; h3 at b_ptr, b_stride), stored at out_ptr (., n_cols) and returned as bf16."""
+    mask = row_ok[:, None] & col_ok[None, :]
+    a = _load(a_ptr, rows, a_stride, cols, mask, EVEN)
+    bits = to_bf16_bits(a * _sigmoid(a, EXACT) * _load(b_ptr, rows, b_stride, cols, mask, EVEN))
+    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], bits, mask, EVEN)
+    return bits.to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def swiglu_backward_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
+                             VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    """``block_math.load_rows``'s producer signature: the packed grad_h = [grad_h1 | grad_h3] (., n_cols = 2N) of
+    rows ``rows``, columns ``cols`` in [0, 2N) (h1 at a_ptr, h3 at b_ptr with row strides a_stride, b_stride;
+    grad_act (., N) contiguous at c_ptr), stored at out_ptr and returned as bf16. Column c of either half reads
+    column c mod N of the inputs: the two halves of a row come from programs next to each other in the quantizer's
+    grid, so the inputs' second read is an L2 hit."""
+    N = n_cols // 2
+    upper = cols >= N
+    src = tl.where(upper, cols - N, cols)
+    mask = row_ok[:, None] & col_ok[None, :]
+    d1, d3 = _grads(_load(c_ptr, rows, N, src, mask, EVEN), _load(a_ptr, rows, a_stride, src, mask, EVEN),
+                    _load(b_ptr, rows, b_stride, src, mask, EVEN), EXACT)  # fmt: skip
+    bits = to_bf16_bits(tl.where(upper[None, :], d3, d1))
+    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], bits, mask, EVEN)
+    return bits.to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _swiglu_kernel(h1_ptr, h3_ptr, out_ptr, M, N, s1, s3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   EXACT: tl.constexpr):  # fmt: skip
+    # One program: a BLOCK_M x BLOCK_N tile of act, the fused stage's producer run alone.
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    swiglu_producer(out_ptr, rows, rows < M, cols, cols < N, N, h1_ptr, h3_ptr, h1_ptr, s1, s3, 0, False, EXACT)
+
+
+@triton.jit
+def _swiglu_backward_kernel(g_ptr, h1_ptr, h3_ptr, d1_ptr, d3_ptr, M, N, s1, s3, s_out, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    # One program: a BLOCK_M x BLOCK_N tile of both gradients from one read of the inputs; d1/d3 rows s_out apart
+    # (2N packed, with d3_ptr N past d1_ptr; N split).
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    d1, d3 = _grads(_load(g_ptr, rows, N, cols, mask, False), _load(h1_ptr, rows, s1, cols, mask, False),
+                    _load(h3_ptr, rows, s3, cols, mask, False), EXACT)  # fmt: skip
+    out = rows[:, None] * s_out + cols[None, :]
+    tl.store(d1_ptr + out, to_bf16_bits(d1), mask=mask)
+    tl.store(d3_ptr + out, to_bf16_bits(d3), mask=mask)
+
+
+def _grid(M: int, N: int, config: SwigluConfig) -> tuple[int, int]:
+    return triton.cdiv(M, config.block_rows), triton.cdiv(N, config.block_cols)
+
+
+def check_halves(h1: object, h3: object) -> tuple[torch.Tensor, torch.Tensor]:
     h1 = check_tensor("h1", h1, dtypes=(torch.bfloat16,), ndim=2, contiguous=False)
     h3 = check_tensor("h3", h3, dtypes=(torch.bfloat16,), ndim=2, contiguous=False)
     if h1.shape != h3.shape:
@@ -26,7 +147,18 @@ def _check_halves(h1: object, h3: object) -> tuple[torch.Tensor, torch.Tensor]:
     for name, h in (("h1", h1), ("h3", h3)):
         if h.stride(1) != 1 or h.stride(0) < h.shape[1]:
             raise InputError(f"{name} must be row-major with contiguous rows (a view of a wider row is fine)")
+    check_same_device("h3", h3, h1, "h1")
     return h1, h3
+
+
+def check_backward(grad_act: object, h1: object, h3: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``swiglu_backward``'s argument checks (shared with the fused stages of ``moe_fused``)."""
+    h1, h3 = check_halves(h1, h3)
+    grad_act = check_tensor("grad_act", grad_act, dtypes=(torch.bfloat16,), ndim=2)
+    if grad_act.shape != h1.shape:
+        raise InputError(f"grad_act must be {tuple(h1.shape)}, got {tuple(grad_act.shape)}")
+    check_same_device("grad_act", grad_act, h1, "h1")
+    return grad_act, h1, h3
 
 
 def split_halves(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,10 +167,18 @@ def split_halves(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return h[:, :n], h[:, n:]
 
 
-def swiglu(h1: torch.Tensor, h3: torch.Tensor) -> torch.Tensor:
-    """(M, N) bf16 ``silu(h1) * h3`` (module doc)."""
-    h1, h3 = _check_halves(h1, h3)
-    return swiglu_reference(h1, h3)
+def swiglu(h1: torch.Tensor, h3: torch.Tensor, *, config: SwigluConfig | None = None) -> torch.Tensor:
+    """(M, N) bf16 ``silu(h1) * h3`` (module doc). ``config``: the launch (None: ``SWIGLU_CONFIG``)."""
+    h1, h3 = check_halves(h1, h3)
+    check_config("config", config, SwigluConfig)
+    config = config or SWIGLU_CONFIG
+    M, N = h1.shape
+    out = torch.empty(M, N, dtype=torch.bfloat16, device=h1.device)
+    if out.numel():
+        _swiglu_kernel[_grid(M, N, config)](h1, h3, out.view(torch.int16), M, N, h1.stride(0), h3.stride(0),
+                                            BLOCK_M=config.block_rows, BLOCK_N=config.block_cols, EXACT=INTERPRET,
+                                            num_warps=config.num_warps, enable_fp_fusion=False)  # fmt: skip
+    return out
 
 
 def swiglu_reference(h1, h3):
@@ -46,13 +186,36 @@ def swiglu_reference(h1, h3):
     return (a * (1.0 / (1.0 + torch.exp(-a))) * b).to(torch.bfloat16)
 
 
-def swiglu_backward(grad_act: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor, *, packed: bool = True):
-    """(grad_h (M, 2N),) packed, else (grad_h1, grad_h3), each (M, N) bf16 (module doc)."""
-    h1, h3 = _check_halves(h1, h3)
-    grad_act = check_tensor("grad_act", grad_act, dtypes=(torch.bfloat16,), ndim=2)
-    if grad_act.shape != h1.shape:
-        raise InputError(f"grad_act must be {tuple(h1.shape)}, got {tuple(grad_act.shape)}")
-    return swiglu_backward_reference(grad_act, h1, h3, packed=packed)
+def swiglu_backward(
+    grad_act: torch.Tensor,
+    h1: torch.Tensor,
+    h3: torch.Tensor,
+    *,
+    packed: bool = True,
+    config: SwigluConfig | None = None,
+):
+    """(grad_h (M, 2N),) packed, else (grad_h1, grad_h3), each (M, N) bf16 (module doc). ``config``: the launch
+    (None: ``SWIGLU_CONFIG``)."""
+    grad_act, h1, h3 = check_backward(grad_act, h1, h3)
+    if not isinstance(packed, bool):
+        raise InputError(f"packed must be a bool, got {packed!r}")
+    check_config("config", config, SwigluConfig)
+    config = config or SWIGLU_CONFIG
+    M, N = h1.shape
+    if packed:
+        grad_h = torch.empty(M, 2 * N, dtype=torch.bfloat16, device=h1.device)
+        d1, d3, outs = grad_h[:, :N], grad_h[:, N:], (grad_h,)
+    else:
+        d1 = torch.empty(M, N, dtype=torch.bfloat16, device=h1.device)
+        d3 = torch.empty_like(d1)
+        outs = (d1, d3)
+    if M * N:
+        _swiglu_backward_kernel[_grid(M, N, config)](
+            grad_act, h1, h3, d1.view(torch.int16), d3.view(torch.int16), M, N, h1.stride(0), h3.stride(0),
+            d1.stride(0), BLOCK_M=config.block_rows, BLOCK_N=config.block_cols, EXACT=INTERPRET,
+            num_warps=config.num_warps, enable_fp_fusion=False,
+        )  # fmt: skip
+    return outs
 
 
 def swiglu_backward_reference(grad_act, h1, h3, *, packed: bool = True):

@@ -21,56 +21,12 @@ declares its cost beside it (``gather_rows_cost``); every function has a plain-t
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .cost import Cost
+from .moe_rows import INDEX_DTYPE, launch_gather
 from .runtime import check_tensor
 
-# Raw-bit views: one copy path for every dtype of the same width.
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-INDEX_DTYPE = torch.int32
 _INDEX_BYTES = 4
-# Rows and bytes per program: 8 rows x 4 KiB, the padding kernels' launch, which streamed bf16 rows at 98% of an
-# H200's measured copy ceiling (padding._block_cols).
-_BLOCK_ROWS, _ROW_BYTES, _WARPS = 8, 4096, 8
-
-
-@triton.jit
-def _bf16_bits_to_fp32(bits):
-    return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _fp32_to_bf16_bits(x):
-    """Round fp32 to bf16, to nearest even, on the bits (a NaN stays a quiet NaN; overflow gives Inf)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    return tl.where(is_nan, (bits >> 16) | 0x40, rounded).to(tl.uint16).to(tl.int16, bitcast=True)
-
-
-@triton.jit
-def _gather_rows_kernel(
-    x_ptr, index_ptr, out_ptr, rows_out, D,
-    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    # One program: BLOCK_M output rows x BLOCK_D columns. Output row i reads the TOPK source rows
-    # index[i * TOPK + j]; TOPK == 1 copies bits, TOPK > 1 sums bf16 rows in fp32 in j order.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    row_ok = rows < rows_out
-    mask = row_ok[:, None] & (cols < D)[None, :]
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :]
-    if TOPK == 1:
-        src = tl.load(index_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-        tl.store(out_ptrs, tl.load(x_ptr + src[:, None] * D + cols[None, :], mask=mask), mask=mask)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for j in tl.static_range(TOPK):
-            src = tl.load(index_ptr + rows.to(tl.int64) * TOPK + j, mask=row_ok, other=0).to(tl.int64)
-            acc += _bf16_bits_to_fp32(tl.load(x_ptr + src[:, None] * D + cols[None, :], mask=mask, other=0))
-        tl.store(out_ptrs, _fp32_to_bf16_bits(acc), mask=mask)
 
 
 def _check_index(index: object, name: str = "index") -> torch.Tensor:
@@ -94,15 +50,7 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, top_k: int = 1) -> torch.T
         raise ValueError(f"index holds {index.numel()} entries, not a multiple of top_k={top_k}")
     if index.device != x.device:
         raise ValueError(f"index is on {index.device} but x is on {x.device}")
-    rows, D = index.numel() // top_k, x.shape[1]
-    bits = _BITS[x.element_size()]
-    out = torch.empty(rows, D, dtype=bits, device=x.device)
-    if out.numel():
-        block_d = min(triton.next_power_of_2(D), _ROW_BYTES // x.element_size())
-        grid = (triton.cdiv(rows, _BLOCK_ROWS), triton.cdiv(D, block_d))
-        _gather_rows_kernel[grid](x.view(bits), index, out, rows, D, TOPK=top_k, BLOCK_M=_BLOCK_ROWS, BLOCK_D=block_d,
-                                  num_warps=_WARPS)  # fmt: skip
-    return out.view(x.dtype)
+    return launch_gather(x, index, None, top_k, None)
 
 
 def gather_rows_reference(x: torch.Tensor, index: torch.Tensor, top_k: int = 1) -> torch.Tensor:

@@ -182,3 +182,29 @@ def with_flipped_bits(quantize, index: tuple[int, int], mask: int):
         return q, s
 
     return flipped
+
+
+# ---- comparing bf16 outputs ---------------------------------------------------------------------------------
+
+
+def bits_of(x: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a tensor as the signed integer type of its width."""
+    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+
+
+def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert torch.equal(bits_of(actual), bits_of(expected))
+
+
+def assert_nearly_exact(actual: torch.Tensor, expected: torch.Tensor, min_exact: float = 0.999) -> None:
+    """bf16 outputs equal bit for bit on at least ``min_exact`` of the elements, the others one ulp apart with the
+    same sign (what an exp or FMA that differs in its last bit can do to one rounding). A NaN matches any NaN: torch
+    writes 0xFFFF on a CPU, 0x7FFF on a GPU, the kernels the quiet NaN of the fp32 bits."""
+    assert actual.dtype == expected.dtype == torch.bfloat16 and actual.shape == expected.shape
+    a, b = bits_of(actual).int(), bits_of(expected).int()
+    same = (a == b) | (actual.isnan() & expected.isnan())
+    if actual.numel():
+        assert same.float().mean().item() >= min_exact, f"only {same.float().mean().item():.5f} bit-exact"
+    off = ~same
+    assert torch.all(((a[off] - b[off]).abs() == 1) & ((a[off] < 0) == (b[off] < 0))), "a difference beyond 1 ulp"
