@@ -15,12 +15,12 @@ and, in fp32, the yardstick of ``layer_sqnr``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from .autograd import run_saved_stages, save_for_stages
-from .comparison import sqnr_db
 from .layer import LayerShape, Routing, layer_stages
 from .moe_router import ScoreFunc
 from .names import Pass
@@ -143,13 +143,15 @@ def moe_layer_reference(x: torch.Tensor, weights: Mapping[str, torch.Tensor], sh
         w1, w3 = weights["w13"][:, : s.N], weights["w13"][:, s.N :]
     else:
         w1, w3 = weights["w1"], weights["w3"]
-    y = torch.zeros_like(x)
+    tokens, outs = [], []
     for e in range(s.E):
         token, choice = (experts == e).nonzero(as_tuple=True)
         score = top[token, choice].unsqueeze(1)
         h = x[token] * score if s.score_before else x[token]
         out = (torch.nn.functional.silu(h @ w1[e].t()) * (h @ w3[e].t())) @ weights["w2"][e].t()
-        y = y.index_add(0, token, out if s.score_before else out * score)
+        tokens.append(token)
+        outs.append(out if s.score_before else out * score)
+    y = torch.zeros_like(x).index_add(0, torch.cat(tokens), torch.cat(outs))  # one sum: no copy of y per expert
     if s.shared:
         hs = x @ weights["ws13"].t()
         Ns = hs.shape[1] // 2
@@ -189,5 +191,19 @@ def layer_outputs(recipe: str | None, inputs: Mapping[str, torch.Tensor], shape:
 
 def layer_sqnr(got: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """SQNR (dB) of the layer output and each gradient (``SQNR_OUTPUTS``, shared experts' too) against the
-    reference's."""
-    return {name: sqnr_db(got[name], reference[name]) for name in reference if name in got}
+    reference's: 10 log10(sum ref^2 / sum (got - ref)^2), summed in fp64 over row chunks (a layer's tensors are GBs)."""
+    return {name: _sqnr(got[name], reference[name]) for name in reference if name in got}
+
+
+def _sqnr(got: torch.Tensor, ref: torch.Tensor, chunk: int = 4096) -> float:
+    if got.shape != ref.shape:
+        raise InputError(f"shapes differ: {tuple(got.shape)} vs {tuple(ref.shape)}")
+    g, r = got.reshape(got.shape[0], -1), ref.reshape(ref.shape[0], -1)
+    signal = noise = 0.0
+    for i in range(0, g.shape[0], chunk):
+        rc, gc = r[i : i + chunk].double(), g[i : i + chunk].double()
+        signal += float(rc.square().sum())
+        noise += float((gc - rc).square().sum())
+    if noise == 0.0:
+        return float("inf")
+    return 10.0 * math.log10(signal / noise) if signal > 0 else float("-inf")

@@ -170,10 +170,10 @@ def router_grad_reference(grad_top, scores, experts, *, score_func):
 def router_gate_grad(grad_logits: torch.Tensor, x: torch.Tensor, wr: torch.Tensor, *others: torch.Tensor):
     """(grad_x (T, K) bf16, grad_wr (E, K) bf16): the gate linear's backward, grad_x summed (fp32, one rounding)
     with ``others``, the token gradients of the layer's other paths (routed experts, shared experts)."""
-    total = torch.mm(grad_logits, wr).float()
-    for o in others:
-        total += o.float()
-    return total.to(torch.bfloat16), torch.mm(grad_logits.t(), x)
+    total = torch.mm(grad_logits, wr) if not others else torch.addmm(others[0], grad_logits, wr)
+    for o in others[1:]:
+        total = torch.add(total, o)
+    return total, torch.mm(grad_logits.t(), x)
 
 
 def router_gate_grad_reference(grad_logits, x, wr, *others):

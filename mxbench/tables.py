@@ -18,6 +18,7 @@ from mxkernels.errors import InputError
 from mxkernels.names import MEMORY_CATEGORIES, OURS
 
 from .ep import TABLE_KINDS as EP_TABLE_KINDS
+from .layer import TABLE_KINDS as LAYER_TABLE_KINDS
 from .frame import ENERGY_KEY, PASS_TITLES, POINT_FIELDS, SM_CLOCK_KEY, efficiency, frame_of, select
 from .render import MODEL_MARK, Row, header_block, render
 from .results import Run
@@ -400,14 +401,14 @@ def check_kind(run: Run, kind: str, where: str = "this run") -> None:
     """Each kind of run has its tables: a peers run the peers table, an expert-parallel run the EP tables, any
     other run the step's tables; a table asked of the wrong kind of run is refused, naming the right ones."""
     run_kind = run.meta.get("kind") or "roofline"
-    wanted = {"peers": ("peers",), "ep": EP_TABLE_KINDS}.get(run_kind, STEP_TABLES)
+    wanted = {"peers": ("peers",), "ep": EP_TABLE_KINDS, "layer": LAYER_TABLE_KINDS}.get(run_kind, STEP_TABLES)
     if kind in wanted:
         return
-    known = (*TABLES, *EP_TABLE_KINDS)
+    known = (*TABLES, *EP_TABLE_KINDS, *LAYER_TABLE_KINDS)
     if kind not in known:
         raise InputError(f"kind must be one of {list(known)}, got {kind!r}")
-    if run_kind not in ("peers", "ep"):
-        maker = "peers" if kind == "peers" else "ep"
+    if run_kind not in ("peers", "ep", "layer"):
+        maker = "peers" if kind == "peers" else "layer" if kind in LAYER_TABLE_KINDS else "ep"
         raise InputError(f"--kind {kind} needs a run of `mxbench {maker}`; {where} is not one: its tables are "
                          f"{', '.join(STEP_TABLES)}")  # fmt: skip
     raise InputError(f"{where} is a {run_kind} run (made by `mxbench {run_kind}`): its tables are --kind "

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..ep import TABLE_KINDS as EP_TABLE_KINDS
+from ..layer import TABLE_KINDS as LAYER_TABLE_KINDS
 from .common import (
     EXIT_CODES_HELP,
     FORMATS,
@@ -19,7 +20,7 @@ from .common import (
     project_option,
 )
 
-TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS)
+TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS, *LAYER_TABLE_KINDS)
 
 
 # ------------------------------------------------------------------------------------------------- presets
@@ -87,6 +88,14 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
         click.echo(
             "\n".join(ep_table(run, kind, fmt, columns=columns, strategies=recipes) for _, run in runs), nl=False
         )
+        return
+    if kind in LAYER_TABLE_KINDS:  # a layer run's tables: its recipes and stages as measured (or modelled)
+        from ..layer.tables import layer_table
+
+        texts = [layer_table(run, fmt, kind=kind, columns=columns, denominator=_denominator(run, denominator))
+                 + (layer_table(run, fmt, project=project, header=False, columns=columns) if project else "")
+                 for _, run in runs]  # fmt: skip
+        click.echo("\n".join(texts), nl=False)
         return
     if kind == "speedup" and passes:
         raise click.BadParameter("the speedup table compares whole steps: no pass to choose", param_hint="--pass")
