@@ -10,6 +10,8 @@ that divide the tensor evenly.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -167,6 +169,25 @@ def load_rows(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, 
     c_ptr, the row strides a_stride, b_stride, its own VARIANT flag), stores it at out_ptr as the unfused producer
     kernel would and returns it, so the quantizer's re-read of that tensor is saved. Here they are unused."""
     return masked_load(out_ptr + rows[:, None] * n_cols + cols[None, :], row_ok[:, None] & col_ok[None, :], EVEN)
+
+
+class Producer(NamedTuple):
+    """A tile producer for a quantizer's rows kernel, as its wrapper takes it: the jit function (``load_rows``'
+    signature) and the arguments it gets after n_cols. The tensor it writes is the rows kernel's input."""
+
+    fn: object
+    a: object
+    b: object
+    c: object
+    a_stride: int = 0
+    b_stride: int = 0
+    variant: bool = False
+
+
+def producer_args(producer: Producer | None, x) -> tuple[tuple, dict]:
+    """The rows kernels' producer arguments and constexprs: ``producer``'s, or ``load_rows`` of ``x`` (None)."""
+    p = producer or Producer(load_rows, x, x, x)
+    return (p.a, p.b, p.c, p.a_stride, p.b_stride), {"PRODUCE": p.fn, "VARIANT": p.variant}
 
 
 @triton.jit

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from . import fp8_colwise, fp8_rowwise
-from .block_math import magnitude, magnitude_fp32_bits
+from .block_math import Producer, magnitude, magnitude_fp32_bits, producer_args
 from .cost import Cost
 from .format import DATA_DTYPE
 from .padding import pick
@@ -106,9 +106,9 @@ def _fold(amax_ptr, acc, g, c, cols, G):
 
 @triton.jit
 def _rows_amax_kernel(
-    x_ptr, offs_ptr, q_ptr, scale_ptr, amax_ptr, rows, cols, G, group_rows, span,
+    x_ptr, offs_ptr, q_ptr, scale_ptr, amax_ptr, rows, cols, G, group_rows, span, p_a, p_b, p_c, p_sa, p_sb,
     HAS_OFFS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-    EVEN: tl.constexpr, EXACT: tl.constexpr,
+    EVEN: tl.constexpr, EXACT: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr,
 ):  # fmt: skip
     """``fp8_rowwise``'s rows kernel over rows [pid * span, (pid + 1) * span) of x (rows, cols), BLOCK_R whole rows
     at a time, folding the column amax of each group's rows into amax (G, cols) (int32 bits of fp32, zero at
@@ -116,7 +116,9 @@ def _rows_amax_kernel(
     last end, "group" G, are quantized and folded nowhere) or [g * group_rows, (g + 1) * group_rows). Each
     group's part of the span is quantized in BLOCK_R-row steps (the last one masked at the group's end) while the
     running column amax stays in registers, then folded with one atomic max per column: x is dead by then, so the
-    fold's addresses never share the registers with a row."""
+    fold's addresses never share the registers with a row. The rows come from PRODUCE (``block_math.load_rows``'
+    signature, its arguments p_*, VARIANT): the load of x, or a fused stage's producer that computes them and
+    writes them to x (``moe_fused``)."""
     first = tl.program_id(0) * span
     last = tl.minimum(first + span, rows)
     c = tl.arange(0, BLOCK_C)
@@ -139,8 +141,10 @@ def _rows_amax_kernel(
         hi = tl.minimum(end, last)
         acc = magnitude(tl.zeros((BLOCK_R, BLOCK_C), x_ptr.dtype.element_ty))
         for r0 in range(tl.maximum(start, first), hi, BLOCK_R):
-            x = fp8_rowwise.quantize_whole_rows(x_ptr, q_ptr, scale_ptr, r0 + tl.arange(0, BLOCK_R), hi, cols,
-                                                BLOCK_C, EVEN, EXACT)  # fmt: skip
+            r = r0 + tl.arange(0, BLOCK_R)
+            x = PRODUCE(x_ptr, r.to(tl.int64), r < hi, c, c < cols, cols, p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN,
+                        EXACT)  # fmt: skip
+            fp8_rowwise.quantize_whole_rows(x, q_ptr, scale_ptr, r, r < hi, cols, BLOCK_C, EVEN, EXACT)
             acc = tl.maximum(acc, magnitude(x))
         _fold(amax_ptr, tl.max(magnitude_fp32_bits(acc, x_ptr.dtype.element_ty == tl.bfloat16), 0), g, c, cols, G)
 
@@ -183,7 +187,9 @@ ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=128, ste
                                               num_warps=4)  # fmt: skip
 
 
-def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None):
+def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None, producer: Producer | None = None):
+    """Launch the rows kernel with the column amax on validated arguments; with a ``producer``, x2d is the bf16
+    output it writes (``moe_fused``)."""
     rows, cols = x2d.shape
     width = max(triton.next_power_of_2(max(cols, 1)), 16)
     config = config or (WIDE_ROWS_CONFIG if width >= 8192 else AMAX_ROWS_CONFIG)
@@ -198,11 +204,16 @@ def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None
         sms = torch.cuda.get_device_properties(x2d.device).multi_processor_count if x2d.is_cuda else 4
         span = triton.cdiv(triton.cdiv(rows, sms * config.programs_per_sm), block_r) * block_r
         cap = {"maxnreg": config.max_registers} if config.max_registers and not INTERPRET else {}
+        # A producer's arithmetic rounds every operation as its unfused kernel does: no FMA contraction.
+        if producer is not None:
+            cap["enable_fp_fusion"] = False
+        args, produce = producer_args(producer, x2d)
         _rows_amax_kernel[(triton.cdiv(rows, span),)](
             x2d, offs if offs is not None else amax, q.view(torch.uint8), scale, amax, rows, cols, groups, group_rows,
-            span, HAS_OFFS=offs is not None, BLOCK_R=block_r, BLOCK_C=width, BLOCK_G=triton.next_power_of_2(groups),
+            span, *args, HAS_OFFS=offs is not None, BLOCK_R=block_r, BLOCK_C=width,
+            BLOCK_G=triton.next_power_of_2(groups),
             EVEN=width == cols and (block_r == 1 or (offs is None and group_rows % block_r == 0)), EXACT=INTERPRET,
-            num_warps=config.num_warps, **cap,
+            num_warps=config.num_warps, **produce, **cap,
         )  # fmt: skip
     return q, scale, amax.view(torch.float32)
 

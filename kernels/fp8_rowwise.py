@@ -50,6 +50,7 @@ from .block_math import (
     AMAX_FLOOR,
     abs_max_bits,
     fp8_scale_and_reciprocal,
+    load_rows,
     masked_load,
     masked_store,
     to_e4m3_bits,
@@ -132,20 +133,16 @@ def quantize_fp8_rowwise_k_groups_reference(
 
 
 @triton.jit
-def quantize_whole_rows(x_ptr, q_ptr, scale_ptr, r, rows, cols, BLOCK_C: tl.constexpr, EVEN: tl.constexpr,
+def quantize_whole_rows(x, q_ptr, scale_ptr, r, row_ok, cols, BLOCK_C: tl.constexpr, EVEN: tl.constexpr,
                         EXACT: tl.constexpr):  # fmt: skip
-    """Quantize rows r of row-major x (rows, cols), each loaded whole (BLOCK_C >= cols) and held in registers through
-    its amax, scale and cast; returns the loaded (len(r), BLOCK_C) tile (zeros outside x) for callers that fold
-    more out of it (``fp8_amax``'s column amax)."""
-    row_ok = r < rows
+    """Quantize rows r (row_ok: those to store) of row-major (., cols), the tile ``x`` (len(r), BLOCK_C >= cols)
+    holding them whole (zeros outside): their amax, scale and cast, in registers. The callers load it (or produce
+    it: ``fp8_amax``'s fused stages) and fold more out of it (``fp8_amax``'s column amax)."""
     c = tl.arange(0, BLOCK_C)
-    mask = row_ok[:, None] & (c < cols)[None, :]
-    x = masked_load(x_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], mask, EVEN)
     scale, recip = fp8_scale_and_reciprocal(abs_max_bits(x, 1).to(tl.float32, bitcast=True))
     masked_store(scale_ptr + r, scale, row_ok, EVEN)
     masked_store(q_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], to_e4m3_bits(to_fp32(x) * recip[:, None], EXACT),
-                 mask, EVEN)  # fmt: skip
-    return x
+                 row_ok[:, None] & (c < cols)[None, :], EVEN)  # fmt: skip
 
 
 @triton.jit
@@ -160,7 +157,10 @@ def _rowwise_kernel(
     masks)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if SINGLE:
-        quantize_whole_rows(x_ptr, q_ptr, scale_ptr, r, rows, cols, BLOCK_C, EVEN, EXACT)
+        c = tl.arange(0, BLOCK_C)
+        row_ok = r < rows
+        x = load_rows(x_ptr, r.to(tl.int64), row_ok, c, c < cols, cols, x_ptr, x_ptr, x_ptr, 0, 0, False, EVEN, EXACT)
+        quantize_whole_rows(x, q_ptr, scale_ptr, r, row_ok, cols, BLOCK_C, EVEN, EXACT)
     else:
         row_ok = r < rows
         x_rows = x_ptr + r.to(tl.int64)[:, None] * cols

@@ -150,6 +150,17 @@ def m_groups_rows(offs_ptr, G, M, block, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
+def m_groups_tail(offs_ptr, G, M, block, BLOCK_G: tl.constexpr):
+    """For row block ``block`` of an M-groups buffer past the last image (its tail, which has room for them): (the
+    first of the rows past the last group end that the block carries, 128 blocks apart in order; how many from
+    there are < M). How many is <= 0 for a block inside an image."""
+    starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
+    past = block - tl.sum(tl.cdiv(sizes, _ROWS), 0)
+    first = tl.max(starts + sizes, 0) + past * _ROWS
+    return first, tl.where(past >= 0, M - first, 0)
+
+
+@triton.jit
 def k_groups_images(offs_ptr, G, cols, BLOCK_G: tl.constexpr):
     """The images of a K-groups buffer for scales of ``cols`` columns, as BLOCK_G (> G) lanes: (each group's first
     scale column, its scale columns, its image width ceil_4 of that). Lane G is the buffer's tail after the last

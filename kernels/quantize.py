@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .block_math import masked_load, masked_store, quantize_blocks
+from .block_math import Producer, masked_load, masked_store, producer_args, quantize_blocks
 from .cost import Cost
 from .format import (
     BLOCK_SIZE,
@@ -50,6 +50,7 @@ from .layouts import (
     k_groups_shape,
     m_groups_rows,
     m_groups_shape,
+    m_groups_tail,
 )
 from .padding import locate, pick
 from .runtime import (
@@ -168,9 +169,9 @@ _SCALE_KINDS = {"row_major": 0, "col_major": 0, "m_groups": 1, "3d": 2, "k_group
 
 @triton.jit
 def _quantize_rows_kernel(
-    x_ptr, q_ptr, s_ptr, offs_ptr, n_rows, n_cols, G, group_rows, s_cols,
+    x_ptr, q_ptr, s_ptr, offs_ptr, n_rows, n_cols, G, group_rows, s_cols, p_a, p_b, p_c, p_sa, p_sb,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, EVEN: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr,
-    SCALES: tl.constexpr, BLOCK_G: tl.constexpr,
+    SCALES: tl.constexpr, BLOCK_G: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr, TAIL: tl.constexpr,
 ):  # fmt: skip
     """x (n_rows, n_cols) bf16/fp32 row-major, 32-blocks along each row -> q (n_rows, n_cols) e4m3 bytes, row-major,
     and the scale bytes. EVEN: no masks (the tiles divide every dim they walk).
@@ -180,7 +181,12 @@ def _quantize_rows_kernel(
     programs walk its rows instead (BLOCK_R <= 128, so a tile lies in one 128-row block), each taking the source rows
     that land there: M-groups, group bounds from offs (G groups of the n_rows rows); 3D, G images of
     ceil_128(group_rows) rows, each holding group_rows source rows. Rows and columns with no source (an image's
-    padding, the buffer's tail) read as zeros, so their scale bytes come out 0; q gets only source rows."""
+    padding, the buffer's tail) read as zeros, so their scale bytes come out 0; q gets only source rows.
+
+    The tile comes from PRODUCE (``block_math.load_rows``' signature, its arguments p_*, VARIANT): the load of x,
+    or a fused stage's producer that computes the tile and writes it to x. TAIL (M-groups, with a producer): the
+    buffer's tail blocks also take the rows past offs[-1], in no group, so the producer writes every row of x;
+    they are quantized as zeros and their q rows are not written, as the unfused quantizer's are not."""
     pid = tl.program_id(0)
     if SCALES == _STRIDED:
         n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
@@ -192,18 +198,27 @@ def _quantize_rows_kernel(
         first, n_data = m_groups_rows(offs_ptr, G, n_rows, tile_row // 128, BLOCK_G)
         local = tile_row % 128 + r
         rows, valid = first + local, local < n_data
+        made = valid
+        if TAIL:
+            tail_first, n_tail = m_groups_tail(offs_ptr, G, n_rows, tile_row // 128, BLOCK_G)
+            rows = tl.where(n_tail > 0, tail_first + local, rows)
+            made = valid | (local < n_tail)
     elif SCALES == _BLOCKED_3D:
         image = tl.cdiv(group_rows, 128) * 128
         local = tile_row % image + r
         rows, valid = (tile_row // image) * group_rows + local, local < group_rows
+        made = valid
     else:
         rows = tile_row + r
         valid = rows < n_rows
+        made = valid
     cols = (pid % n_col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
     offs = rows[:, None] * n_cols + cols[None, :]
     mask = valid[:, None] & (cols[None, :] < n_cols)
 
-    x = masked_load(x_ptr + offs, mask, EVEN)
+    x = PRODUCE(x_ptr, rows, made, cols, cols < n_cols, n_cols, p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN, EXACT)
+    if TAIL:
+        x = tl.where(valid[:, None], x, 0.0)
     q, scale = quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)
     masked_store(q_ptr + offs, tl.reshape(q, (BLOCK_R, BLOCK_C)), mask, EVEN)
 
@@ -370,10 +385,12 @@ def _quantize_rows(
     scales: str = "row_major",
     offs: torch.Tensor | None = None,
     group_rows: int = 0,
+    producer: Producer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the rows kernel on a validated row-major (R, C) matrix: q (R, C) e4m3 and the scales (e8m0) by
     ``scales``: "row_major" (R, C/32); "m_groups", the blocked buffer of the groups of rows that ``offs`` ends
-    (``layouts.m_groups_shape``); "3d", the blocked buffer of R / group_rows experts (``layouts.blocked_3d_shape``)."""
+    (``layouts.m_groups_shape``); "3d", the blocked buffer of R / group_rows experts (``layouts.blocked_3d_shape``).
+    ``producer`` (M-groups only): x is the bf16 output the producer writes, every row of it (``moe_fused``)."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     (tr, tc), num_warps = config.tile, config.num_warps
     R, C = x.shape
@@ -398,11 +415,14 @@ def _quantize_rows(
         grid_rows, width = s.numel() // s_cols, s_cols * BLOCK_SIZE
         even = scales == "3d" and group_rows % TILE_ROWS == 0 and C == width and C % tc == 0
     grid = (triton.cdiv(grid_rows, tr) * triton.cdiv(width, tc),)
+    args, produce = producer_args(producer, x)
+    # A producer's arithmetic rounds every operation as its unfused kernel does: no FMA contraction.
+    fusion = {"enable_fp_fusion": False} if producer else {}
     if grid[0] and R * C:
         _quantize_rows_kernel[grid](
-            x, q.view(torch.uint8), s, offs if offs is not None else s, R, C, G, group_rows, s_cols,
+            x, q.view(torch.uint8), s, offs if offs is not None else s, R, C, G, group_rows, s_cols, *args,
             BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, SCALES=kind,
-            BLOCK_G=triton.next_power_of_2(G), num_warps=num_warps,
+            BLOCK_G=triton.next_power_of_2(G), TAIL=producer is not None, num_warps=num_warps, **produce, **fusion,
         )  # fmt: skip
     elif s.numel():
         s.zero_()  # no data: every scale byte is padding

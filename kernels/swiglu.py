@@ -84,12 +84,13 @@ def _load(ptr, rows, stride, cols, mask, EVEN: tl.constexpr):
 def swiglu_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
                     VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     """``block_math.load_rows``'s producer signature: act = swiglu(h1, h3) of rows ``rows``, columns ``cols`` (h1 at
-    a_ptr, row stride a_stride; h3 at b_ptr, b_stride), stored at out_ptr (., n_cols) and returned as bf16."""
+    a_ptr, row stride a_stride; h3 at b_ptr, b_stride), stored at out_ptr (bf16 (., n_cols)) and returned."""
     mask = row_ok[:, None] & col_ok[None, :]
     a = _load(a_ptr, rows, a_stride, cols, mask, EVEN)
-    bits = to_bf16_bits(a * _sigmoid(a, EXACT) * _load(b_ptr, rows, b_stride, cols, mask, EVEN))
-    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], bits, mask, EVEN)
-    return bits.to(tl.bfloat16, bitcast=True)
+    act = to_bf16_bits(a * _sigmoid(a, EXACT) * _load(b_ptr, rows, b_stride, cols, mask, EVEN))
+    act = act.to(tl.bfloat16, bitcast=True)
+    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], act, mask, EVEN)
+    return act
 
 
 @triton.jit
@@ -97,7 +98,7 @@ def swiglu_backward_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr,
                              VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     """``block_math.load_rows``'s producer signature: the packed grad_h = [grad_h1 | grad_h3] (., n_cols = 2N) of
     rows ``rows``, columns ``cols`` in [0, 2N) (h1 at a_ptr, h3 at b_ptr with row strides a_stride, b_stride;
-    grad_act (., N) contiguous at c_ptr), stored at out_ptr and returned as bf16. Column c of either half reads
+    grad_act (., N) contiguous at c_ptr), stored at out_ptr (bf16) and returned. Column c of either half reads
     column c mod N of the inputs: the two halves of a row come from programs next to each other in the quantizer's
     grid, so the inputs' second read is an L2 hit."""
     N = n_cols // 2
@@ -106,9 +107,9 @@ def swiglu_backward_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr,
     mask = row_ok[:, None] & col_ok[None, :]
     d1, d3 = _grads(_load(c_ptr, rows, N, src, mask, EVEN), _load(a_ptr, rows, a_stride, src, mask, EVEN),
                     _load(b_ptr, rows, b_stride, src, mask, EVEN), EXACT)  # fmt: skip
-    bits = to_bf16_bits(tl.where(upper[None, :], d3, d1))
-    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], bits, mask, EVEN)
-    return bits.to(tl.bfloat16, bitcast=True)
+    grad = to_bf16_bits(tl.where(upper[None, :], d3, d1)).to(tl.bfloat16, bitcast=True)
+    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], grad, mask, EVEN)
+    return grad
 
 
 @triton.jit
@@ -175,7 +176,7 @@ def swiglu(h1: torch.Tensor, h3: torch.Tensor, *, config: SwigluConfig | None = 
     M, N = h1.shape
     out = torch.empty(M, N, dtype=torch.bfloat16, device=h1.device)
     if out.numel():
-        _swiglu_kernel[_grid(M, N, config)](h1, h3, out.view(torch.int16), M, N, h1.stride(0), h3.stride(0),
+        _swiglu_kernel[_grid(M, N, config)](h1, h3, out, M, N, h1.stride(0), h3.stride(0),
                                             BLOCK_M=config.block_rows, BLOCK_N=config.block_cols, EXACT=INTERPRET,
                                             num_warps=config.num_warps, enable_fp_fusion=False)  # fmt: skip
     return out

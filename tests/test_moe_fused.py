@@ -1,0 +1,163 @@
+"""Fused stages (``moe_fused``): every output, data and scale bytes, blocked padding and the rows past offs[-1]
+included, bit-identical to the chain of unfused kernels it replaces (torch.equal under poisoned allocations, so an
+unwritten byte shows unless the chain leaves the same byte unwritten); argument checks before launch; costs."""
+
+import pytest
+import torch
+from helpers import bits_of
+from mxkernels import fp8_amax, moe_fused as mf, moe_rows, quantize_blocked, swiglu
+from mxkernels.cost import Cost
+from mxkernels.errors import InputError
+from mxkernels.fp8_amax import AmaxRowsConfig
+from mxkernels.quantize import RowsConfig
+
+# Group ends over 300 rows: an empty group, groups not multiples of 128, and 40 rows past the last end (tail rows).
+OFFS = [[50, 50, 180, 260], [300], [0, 130, 300]]
+MX_CONFIGS = [None, RowsConfig(tile=(16, 64), num_warps=2)]
+FP8_CONFIGS = [None, AmaxRowsConfig(programs_per_sm=1, num_warps=2, block_rows=2)]
+
+
+def assert_same(fused, chain):
+    assert len(fused) == len(chain)
+    for i, (a, b) in enumerate(zip(fused, chain)):
+        assert a.dtype == b.dtype and a.shape == b.shape, i
+        assert torch.equal(bits_of(a), bits_of(b)), f"output {i} differs"
+
+
+def offsets(ends):
+    return torch.tensor(ends, dtype=torch.int32)
+
+
+def gather_inputs(R=300, T=23, D=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(T, D, generator=g) * 4).bfloat16()
+    src = torch.randint(-1, T, (R,), generator=g, dtype=torch.int32)
+    src[::7] = -1
+    return x, src, torch.randn(R, generator=g)
+
+
+def swiglu_inputs(M=300, N=64, seed=0, packed=True):
+    g = torch.Generator().manual_seed(seed)
+    if packed:
+        h1, h3 = swiglu.split_halves((torch.randn(M, 2 * N, generator=g) * 3).bfloat16())
+    else:
+        h1, h3 = ((torch.randn(M, N, generator=g) * 3).bfloat16() for _ in range(2))
+    return (torch.randn(M, N, generator=g) * 2).bfloat16(), h1, h3
+
+
+@pytest.mark.parametrize("ends", OFFS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("mode", ["rceil", "floor"])
+def test_gather_quantize_mxfp8_is_the_chain(poisoned_empty, ends, weighted, mode):
+    x, src, w = gather_inputs()
+    w = w if weighted else None
+    offs = offsets(ends)
+    xs = moe_rows.gather_weighted(x, src, w)
+    chain = (xs, *quantize_blocked.quantize_dim0_blocked(xs, offs, mode))
+    for config in MX_CONFIGS:
+        assert_same(mf.gather_quantize_mxfp8(x, src, w, offs, mode, config=config), chain)
+
+
+@pytest.mark.parametrize("ends", OFFS)
+@pytest.mark.parametrize("packed", [True, False])
+def test_swiglu_quantize_mxfp8_is_the_chain(poisoned_empty, ends, packed):
+    _, h1, h3 = swiglu_inputs(packed=packed)
+    offs = offsets(ends)
+    act = swiglu.swiglu(h1, h3)
+    chain = (act, *quantize_blocked.quantize_dim0_blocked(act, offs, "rceil"))
+    for config in MX_CONFIGS:
+        assert_same(mf.swiglu_quantize_mxfp8(h1, h3, offs, "rceil", config=config), chain)
+
+
+@pytest.mark.parametrize("ends", OFFS)
+@pytest.mark.parametrize("N", [64, 48])
+def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
+    # N = 48: 2N = 96, so a 64-column tile straddles the two halves.
+    g, h1, h3 = swiglu_inputs(N=N)
+    offs = offsets(ends)
+    (grad_h,) = swiglu.swiglu_backward(g, h1, h3, packed=True)
+    chain = (grad_h, *quantize_blocked.quantize_dim0_blocked(grad_h, offs, "floor"))
+    for config in MX_CONFIGS:
+        assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "floor", config=config), chain)
+
+
+@pytest.mark.parametrize("ends", OFFS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gather_quantize_fp8_is_the_chain(poisoned_empty, ends, weighted):
+    x, src, w = gather_inputs(D=80)
+    w = w if weighted else None
+    offs = offsets(ends)
+    xs = moe_rows.gather_weighted(x, src, w)
+    chain = (xs, *fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs))
+    for config in FP8_CONFIGS:
+        assert_same(mf.gather_quantize_fp8(x, src, w, offs, config=config), chain)
+
+
+@pytest.mark.parametrize("ends", OFFS[:2])
+def test_swiglu_quantize_fp8_is_the_chain(poisoned_empty, ends):
+    g, h1, h3 = swiglu_inputs(N=40)
+    offs = offsets(ends)
+    act = swiglu.swiglu(h1, h3)
+    (grad_h,) = swiglu.swiglu_backward(g, h1, h3)
+    for config in FP8_CONFIGS:
+        assert_same(mf.swiglu_quantize_fp8(h1, h3, offs, config=config),
+                    (act, *fp8_amax.quantize_fp8_rowwise_with_amax(act, offs)))  # fmt: skip
+        assert_same(mf.swiglu_backward_quantize_fp8(g, h1, h3, offs, config=config),
+                    (grad_h, *fp8_amax.quantize_fp8_rowwise_with_amax(grad_h, offs)))  # fmt: skip
+
+
+def test_special_values():
+    # Inf and NaN in the produced tile: their blocks' scales are 255 and data 0x7F; a row's FP8 scale goes NaN/inf.
+    x, src, w = gather_inputs(R=40, T=5, D=64)
+    x[1, 3], x[2, 40] = float("inf"), float("nan")
+    offs = offsets([10, 40])
+    xs = moe_rows.gather_weighted(x, src, w)
+    assert_same(mf.gather_quantize_mxfp8(x, src, w, offs), (xs, *quantize_blocked.quantize_dim0_blocked(xs, offs)))
+    assert_same(mf.gather_quantize_fp8(x, src, w, offs), (xs, *fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)))
+
+
+def test_empty():
+    x, src, _ = gather_inputs(R=0, D=64)
+    xs, q, s = mf.gather_quantize_mxfp8(x, src, None, offsets([0, 0]))
+    assert xs.shape == q.shape == (0, 64) and not s.view(torch.uint8).any()
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x, s, h1, h3, g, o: mf.gather_quantize_mxfp8(x[:, :40].contiguous(), s, None, o), "multiple of 32"),
+        (lambda x, s, h1, h3, g, o: mf.gather_quantize_mxfp8(x, s, None, o.long()), "offs"),
+        (lambda x, s, h1, h3, g, o: mf.gather_quantize_mxfp8(x, s, None, offsets([10, 301])), "offs"),
+        (lambda x, s, h1, h3, g, o: mf.gather_quantize_mxfp8(x, s, None, o, "up"), "mode|ScaleMode"),
+        (lambda x, s, h1, h3, g, o: mf.gather_quantize_mxfp8(x, s, None, o, config=FP8_CONFIGS[1]), "config"),
+        (lambda x, s, h1, h3, g, o: mf.gather_quantize_fp8(x, s, torch.ones(3), o), "weight"),
+        (lambda x, s, h1, h3, g, o: mf.gather_quantize_fp8(x, s, None, o, config=MX_CONFIGS[1]), "config"),
+        (lambda x, s, h1, h3, g, o: mf.swiglu_quantize_mxfp8(h1, h3[:, :32], o), "one shape"),
+        (lambda x, s, h1, h3, g, o: mf.swiglu_backward_quantize_fp8(g[:5], h1, h3, o), "grad_act"),
+    ],
+)
+def test_bad_input_is_named_before_launch(call, match):
+    x, src, _ = gather_inputs()
+    g, h1, h3 = swiglu_inputs()
+    with pytest.raises((InputError, ValueError), match=match):
+        call(x.contiguous(), src, h1, h3, g, offsets([100, 300]))
+
+
+def test_costs_are_the_chain_less_the_reread():
+    R, D, G, T, M, N = 4096, 7168, 8, 1024, 4096, 2048
+    reread = {"gather": R * D * 2, "swiglu": M * N * 2, "swiglu_backward": M * 2 * N * 2}
+    pairs = [
+        ("gather", mf.gather_quantize_mxfp8_cost(R, D, G, T, True),
+         moe_rows.gather_weighted_cost(R, D, T, True) + quantize_blocked.quantize_dim0_blocked_cost(R, D, G, torch.bfloat16)),
+        ("swiglu", mf.swiglu_quantize_mxfp8_cost(M, N, G),
+         swiglu.swiglu_cost(M, N) + quantize_blocked.quantize_dim0_blocked_cost(M, N, G, torch.bfloat16)),
+        ("swiglu_backward", mf.swiglu_backward_quantize_mxfp8_cost(M, N, G),
+         swiglu.swiglu_backward_cost(M, N) + quantize_blocked.quantize_dim0_blocked_cost(M, 2 * N, G, torch.bfloat16)),
+        ("gather", mf.gather_quantize_fp8_cost(R, D, G, T, False),
+         moe_rows.gather_weighted_cost(R, D, T, False) + fp8_amax.with_amax_cost(R, D, G, torch.bfloat16)),
+        ("swiglu", mf.swiglu_quantize_fp8_cost(M, N, G), swiglu.swiglu_cost(M, N) + fp8_amax.with_amax_cost(M, N, G, torch.bfloat16)),
+        ("swiglu_backward", mf.swiglu_backward_quantize_fp8_cost(M, N, G),
+         swiglu.swiglu_backward_cost(M, N) + fp8_amax.with_amax_cost(M, 2 * N, G, torch.bfloat16)),
+    ]  # fmt: skip
+    for kind, fused, chain in pairs:
+        assert fused == Cost(chain.bytes_read - reread[kind], chain.bytes_written)
