@@ -28,9 +28,9 @@ RECIPE_FLOOR_DB = 12.0
 
 @pytest.mark.parametrize("config", CONFIGS, ids=["default", "after-shared-split-router-softmax", "skewed-shared2"])
 @pytest.mark.parametrize("recipe", ["bf16", "fp8_rowwise", "mxfp8"])
-def test_layer_matches_the_independent_reference(recipe, config):
+def test_layer_matches_the_independent_reference(recipe, config, device):
     shape = LayerShape(**SMALL, **config)
-    inputs = layer_inputs(shape, seed=3)
+    inputs = layer_inputs(shape, seed=3, device=device)
     reference = layer_outputs(None, inputs, shape)
     sqnr = layer_sqnr(layer_outputs(recipe, inputs, shape), reference)
     names = {"y", "grad_x", "grad_wr", "grad_w1", "grad_w3", "grad_w2"} | ({"grad_ws13", "grad_ws2"} if shape.shared else set())
@@ -57,7 +57,7 @@ def _shifted_permute(x, row_src, row_w, *, weighted):
 
 
 def _no_router_grad(grad_top, scores, experts, *, score_func):
-    return (torch.zeros(scores.shape, dtype=torch.bfloat16),)
+    return (torch.zeros(scores.shape, dtype=torch.bfloat16, device=scores.device),)
 
 
 @pytest.mark.parametrize("stage, fn, config, output", [
@@ -65,9 +65,9 @@ def _no_router_grad(grad_top, scores, experts, *, score_func):
     ("permute", _shifted_permute, dict(), "y"),
     ("router_grad", _no_router_grad, dict(), "grad_wr"),
 ])  # fmt: skip
-def test_a_wrong_stage_is_caught_by_the_reference(stage, fn, config, output):
+def test_a_wrong_stage_is_caught_by_the_reference(stage, fn, config, output, device):
     shape = LayerShape(**SMALL, **config)
-    inputs = layer_inputs(shape, seed=1)
+    inputs = layer_inputs(shape, seed=1, device=device)
     reference = layer_outputs(None, inputs, shape)
     sqnr = layer_sqnr(layer_outputs("bf16", inputs, shape, impls={stage: _wrong(stage, fn)}), reference)
     assert sqnr[output] < 10.0, sqnr
@@ -75,10 +75,10 @@ def test_a_wrong_stage_is_caught_by_the_reference(stage, fn, config, output):
 
 @pytest.mark.parametrize("config", CONFIGS[:2], ids=["default", "after-shared-split"])
 @pytest.mark.parametrize("recipe", ["bf16", "mxfp8"])
-def test_every_layer_stage_matches_its_oracle(recipe, config):
+def test_every_layer_stage_matches_its_oracle(recipe, config, device):
     shape = LayerShape(**SMALL, **config)
     stages = layer_stages(recipe, shape)
-    env = run_stages(stages, dict(layer_inputs(shape, seed=2)))
+    env = run_stages(stages, dict(layer_inputs(shape, seed=2, device=device)))
     checked = 0
     for s in stages:
         if s.spec.key not in layer_specs() and s.spec.name.split(".")[-1] not in ("swiglu", "swiglu_grad"):
@@ -89,15 +89,15 @@ def test_every_layer_stage_matches_its_oracle(recipe, config):
     assert checked >= 10
 
 
-def test_route_tokens_pads_each_group_to_the_alignment():
+def test_route_tokens_pads_each_group_to_the_alignment(device):
     shape = LayerShape(T=37, K=64, N=64, E=5, top_k=3, routing="skewed")
     stages = layer_stages("mxfp8", shape)
     route = next(s for s in stages if s.name == "route_tokens")
-    inputs = layer_inputs(shape, seed=4)
+    inputs = layer_inputs(shape, seed=4, device=device)
     experts = inputs["assign"]
-    top = torch.rand(experts.shape)
+    top = torch.rand(experts.shape, device=device)
     dest, row_src, row_w, offs, copy_token = route.fn(experts, top, **route.params)
-    counts = torch.bincount(experts.reshape(-1).long(), minlength=5)
+    counts = torch.bincount(experts.reshape(-1).long().cpu(), minlength=5)
     sizes = (counts + 31) // 32 * 32
     assert offs.tolist() == sizes.cumsum(0).tolist()
     assert (row_src[dest.long()] == copy_token).all() and (row_w[dest.long()] == top.reshape(-1)).all()
@@ -109,6 +109,7 @@ def test_route_tokens_pads_each_group_to_the_alignment():
     assert route.spec.compare(wrong, expected, [experts, top]) is not None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path (on a GPU the command measures)")
 def test_layer_cli_models_without_a_gpu_and_tables_render(tmp_path):
     out = tmp_path / "layer.json"
     result = CliRunner().invoke(cli, ["layer", "--preset", "deepseek-v3", "--fuse", "--out", str(out)])
@@ -128,6 +129,34 @@ def test_layer_cli_models_without_a_gpu_and_tables_render(tmp_path):
     assert stages_table.exit_code == 0 and "permute_quantize" in stages_table.output
     wrong_kind = CliRunner().invoke(cli, ["table", str(out), "--kind", "breakdown"])
     assert wrong_kind.exit_code == 2
+
+
+@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
+@pytest.mark.parametrize("config", [dict(), dict(score_before=False, shared=1)], ids=["before", "after-shared"])
+def test_fused_layer_is_bit_identical_to_the_chains(recipe, config, device):
+    """The four fused stages replace their chains without changing one bit of y or of any gradient."""
+    shape = LayerShape(**SMALL, routing="skewed", **config)
+    inputs = layer_inputs(shape, seed=5, device=device)
+    chains, fused = layer_outputs(recipe, inputs, shape), layer_outputs(recipe, inputs, shape, fuse=True)
+    assert set(chains) == set(fused) and all(torch.equal(chains[k], fused[k]) for k in chains)
+    names = {s.name for s in layer_stages(recipe, shape, fuse=True)}
+    assert {"permute_quantize", "swiglu_quantize", "combine_grad_quantize", "swiglu_grad_quantize"} <= names
+    assert not any(n.endswith(("quantize_a_blocked", "quantize_a_amax")) for n in names if n.startswith(("up.", "down.")))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_rowwise", "mxfp8"])
+def test_layer_on_the_gpu_at_a_realistic_size(recipe):
+    """A layer of real width on the GPU: within the floors of the fp32 reference; fused equal to the chains."""
+    shape = LayerShape(T=4096, K=2048, N=768, E=8, top_k=2, shared=1, routing="skewed")
+    inputs = layer_inputs(shape, seed=6, device="cuda")
+    reference = layer_outputs(None, inputs, shape)
+    got = layer_outputs(recipe, inputs, shape)
+    sqnr = layer_sqnr(got, reference)
+    assert min(sqnr.values()) >= (BF16_FLOOR_DB if recipe == "bf16" else RECIPE_FLOOR_DB), sqnr
+    if recipe != "bf16":
+        fused = layer_outputs(recipe, inputs, shape, fuse=True)
+        assert all(torch.equal(got[k], fused[k]) for k in got)
 
 
 @pytest.mark.parametrize("args, message", [
