@@ -26,8 +26,12 @@ BF16_FLOOR_DB = 40.0
 RECIPE_FLOOR_DB = 12.0
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["default", "after-shared-split-router-softmax", "skewed-shared2"])
-@pytest.mark.parametrize("recipe", ["bf16", "fp8_rowwise", "mxfp8"])
+# FP8 rowwise's column quantizers are slow under the interpreter: one configuration of it keeps the suite in budget.
+_RECIPE_CONFIGS = [(r, c) for r in ("bf16", "mxfp8") for c in range(len(CONFIGS))] + [("fp8_rowwise", 1)]
+
+
+@pytest.mark.parametrize("recipe, config", [(r, CONFIGS[c]) for r, c in _RECIPE_CONFIGS],
+                         ids=[f"{r}-{c}" for r, c in _RECIPE_CONFIGS])  # fmt: skip
 def test_layer_matches_the_independent_reference(recipe, config, device):
     shape = LayerShape(**SMALL, **config)
     inputs = layer_inputs(shape, seed=3, device=device)
@@ -131,8 +135,9 @@ def test_layer_cli_models_without_a_gpu_and_tables_render(tmp_path):
     assert wrong_kind.exit_code == 2
 
 
-@pytest.mark.parametrize("recipe", ["fp8_rowwise", "mxfp8"])
-@pytest.mark.parametrize("config", [dict(), dict(score_before=False, shared=1)], ids=["before", "after-shared"])
+@pytest.mark.parametrize("recipe, config", [("mxfp8", dict()), ("mxfp8", dict(score_before=False, shared=1)),
+                                            ("fp8_rowwise", dict(score_before=False, shared=1))],
+                         ids=["mxfp8-before", "mxfp8-after-shared", "fp8_rowwise-after-shared"])  # fmt: skip
 def test_fused_layer_is_bit_identical_to_the_chains(recipe, config, device):
     """The four fused stages replace their chains without changing one bit of y or of any gradient."""
     shape = LayerShape(**SMALL, routing="skewed", **config)
