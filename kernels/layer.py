@@ -12,7 +12,8 @@ backward  the mirror: combine_grad (+ its score gradient) -> down projection bac
 The tokens live padded from the permute to the combine: every expert's group starts at a multiple of the recipe's
 alignment in a buffer of the host-known upper bound ``LayerShape.rows(recipe)``, so nothing reads group sizes on
 the host (one CUDA graph captures the whole layer) and the projections need no pad or unpad stages of their own.
-Router gate and shared experts run in bf16 whatever the recipe; the recipe sets every grouped GEMM.
+The router gate runs in bf16 whatever the recipe; the recipe sets every grouped GEMM, and the shared experts' GEMMs
+too with ``shared_in_recipe`` (else they are dense bf16 products).
 
 ``fuse`` replaces four chains by fused stages (``layer_specs.FUSED_STAGES``): the permute writes the gate/up
 projection's quantized operand, SwiGLU the down projection's, the combine's backward the down projection's
@@ -52,6 +53,9 @@ class LayerShape:
     ``shared``: shared experts, one dense SwiGLU FFN of hidden width N * shared beside the routed ones (0: none).
     ``score_before``: the router's scores weight the tokens before the experts (torchtitan's default), else their
     outputs in the combine. ``fuse_up``: the gate and up projections as one (E, 2N, K) GEMM, else two.
+    ``shared_in_recipe``: the shared experts' GEMMs in the recipe too (each a one-group grouped GEMM over the T
+    tokens, as an FP8 training recipe converts every linear), else dense bf16 (torchao's layer benchmark converts
+    the routed experts only).
     """
 
     T: int
@@ -64,6 +68,7 @@ class LayerShape:
     score_before: bool = True
     routing: Routing = Routing.BALANCED
     fuse_up: bool = True
+    shared_in_recipe: bool = False
 
     def __post_init__(self):
         for name in ("T", "K", "N"):
@@ -235,7 +240,13 @@ def layer_stages(
     y_routed = "y_routed" if s.shared else "y"
     b.add("combine", [(rows, K), (S,)], moe_rows.combine_rows_cost(T, K, k, not s.score_before), ("out", "dest", "top"),
           (y_routed,), comb_w)  # fmt: skip
-    if s.shared:
+    shared = _shared_projections(recipe, s, mode, backend, fuse_scales) if s.shared else None
+    if shared is not None:
+        b.stages += shared[0][fwd]
+        b.stages.append(_shared_swiglu(N * s.shared, T, fwd))
+        b.stages += shared[1][fwd]
+        b.add("add_shared", [(T, K), (T, K)], Cost(2 * T * K * 2, T * K * 2), ("y_routed", "ys"), ("y",))
+    elif s.shared:
         Ns = N * s.shared
         b.add("shared_up", [(T, K), (2 * Ns, K)], _dense_cost(T, 2 * Ns, K), ("x", "ws13"), ("hs",))
         b.stages.append(_shared_swiglu(Ns, T, fwd))
@@ -274,7 +285,15 @@ def layer_stages(
         b.add("permute_score_grad", [(rows, K), (T, K)], moe_rows.row_dot_cost(S, K), ("grad_xs", "dest", "x", "copy_token"),
               ("grad_top",))  # fmt: skip
     grad_x_in = "grad_x_routed"
-    if s.shared:
+    if shared is not None:
+        b.stages += shared[1][bwd]
+        b.stages.append(_shared_swiglu(N * s.shared, T, bwd))
+        b.stages += shared[0][bwd]
+        add = bind_stage(get_layer_spec("bf16", "add_grads"), [(T, K), (T, K)], Cost(2 * T * K * 2, T * K * 2),
+                         ("grad_x_routed", "grad_xs_shared"), ("grad_x_shared",))  # fmt: skip
+        b.stages += _renamed([add], "shared", {n: n for n in (*add.inputs, *add.outputs)})
+        grad_x_in = "grad_x_shared"
+    elif s.shared:
         Ns = N * s.shared
         b.add("shared_down_grad", [(T, K), (T, Ns)], _dense_cost(T, Ns, K) + _dense_cost(K, Ns, T), ("dy", "acts", "ws2"),
               ("grad_acts", "grad_ws2"))  # fmt: skip
@@ -287,11 +306,32 @@ def layer_stages(
     for up in ups:
         b.stages += up[Pass.BACKWARD_WEIGHT]
     b.stages += down[Pass.BACKWARD_WEIGHT]
+    if shared is not None:
+        b.stages += shared[0][Pass.BACKWARD_WEIGHT] + shared[1][Pass.BACKWARD_WEIGHT]
     b.add("router_gate_grad", [(T, E), (T, K)], moe_router.router_gate_grad_cost(T, K, E, 1),
           ("grad_logits", "x", "wr", grad_x_in), ("grad_x", "grad_wr"))  # fmt: skip
     names = [st.name for st in b.stages]
     assert len(names) == len(set(names)), f"stage names repeat: {names}"
     return with_impls(b.stages, impls)
+
+
+def _shared_projections(recipe: Recipe, s: LayerShape, mode: str, backend, fuse_scales: bool):
+    """The shared experts' gate/up and down projections in the recipe (``shared_in_recipe``): one-group grouped
+    GEMMs over the T tokens, group end ``shared_offs``. None where they stay dense bf16."""
+    if not s.shared_in_recipe or recipe == Recipe.BF16:
+        return None
+    align = padding_alignment(recipe)
+    if s.T % align:
+        raise InputError(f"shared experts in {recipe} run as one token group of T rows: T must be a multiple of "
+                         f"{align}, got {s.T}")  # fmt: skip
+    Ns = s.N * s.shared
+    up = _projection(recipe, "shared_up", s.T, 2 * Ns, s.K, 1, {"a": "x", "w": "ws13", "offs": "shared_offs",
+                     "out": "hs", "grad_out": "grad_hs", "grad_a": "grad_xs_shared", "grad_w": "grad_ws13"}, mode,
+                     backend, fuse_scales)  # fmt: skip
+    down = _projection(recipe, "shared_down", s.T, s.K, Ns, 1, {"a": "acts", "w": "ws2", "offs": "shared_offs",
+                       "out": "ys", "grad_out": "dy", "grad_a": "grad_acts", "grad_w": "grad_ws2"}, mode, backend,
+                       fuse_scales)  # fmt: skip
+    return up, down
 
 
 def _alias(passes: dict[Pass, list[Stage]], old: Sequence[str], new: Sequence[str]) -> None:

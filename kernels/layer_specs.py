@@ -101,37 +101,38 @@ def _add_reference(a, b):
 
 
 def _mm_t(a, b):
-    return (torch.mm(a, b.t()),)
+    """a @ b[0]^T: the shared experts' weights are one-expert stacks (1, rows, cols), as a grouped GEMM takes them."""
+    return (torch.mm(a, b[0].t()),)
 
 
 def _mm_t_reference(a, b):
-    return ((a.double() @ b.double().t()).to(torch.bfloat16),)
+    return ((a.double() @ b[0].double().t()).to(torch.bfloat16),)
 
 
 def _mm_t_add(a, b, c):
-    return (torch.addmm(c, a, b.t()),)
+    return (torch.addmm(c, a, b[0].t()),)
 
 
 def _mm_t_add_reference(a, b, c):
-    return ((a.double() @ b.double().t() + c.double()).to(torch.bfloat16),)
+    return ((a.double() @ b[0].double().t() + c.double()).to(torch.bfloat16),)
 
 
 def _shared_down_grad(dy, act, ws2):
-    return torch.mm(dy, ws2), torch.mm(dy.t(), act)
+    return torch.mm(dy, ws2[0]), torch.mm(dy.t(), act).unsqueeze(0)
 
 
 def _shared_down_grad_reference(dy, act, ws2):
-    d, a, w = dy.double(), act.double(), ws2.double()
-    return (d @ w).to(torch.bfloat16), (d.t() @ a).to(torch.bfloat16)
+    d, a, w = dy.double(), act.double(), ws2[0].double()
+    return (d @ w).to(torch.bfloat16), (d.t() @ a).to(torch.bfloat16).unsqueeze(0)
 
 
 def _shared_up_grad(g, x, ws13, grad_x):
-    return torch.addmm(grad_x, g, ws13), torch.mm(g.t(), x)
+    return torch.addmm(grad_x, g, ws13[0]), torch.mm(g.t(), x).unsqueeze(0)
 
 
 def _shared_up_grad_reference(g, x, ws13, grad_x):
     d = g.double()
-    return (d @ ws13.double() + grad_x.double()).to(torch.bfloat16), (d.t() @ x.double()).to(torch.bfloat16)
+    return (d @ ws13[0].double() + grad_x.double()).to(torch.bfloat16), (d.t() @ x.double()).to(torch.bfloat16).unsqueeze(0)
 
 
 # ---- the fused stages' chains (references): the producer's reference, then the quantizer's ---------------------
@@ -223,11 +224,14 @@ def _common() -> list[StageSpec]:
         _spec(B, "combine", F, C, "Sum each token's top-k expert outputs (scored when scores come last)",
               (_p("out", "bf16 (rows, K) expert outputs"), _DEST, _TOP), (_p("y", "bf16 (T, K)"),),
               _combine_reference, near, _combine, "combine_rows", ("weighted",)),
-        _spec(B, "shared_up", F, G, "Shared experts: gate/up projection (dense bf16)", (_X, _p("ws13", "bf16 (2Ns, K)")),
+        _spec(B, "shared_up", F, G, "Shared experts: gate/up projection (dense bf16)", (_X, _p("ws13", "bf16 (1, 2Ns, K)")),
               (_p("hs", "bf16 (T, 2Ns)"),), _mm_t_reference, gemm, _mm_t, "torch.mm"),
         _spec(B, "shared_down", F, G, "Shared experts: down projection, added to the routed output",
-              (_p("acts", "bf16 (T, Ns)"), _p("ws2", "bf16 (K, Ns)"), _p("y_routed", "bf16 (T, K)")),
+              (_p("acts", "bf16 (T, Ns)"), _p("ws2", "bf16 (1, K, Ns)"), _p("y_routed", "bf16 (T, K)")),
               (_p("y", "bf16 (T, K)"),), _mm_t_add_reference, gemm, _mm_t_add, "torch.mm + add"),
+        _spec(B, "add_shared", F, C, "Add the shared experts' output to the routed output",
+              (_p("y_routed", "bf16 (T, K)"), _p("ys", "bf16 (T, K)")), (_p("y", "bf16 (T, K)"),), _add_reference,
+              exact, _add, "torch.add"),
         _spec(B, "combine_grad", DI, C, "Gradient of the combine: dy into the padded expert slots",
               (_p("dy", "bf16 (T, K)"), _ROW_SRC, _ROW_W), (_p("grad_out", "bf16 (rows, K)"),), _permute_reference,
               exact, _permute, "gather_weighted", ("weighted",)),
@@ -257,12 +261,12 @@ def _common() -> list[StageSpec]:
               (_p("grad_x", "bf16 (T, K)"), _p("grad_wr", "bf16 (E, K)")), moe_router.router_gate_grad_reference,
               gemm, moe_router.router_gate_grad, "torch.mm"),
         _spec(B, "shared_down_grad", DI, G, "Shared experts: down projection backward",
-              (_p("dy", "bf16 (T, K)"), _p("acts", "bf16 (T, Ns)"), _p("ws2", "bf16 (K, Ns)")),
-              (_p("grad_acts", "bf16 (T, Ns)"), _p("grad_ws2", "bf16 (K, Ns)")), _shared_down_grad_reference, gemm,
+              (_p("dy", "bf16 (T, K)"), _p("acts", "bf16 (T, Ns)"), _p("ws2", "bf16 (1, K, Ns)")),
+              (_p("grad_acts", "bf16 (T, Ns)"), _p("grad_ws2", "bf16 (1, K, Ns)")), _shared_down_grad_reference, gemm,
               _shared_down_grad, "torch.mm"),
         _spec(B, "shared_up_grad", DI, G, "Shared experts: gate/up backward; grad_x summed with the routed path",
-              (_p("grad_hs", "bf16 (T, 2Ns)"), _X, _p("ws13", "bf16 (2Ns, K)"), _p("grad_x_in", "bf16 (T, K)")),
-              (_p("grad_x", "bf16 (T, K)"), _p("grad_ws13", "bf16 (2Ns, K)")), _shared_up_grad_reference, gemm,
+              (_p("grad_hs", "bf16 (T, 2Ns)"), _X, _p("ws13", "bf16 (1, 2Ns, K)"), _p("grad_x_in", "bf16 (T, K)")),
+              (_p("grad_x", "bf16 (T, K)"), _p("grad_ws13", "bf16 (1, 2Ns, K)")), _shared_up_grad_reference, gemm,
               _shared_up_grad, "torch.mm"),
     ]  # fmt: skip
 

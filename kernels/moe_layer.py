@@ -23,7 +23,7 @@ import torch
 from .autograd import run_saved_stages, save_for_stages
 from .layer import LayerShape, Routing, layer_stages
 from .moe_router import ScoreFunc
-from .names import Pass
+from .names import Pass, Recipe
 from .pipeline import Stage, run_stages
 from .runtime import InputError
 
@@ -66,12 +66,14 @@ def layer_inputs(shape: LayerShape, *, device="cpu", seed: int = 0) -> dict[str,
     t.update({"w13": torch.cat([w1, w3], dim=1)} if s.fuse_up else {"w1": w1, "w3": w3})
     if s.shared:
         Ns = s.N * s.shared
-        t.update(ws13=randn(2 * Ns, s.K, scale=s.K**-0.5), ws2=randn(s.K, Ns, scale=Ns**-0.5))
+        t.update(ws13=randn(1, 2 * Ns, s.K, scale=s.K**-0.5), ws2=randn(1, s.K, Ns, scale=Ns**-0.5))
     out = {name: v.to(device=device, dtype=torch.bfloat16) for name, v in t.items()}
     if s.routing == Routing.BALANCED:
         out["assign"] = balanced_assignment(s.T, s.top_k, s.E, device)
     elif s.routing == Routing.SKEWED:
         out["assign"] = skewed_assignment(s.T, s.top_k, s.E, seed, device)
+    if s.shared:  # the shared experts as a one-group grouped GEMM (``shared_in_recipe``): its group end
+        out["shared_offs"] = torch.tensor([s.T], dtype=torch.int32, device=device)
     return out
 
 
@@ -89,11 +91,8 @@ def split_passes(stages: Sequence[Stage]) -> tuple[list[Stage], list[Stage]]:
 
 class _StagedLayer(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, forward, backward, names, assign, x, *weights):
-        env = {"x": x, **dict(zip(names, weights, strict=True))}
-        if assign is not None:
-            env["assign"] = assign
-        env = run_stages(forward, env)
+    def forward(ctx, forward, backward, names, extra, x, *weights):
+        env = run_stages(forward, {"x": x, **dict(zip(names, weights, strict=True)), **extra})
         save_for_stages(ctx, env, backward, "dy")
         ctx.names = names
         return env["y"]
@@ -105,10 +104,12 @@ class _StagedLayer(torch.autograd.Function):
 
 
 def moe_layer(x: torch.Tensor, weights: Mapping[str, torch.Tensor], shape: LayerShape, recipe: str = "bf16", *,
-              assign: torch.Tensor | None = None, mode: str = "rceil", backend: str | None = None, fuse: bool = False,
-              impls=None, stages: Sequence[Stage] | None = None) -> torch.Tensor:  # fmt: skip
+              assign: torch.Tensor | None = None, shared_offs: torch.Tensor | None = None, mode: str = "rceil",
+              backend: str | None = None, fuse: bool = False, impls=None,
+              stages: Sequence[Stage] | None = None) -> torch.Tensor:  # fmt: skip
     """y (T, K) bf16 of the layer (module doc), differentiable in x and every weight. ``assign`` (T, top_k) int32:
-    the forced experts when ``shape.routing`` forces them. ``stages``: the stage list, when already built."""
+    the forced experts when ``shape.routing`` forces them; ``shared_offs`` int32 [T]: the one group of the shared
+    experts when they run in the recipe (``layer_inputs`` makes both). ``stages``: the stage list, when built."""
     if tuple(x.shape) != (shape.T, shape.K):
         raise InputError(f"x must be ({shape.T}, {shape.K}) for this layer, got {tuple(x.shape)}")
     missing = [n for n in shape.weights if n not in weights]
@@ -118,9 +119,12 @@ def moe_layer(x: torch.Tensor, weights: Mapping[str, torch.Tensor], shape: Layer
         raise InputError(f"routing {shape.routing} {'needs' if assign is None else 'takes no'} assign")
     if stages is None:
         stages = layer_stages(recipe, shape, mode=mode, backend=backend, fuse=fuse, impls=impls)
+    if shape.shared_in_recipe and Recipe(recipe) != Recipe.BF16 and shared_offs is None:
+        raise InputError("shared experts in the recipe need shared_offs (int32 [T])")
     forward, backward = split_passes(stages)
     names = shape.weights
-    return _StagedLayer.apply(forward, backward, names, assign, x, *(weights[n] for n in names))
+    extra = {k: v for k, v in (("assign", assign), ("shared_offs", shared_offs)) if v is not None}
+    return _StagedLayer.apply(forward, backward, names, extra, x, *(weights[n] for n in names))
 
 
 # ---- the independent reference and the accuracy of a recipe ---------------------------------------------------
@@ -153,9 +157,9 @@ def moe_layer_reference(x: torch.Tensor, weights: Mapping[str, torch.Tensor], sh
         outs.append(out if s.score_before else out * score)
     y = torch.zeros_like(x).index_add(0, torch.cat(tokens), torch.cat(outs))  # one sum: no copy of y per expert
     if s.shared:
-        hs = x @ weights["ws13"].t()
+        hs = x @ weights["ws13"][0].t()
         Ns = hs.shape[1] // 2
-        y = y + (torch.nn.functional.silu(hs[:, :Ns]) * hs[:, Ns:]) @ weights["ws2"].t()
+        y = y + (torch.nn.functional.silu(hs[:, :Ns]) * hs[:, Ns:]) @ weights["ws2"][0].t()
     return y
 
 
@@ -185,7 +189,7 @@ def layer_outputs(recipe: str | None, inputs: Mapping[str, torch.Tensor], shape:
         if recipe is None:
             y = moe_layer_reference(x, weights, shape, assign)
         else:
-            y = moe_layer(x, weights, shape, recipe, assign=assign, **kw)
+            y = moe_layer(x, weights, shape, recipe, assign=assign, shared_offs=inputs.get("shared_offs"), **kw)
         return _gradients(y, x, weights, inputs["dy"].to(dtype), shape)
 
 

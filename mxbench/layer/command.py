@@ -18,7 +18,7 @@ from ..roofline import DENOMINATORS
 DEFAULT_TOKENS, DEFAULT_EXPERTS = 131072, 8
 
 
-def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after, separate, routing):
+def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after, separate, routing, shared_in_recipe):
     """(LayerShape, label): the preset's layer (``shapes/*.toml`` [layer]) with any option given on top."""
     from mxkernels.layer import LayerShape
 
@@ -41,8 +41,10 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
         if K is None or N is None:
             raise click.UsageError("give --K and --N (or --preset NAME; `mxbench presets` lists them)")
         label = f"{K}x{N}"
+    if shared_in_recipe and not shared:
+        raise click.BadParameter("the layer has no shared experts (--shared-experts 0)", param_hint="--shared-in-recipe")
     shape = LayerShape(tokens or DEFAULT_TOKENS, K, N, experts or DEFAULT_EXPERTS, top_k or 1, shared or 0,
-                       score_func or "sigmoid", not score_after, routing, not separate)  # fmt: skip
+                       score_func or "sigmoid", not score_after, routing, not separate, shared_in_recipe)  # fmt: skip
     return shape, label
 
 
@@ -55,6 +57,8 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), help="Experts per token. [default: preset's, else 1]")
 @click.option("--shared-experts", "shared", type=click.IntRange(0, 16), help="Shared experts (a dense SwiGLU FFN of "
               "hidden N x this). [default: preset's, else 0]")
+@click.option("--shared-in-recipe", is_flag=True, help="Run the shared experts' GEMMs in the recipe too (one-group "
+              "grouped GEMMs); default: dense bf16, as torchao's layer benchmark converts the routed experts only.")
 @click.option("--score-func", type=click.Choice(["sigmoid", "softmax"]), help="Router scores. [default: preset's]")
 @click.option("--score-after", is_flag=True, help="Weight the experts' outputs by the scores (default: the tokens "
               "before the experts, torchtitan's default).")
@@ -76,15 +80,16 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
               help="Results JSON. [default: results/<card>/layer-<shape>-<date>.json]")
 @click.option("--plot-file", type=click.Path(path_type=Path), help="Also draw the figure (.png).")
 @click.option("--project", type=click.Choice(["b200"]), help="Also print the B200 projection of the measured run.")
-def layer(preset, K, N, tokens, experts, top_k, shared, score_func, score_after, separate, recipes, routing, fuse,
+def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_func, score_after, separate, recipes, routing, fuse,
           mode, backend, seed, samples, hardware, denominator, out, plot_file, project) -> None:  # fmt: skip
     """Time the MoE layer forward + backward per stage and as one graph, with each recipe's accuracy (SQNR against
     an fp32 run); without a GPU, print and save the analytic model."""
-    from mxkernels.layer import check_fuse
+    from mxkernels.layer import check_fuse, layer_stages
     from mxkernels.layer_specs import FUSED_RECIPES
     from mxkernels.pipeline import check_recipe
 
-    shape, label = _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after, separate, routing)
+    shape, label = _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after, separate, routing,
+                          shared_in_recipe)
     recipes = [check_recipe(r).value for r in dict.fromkeys(recipes)]
     if fuse and not any(r in FUSED_RECIPES for r in recipes):
         check_fuse(recipes[0], True)
@@ -101,6 +106,8 @@ def layer(preset, K, N, tokens, experts, top_k, shared, score_func, score_after,
     from .measure import layer_points
 
     points = layer_points(shape, recipes, mode=mode, seed=seed, fuse=fuse)
+    for p in points:  # every point planned before any work: a shape a recipe cannot run is bad input (exit 2)
+        layer_stages(p.recipe, shape, mode=p.mode, fuse=p.fuse_scales, backend=None if p.recipe == "bf16" else "native")
     if gpu:
         from ..instruments import Instruments
         from ..measure import SweepOptions

@@ -69,8 +69,9 @@ def layer_meta(shape: LayerShape, label: str = "") -> dict:
     s = shape
     return {"kind": "layer", "layer": {"label": label or f"{s.K}x{s.N}", "tokens": s.T, "K": s.K, "N": s.N, "experts": s.E, "top_k": s.top_k,
             "shared_experts": s.shared, "score_func": s.score_func.value, "score_before_experts": s.score_before,
-            "routing": s.routing.value, "fused_gate_up": s.fuse_up,
-            "precision": "router gate and shared experts in bf16; every grouped GEMM in the point's recipe"}}  # fmt: skip
+            "routing": s.routing.value, "fused_gate_up": s.fuse_up, "shared_in_recipe": s.shared_in_recipe,
+            "precision": "router gate in bf16; every grouped GEMM in the point's recipe; shared experts "
+                         + ("in the recipe (one-group grouped GEMMs)" if s.shared_in_recipe else "dense bf16")}}  # fmt: skip
 
 
 class LayerTimer(StageTimer):
@@ -112,10 +113,10 @@ class LayerTimer(StageTimer):
         s = self.shape
         x = inputs["x"].detach().clone().requires_grad_()
         weights = {n: inputs[n].detach().clone().requires_grad_() for n in s.weights}
-        assign, dy = inputs.get("assign"), inputs["dy"]
+        assign, shared_offs, dy = inputs.get("assign"), inputs.get("shared_offs"), inputs["dy"]
 
         def step():
-            y = moe_layer(x, weights, s, assign=assign, stages=stages)
+            y = moe_layer(x, weights, s, assign=assign, shared_offs=shared_offs, stages=stages)
             return torch.autograd.grad(y, [x, *weights.values()], dy)
 
         return step
