@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
+from mxkernels import gemm_native
 from mxkernels.comparison import MinSQNR, Mismatch
 from mxkernels.errors import InputError
 from mxkernels.format import BLOCK_SIZE
@@ -219,6 +220,14 @@ def check_step(
             if name is not None:
                 env[name] = value
     return results
+
+
+def native_line(recipe: str, device: torch.device | str) -> str:
+    """What the native backend decided for ``recipe`` on ``device``, and why: for MXFP8 on SM100 what its probe at
+    first use found (the build's kernel image for the card, the known-answer GEMMs) or why it failed."""
+    device = torch.device(device)
+    found = gemm_native.verdict(recipe, gemm_native.capability(device), device)
+    return f"native {recipe} on {device}: {'available' if found.available else 'unavailable'}: {found.reason}"
 
 
 def exit_code(results: Iterable[CheckResult]) -> int:

@@ -99,7 +99,10 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, mode, seed, fmt
     raises, 2 on bad input (and when nothing could be checked here).
     """
     _interpreter_on_cpu()
-    from ..check import check_step, exit_code
+    from mxkernels.names import Category
+    from mxkernels.stages import get_spec
+
+    from ..check import check_step, exit_code, native_line
     from ..registry import split_stage
     from ..render import render
 
@@ -117,6 +120,8 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, mode, seed, fmt
     by_stage: dict[str, list] = {}
     for impl in chosen:
         by_stage.setdefault(impl.stage, []).append(impl)
+    if any(get_spec(recipe, stage).category == Category.GEMM for stage in by_stage):
+        click.echo(native_line(recipe, _device()))  # the probe's verdict, before the rows that follow from it
     results = check_step(recipe, M, N, K, G, by_stage, mode=mode, device=_device(), seed=seed)
     rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": r.detail}
             for r in results]  # fmt: skip
