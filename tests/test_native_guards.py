@@ -258,6 +258,24 @@ def test_gpu_guards_on_the_card(recipe):
     torch.testing.assert_close(out.float(), emulated(recipe, ops, good).float(), rtol=2e-2, atol=1e-2)
 
 
+@pytest.mark.gpu
+def test_gpu_bf16_guards_on_the_card():
+    """bf16 torch._grouped_mm's guards on the card: empty experts exactly zero, malformed offs NaN with the CUDA
+    context alive."""
+    _gpu_sm100()
+    sizes = [0, 16, 0, 24]
+    a, b = bf16_operands("2d2d", sizes)
+    offs = ends_of(sizes)
+    out = bf16(a.cuda(), b.cuda(), offs.cuda(), "native").cpu()
+    assert not out[0].view(torch.int16).any() and not out[2].view(torch.int16).any()
+    torch.testing.assert_close(out.float(), bf16(a, b, offs, "emulated").float(), rtol=2e-2, atol=1e-2)
+    for ends in ([12, 12, 12, 40], [16, 8, 8, 40], [0, 16, 16, 41]):  # unaligned, decreasing, past the end
+        assert bf16(a.cuda(), b.cuda(), torch.tensor(ends, dtype=torch.int32).cuda(), "native").isnan().all().item()
+    torch.cuda.synchronize()  # a device-side assert would surface here
+    torch.testing.assert_close(bf16(a.cuda(), b.cuda(), offs.cuda(), "native").cpu().float(),
+                               bf16(a, b, offs, "emulated").float(), rtol=2e-2, atol=1e-2)  # fmt: skip
+
+
 # ---- the guard kernels build for the cards they guard ------------------------------------------------------------
 
 
