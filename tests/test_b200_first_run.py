@@ -27,7 +27,7 @@ NATIVE_RUNS = {"mxfp8": "run_mxfp8", "fp8_rowwise": "run_fp8_rowwise", "bf16": "
 def first_run_block() -> list[str]:
     """The commands of the code block under "The first thing to run"."""
     section = DOC.read_text().split("## The first thing to run", 1)[1]
-    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
+    block = re.search(r"```\n(.*?)```", section, re.DOTALL).group(1)
     return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
 
 

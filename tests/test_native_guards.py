@@ -237,23 +237,22 @@ def test_gpu_guards_on_the_card(recipe):
     _gpu_sm100()
     if "native" not in GG.available_backends(recipe, "cuda"):
         pytest.skip(GG.backend_unavailable(recipe, "native", torch.device("cuda")))
-    cuda = lambda offs: offs.cuda()  # noqa: E731
     sizes = [0, 64, 0, 96, 0]
     ops, offs = CASES[recipe]("2d2d", sizes)
     ref = emulated(recipe, ops, offs)
-    out = CALLS[recipe](**_on_gpu(ops), offs=cuda(offs), backend="native").cpu()
+    out = CALLS[recipe](**_on_gpu(ops), offs=offs.cuda(), backend="native").cpu()
     for g, size in enumerate(sizes):
         assert (out[g].view(torch.int16) == 0).all() if size == 0 else out[g].isfinite().all(), g
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=1e-2)  # another summation order
     ops, offs = CASES[recipe]("2d3d", [1, 0, 2, 0], rows=3)
-    out = CALLS[recipe](**_on_gpu(ops), offs=cuda(offs), backend="native").cpu()
+    out = CALLS[recipe](**_on_gpu(ops), offs=offs.cuda(), backend="native").cpu()
     torch.testing.assert_close(out.float(), emulated(recipe, ops, offs).float(), rtol=2e-2, atol=1e-2)
     ops, good = CASES[recipe]("2d2d", [64, 0, 64])
     for ends in WGRAD_MALFORMED.values():
         bad = torch.tensor(ends, dtype=torch.int32).cuda()
         assert CALLS[recipe](**_on_gpu(ops), offs=bad, backend="native").isnan().all().item(), ends
     torch.cuda.synchronize()  # a device-side assert would surface here
-    out = CALLS[recipe](**_on_gpu(ops), offs=cuda(good), backend="native").cpu()
+    out = CALLS[recipe](**_on_gpu(ops), offs=good.cuda(), backend="native").cpu()
     torch.testing.assert_close(out.float(), emulated(recipe, ops, good).float(), rtol=2e-2, atol=1e-2)
 
 

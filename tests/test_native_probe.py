@@ -118,11 +118,15 @@ class Raising(Double):
 
 PROBE_FAILURES = {
     "a CPU build": (lambda: Double(fixture_text(CPU_2_13)), r"torch 2\.13\.0 lists no CUDA targets"),
-    "a build without sm_100": (lambda: Double(torch_2_6_on_a_gpu()),
-                               r"torch 2\.6\.0 was compiled for sm_50, .*, sm_90 .*: none runs on compute capability "
-                               r"10\.0"),  # fmt: skip
-    "the GEMM raises": (Raising, r"torch 2\.11\.0 carries sm_100 .*, but the known-answer MXFP8 grouped GEMM "
-                                 r"\(2D x 3D\) raised on cpu: RuntimeError: CUDA error: no kernel image"),  # fmt: skip
+    "a build without sm_100": (
+        lambda: Double(torch_2_6_on_a_gpu()),
+        r"torch 2\.6\.0 was compiled for sm_50, .*, sm_90 .*: none runs on compute capability 10\.0",
+    ),
+    "the GEMM raises": (
+        Raising,
+        (r"torch 2\.11\.0 carries sm_100 .*, but the known-answer MXFP8 grouped GEMM \(2D x 3D\) raised on cpu: "
+         r"RuntimeError: CUDA error: no kernel image"),
+    ),
     "a wrong answer": (WrongAnswer, r"\(2D x 3D\) on cpu got \d+ of \d+ outputs wrong"),
 }
 
