@@ -4,49 +4,52 @@
 * MXFP8 ``torch._scaled_grouped_mm`` takes the blocked e8m0 scales of ``layouts`` as they are and runs on compute
   capability 10.x only. On SM90 that call is not rejected: it launches an SM100-only kernel and the CUDA context
   dies, so it is refused before any launch (``unavailable``). On 10.x it is available once a probe at its first use
-  on the device (``probe_mxfp8``) has found the MX grouped kernels in torch's build and a tiny known-answer GEMM
-  right; otherwise ``unavailable`` gives the probe's reason and the default backend is the next one.
+  on the device (``probe_mxfp8``) has found a kernel image for the device in torch's build (``native_build``) and a
+  tiny known-answer GEMM right; otherwise ``unavailable`` gives the probe's reason and the default backend is the
+  next one.
 * FP8 rowwise ``torch._scaled_grouped_mm`` runs on SM90 and SM100 and needs the contraction dim and the output's
-  column count to be multiples of 16, bf16 output, and in 2D x 2D every group size a multiple of 16 (a device-side
-  assert otherwise; not checked here, where offs is not read).
+  column count to be multiples of 16 (checked here, before the launch), bf16 output, and in 2D x 2D every group
+  size but the last a multiple of 16 (16 bytes of e4m3; a device-side assert otherwise).
 * bf16 ``torch._grouped_mm`` is graph-capturable on SM90 / SM100, where it reads offs on the device; below SM90 it
   loops over ``offs.cpu()``. Its kernel asserts on the device (the CUDA context dies) unless the groups of a
   contiguous contraction dim (2D x 2D) or of a column-major a (2D x 3D) hold multiples of 16 bytes, the last group
   excepted: the pipeline pads groups to 16 (bf16, FP8 rowwise) or 32 (MXFP8).
 
-**The SM100 guards** (issue 16; docs/b200.md). A desk check of torch's and fbgemm's source found three ways the
-native calls go wrong on compute capability 10.x. None of this has run on a B200: the tests drive the guards with a
-double of the torch calls (``ops``) that misbehaves the same ways.
+**The SM100 guards** (issues 16 and 23; docs/b200.md). A desk check of torch's and fbgemm's source found three ways
+the native calls go wrong on compute capability 10.x. None of this has run on a B200: the tests drive the guards
+with a double of the torch calls (``ops``) that misbehaves the same ways.
 
 1. 2D x 2D (wgrad): torch allocates the output uninitialized, and the SM100 grouped kernels (fbgemm / MSLK for
-   MXFP8; CUTLASS for bf16, pytorch#172439, CUTLASS#2674) never write a group whose contraction size is 0. The
-   guard writes those groups' zeros after the call.
-2. MXFP8 2D x 3D with fewer rows than experts: fbgemm's entry point (torch up to about 2.10) divides the row count
-   by G for its heuristics and returns the output unwritten when that is 0. The guard appends zero rows up to G
-   (they lie past offs[-1], so no group reads them; the scale buffer already has room for them) and cuts the output
-   back to the real rows.
+   MXFP8 and FP8 rowwise; CUTLASS for bf16, pytorch#172439, CUTLASS#2674) never write a group whose contraction
+   size is 0. The guard writes those groups' zeros after the call.
+2. 2D x 3D with fewer rows than experts (MXFP8, FP8 rowwise): fbgemm's entry points (torch up to about 2.10)
+   divide the row count by G for their heuristics and return the output unwritten when that is 0. The guard
+   appends zero rows up to G (they lie past offs[-1], so no group reads them; FP8 rowwise gets as many zero row
+   scales, MXFP8's scale buffer already has room) and cuts the output back to the real rows.
 3. Malformed offs on the GPU (decreasing, past the operand, or 2D x 2D group sizes off the kernel's alignment) trip
    a device-side assert inside the kernel, which kills the CUDA context, and the host cannot see them without a
    sync. The guard checks them on the device: the kernel gets all-zero offs instead (every group empty, nothing
-   read or written by it), the output is filled with NaN, and a per-device count is raised that
-   ``raise_if_bad_offsets`` turns into an ``InputError`` where the caller syncs anyway. ``torch._assert_async``
+   read or written by it) and the output is filled with NaN, which every caller carries to its result (a loss, the
+   check's comparison). Nothing reports them on the host: a report would be a sync, which no path that runs these
+   calls (the pipeline's stages, autograd, the EP step, timed CUDA-graph replays) can make. ``torch._assert_async``
    would not do: it is itself a device-side assert.
 
 Every guard reads offs on the device only (two small Triton kernels, no sync), so a guarded call stays
 CUDA-graph capturable; like any Triton kernel's, their first call (which compiles them) must come before capture.
-The MXFP8 call is guarded wherever it runs (10.x only); the bf16 call on 10.x only, so SM90 runs as before.
-Every call here writes bf16 only. The operands come checked by ``grouped_gemm``'s operand-level dispatchers.
+The MXFP8 call is guarded wherever it runs (10.x only); the FP8 rowwise and bf16 calls on 10.x only, so SM90 runs as
+before. Every call here writes bf16 only. The operands come checked by ``grouped_gemm``'s operand-level dispatchers.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from . import gemm_emulated
+from . import gemm_emulated, native_build
 from .format import BLOCK_SIZE, DATA_DTYPE, SCALE_DTYPE
 from .layouts import rearrange_3d_reference, rearrange_k_groups_reference, rearrange_m_groups_reference
 from .runtime import InputError
@@ -81,7 +84,8 @@ def capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def sm100_guards(device: torch.device) -> bool:
-    """Whether the bf16 call on ``device`` needs the SM100 guards (compute capability 10.x, SM10.3 included)."""
+    """Whether the FP8 rowwise and bf16 calls on ``device`` need the SM100 guards (compute capability 10.x, SM10.3
+    included)."""
     cap = capability(device)
     return cap is not None and cap[0] == 10
 
@@ -98,24 +102,21 @@ def _device_key(device: torch.device) -> str:
 # The guards, on the device
 # ---------------------------------------------------------------------------------------------------------------
 
-# 16 bytes (TMA's alignment) of bf16: the group multiple torch._grouped_mm asserts where groups move a TMA base.
-_BF16_TMA_ELEMENTS = 8
+# TMA moves a group's base address in 16-byte steps: where groups split a contiguous dim, torch asserts group sizes
+# of a multiple of 16 bytes (the last group excepted) -- 8 bf16, 16 e4m3 elements.
+_TMA_BYTES = 16
 # The fix-up launch: BLOCK elements per store; programs per group bounded so that a call with nothing to write (the
 # common case: no empty group, good offs) costs a few thousand programs that each read three int32 and exit.
 _FIX_BLOCK = 4096
 _FIX_PROGRAMS = 2048
 _BF16_NAN_BITS = tl.constexpr(0x7FC0)  # a quiet NaN (Triton reads only constexpr globals)
 
-# Per device: how many guarded calls were handed malformed offs since ``raise_if_bad_offsets`` last looked.
-_BAD_OFFS: dict[str, torch.Tensor] = {}
-
 
 @triton.jit
-def _check_offs_kernel(offs_ptr, checked_ptr, bad_count_ptr, G, total, multiple, EXEMPT_LAST: tl.constexpr,
-                       BLOCK_G: tl.constexpr):  # fmt: skip
-    """checked[:G] = offs if they are group ends the kernel can take, else zeros; checked[G] = 1 if they were not
-    (else 0), also added to bad_count[0]. Takeable: non-decreasing from 0, within [0, total], every group size a
-    multiple of ``multiple`` (the last one excepted where EXEMPT_LAST). One program."""
+def _check_offs_kernel(offs_ptr, checked_ptr, G, total, multiple, EXEMPT_LAST: tl.constexpr, BLOCK_G: tl.constexpr):
+    """checked[:G] = offs if they are group ends the kernel can take, else zeros; checked[G] = 1 if they were not,
+    else 0. Takeable: non-decreasing from 0, within [0, total], every group size a multiple of ``multiple`` (the last
+    one excepted where EXEMPT_LAST). One program."""
     lane = tl.arange(0, BLOCK_G)
     live = lane < G
     ends = tl.load(offs_ptr + lane, mask=live, other=0)
@@ -128,7 +129,6 @@ def _check_offs_kernel(offs_ptr, checked_ptr, bad_count_ptr, G, total, multiple,
     bad = tl.max(wrong.to(tl.int32), 0)
     tl.store(checked_ptr + lane, tl.where(bad != 0, 0, ends), mask=live)
     tl.store(checked_ptr + G, bad)
-    tl.store(bad_count_ptr, tl.load(bad_count_ptr) + bad)
 
 
 @triton.jit
@@ -151,24 +151,14 @@ def _fix_output_kernel(out_ptr, checked_ptr, G, group_numel, ZERO_EMPTY: tl.cons
             tl.store(base + index, values, mask=index < group_numel)
 
 
-def _bad_count(device: torch.device) -> torch.Tensor:
-    key = _device_key(device)
-    if key not in _BAD_OFFS:
-        # Allocated by the first guarded call on the device, which must precede any CUDA-graph capture anyway (it
-        # compiles the guard kernels); a capture would record this zero fill and replay it.
-        _BAD_OFFS[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _BAD_OFFS[key]
-
-
 def checked_offsets(offs: torch.Tensor, total: int, multiple: int = 1, exempt_last: bool = False) -> torch.Tensor:
     """(G + 1,) int32 on offs' device: [:G] the offs to hand the kernel (offs, or zeros where they are malformed),
     [G] 1 where they were malformed. Reads offs on the device only (no sync)."""
     G = offs.numel()
     checked = torch.empty(G + 1, dtype=torch.int32, device=offs.device)
     _check_offs_kernel[(1,)](
-        offs, checked, _bad_count(offs.device), G, total, multiple,
-        EXEMPT_LAST=exempt_last, BLOCK_G=triton.next_power_of_2(G), num_warps=1,
-    )  # fmt: skip
+        offs, checked, G, total, multiple, EXEMPT_LAST=exempt_last, BLOCK_G=triton.next_power_of_2(G), num_warps=1
+    )
     return checked
 
 
@@ -187,41 +177,44 @@ def fix_output(out: torch.Tensor, checked: torch.Tensor, zero_empty: bool) -> to
     return out
 
 
-def raise_if_bad_offsets(device: torch.device | str) -> None:
-    """Raise ``InputError`` if a guarded native call on ``device`` was handed malformed offs since the last look
-    (and reset the count). Reads a counter on the host, so it syncs: call it where a step syncs anyway, never
-    inside CUDA-graph capture."""
-    count_tensor = _BAD_OFFS.get(_device_key(torch.device(device)))
-    if count_tensor is None:
-        return
-    count = int(count_tensor.item())
-    if count:
-        count_tensor.zero_()
-        raise InputError(
-            f"offs: {count} native grouped GEMM call(s) on {device} got group ends that were not non-decreasing "
-            "within the operand, or 2D x 2D group sizes off the kernel's alignment (MXFP8: multiples of 32 tokens; "
-            "bf16: 16 bytes); their kernels ran with every group empty and their outputs were filled with NaN"
-        )
+def rows_for_every_expert(x: torch.Tensor, G: int) -> torch.Tensor:
+    """Guard 2: ``x`` (a 2D x 3D call's rows, or their row scales) with zero rows appended up to G rows, so that a
+    kernel that divides the row count by G for its heuristics gets at least 1. ``x`` itself when it has G rows."""
+    if x.shape[0] >= G:
+        return x
+    padded = x.new_zeros(G, *x.shape[1:])
+    padded[: x.shape[0]] = x
+    return padded
+
+
+def guarded_call(call: Callable[[torch.Tensor], torch.Tensor], offs: torch.Tensor, total: int, *, rows: int | None,
+                 multiple: int = 1, exempt_last: bool = False) -> torch.Tensor:  # fmt: skip
+    """``call(checked offs)`` under guards 1 and 3: offs checked on the device against ``total`` (the length of the
+    dim they split) and the group ``multiple``; then the output fixed up. ``rows``: a 2D x 3D call's real row count
+    (its output is cut back to it, past guard 2's rows); None for 2D x 2D, whose empty groups are zeroed."""
+    checked = checked_offsets(offs, total, multiple, exempt_last)
+    out = call(checked[: offs.numel()])
+    if rows is not None:
+        out = out[:rows]
+    return fix_output(out, checked, zero_empty=rows is None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Availability, and the probe at first use
 # ---------------------------------------------------------------------------------------------------------------
 
-_MX_BUILD_FLAGS = ("USE_FBGEMM_GENAI", "USE_MSLK")
-# Per device: the probe's verdict (None: it passed).
-_PROBES: dict[str, str | None] = {}
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether the native backend can run a recipe on a device, and why: what native MXFP8's probe found, or why
+    it failed or was refused."""
+
+    available: bool
+    reason: str
 
 
-def mx_build_flag(config: str) -> str | None:
-    """Which flag of ``torch.__config__.show()`` says torch was built with the MX grouped kernels (fbgemm's GenAI
-    kernels up to about torch 2.10, MSLK after), or None when neither is on."""
-    for flag in _MX_BUILD_FLAGS:
-        for match in re.finditer(rf"\b{flag}\b(?:\s*=\s*([\w.]+))?", config):
-            value = match.group(1)
-            if value is None or value.upper() in ("ON", "1", "TRUE", "YES"):
-                return flag
-    return None
+# Per device: the probe's verdict.
+_PROBES: dict[str, Verdict] = {}
 
 
 def _known_answer_cases() -> dict[str, tuple[tuple[torch.Tensor, ...], torch.Tensor, int]]:
@@ -262,63 +255,81 @@ def _known_answer_cases() -> dict[str, tuple[tuple[torch.Tensor, ...], torch.Ten
     return cases
 
 
-def probe_mxfp8(device: torch.device) -> str | None:
-    """Why the MXFP8 call cannot be trusted on ``device`` (a CUDA device of compute capability 10.x), or None.
+def probe_mxfp8(device: torch.device) -> Verdict:
+    """Whether the MXFP8 call can be trusted on ``device`` (a CUDA device of compute capability 10.x), and why.
 
-    Checks that torch was built with the MX grouped kernels, then runs the guarded call on ``_known_answer_cases``
-    and compares it with the emulation bit for bit. It syncs and it launches: run it outside CUDA-graph capture
-    (``unavailable`` runs it once per device, at first use)."""
-    flag = mx_build_flag(ops.build_config())
-    if flag is None:
-        return (f"torch {torch.__version__} was built without the MX grouped-GEMM kernels: torch.__config__.show() "
-                f"turns on neither {' nor '.join(_MX_BUILD_FLAGS)}")  # fmt: skip
-    for name, (operands, offs, rows) in _known_answer_cases().items():
+    Checks that torch's build has a kernel image for the device (``native_build``: its gencode targets), then runs
+    the guarded call on ``_known_answer_cases`` and compares it with the emulation bit for bit. It syncs and it
+    launches: run it outside CUDA-graph capture (``unavailable`` runs it once per device, at first use)."""
+    cap = capability(device)
+    build = native_build.read_build(ops.build_config())
+    cases = _known_answer_cases()
+    refusal = build.refusal(cap)
+    if refusal is not None:
+        return Verdict(False, refusal)
+    for name, (operands, offs, rows) in cases.items():
         try:
             got = run_mxfp8(*(t.to(device) for t in operands), offs.to(device), torch.bfloat16)[:rows].cpu()
-        # Whatever torch raises here (no kernel image for this card, a build without the op, ...), the backend is
-        # unusable on this device and the message is the reason.
+        # Whatever torch raises here (no kernel image for this card, a build without the MX kernels, ...), the
+        # backend is unusable on this device and the message is the reason.
         except Exception as e:  # noqa: BLE001
             message = " ".join(str(e).split())
-            return f"the known-answer MXFP8 grouped GEMM ({name}) raised on {device}: {type(e).__name__}: {message}"
+            return Verdict(False, f"{build.finding(cap)}, but the known-answer MXFP8 grouped GEMM ({name}) raised on "
+                                f"{device}: {type(e).__name__}: {message}")  # fmt: skip
         want = gemm_emulated.run_mxfp8(*operands, offs, torch.bfloat16)[:rows]
         wrong = got.view(torch.int16) != want.view(torch.int16)
         if bool(wrong.any()):
-            return (f"the known-answer MXFP8 grouped GEMM ({name}) on {device} got {int(wrong.sum())} of "
-                    f"{wrong.numel()} outputs wrong (torch {torch.__version__}, {flag} on)")  # fmt: skip
-    return None
+            return Verdict(False, f"{build.finding(cap)}, but the known-answer MXFP8 grouped GEMM ({name}) on {device} "
+                                f"got {int(wrong.sum())} of {wrong.numel()} outputs wrong")  # fmt: skip
+    return Verdict(True, f"{build.finding(cap)}, and the known-answer MXFP8 grouped GEMMs on {device} ("
+                       f"{'; '.join(cases)}) match the emulation bit for bit")  # fmt: skip
 
 
-def _probed(device: torch.device) -> str | None:
+def probed(device: torch.device) -> Verdict | None:
+    """The verdict of the probe on ``device`` (a 10.x CUDA device), run at the first question; None inside CUDA-graph
+    capture, where it is not run (it launches and syncs) until a question outside one."""
     key = _device_key(device)
     if key not in _PROBES:
         if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            # Probing launches and syncs, which would break the capture: refuse, and probe at the next eager call.
-            return ("native MXFP8 is probed at its first use on a device, which must come before CUDA-graph capture; "
-                    "call it once outside the capture")  # fmt: skip
-        verdict = probe_mxfp8(device)
-        _PROBES[key] = None if verdict is None else f"native MXFP8 failed its probe at first use: {verdict}"
+            return None
+        _PROBES[key] = probe_mxfp8(device)
     return _PROBES[key]
 
 
-def unavailable(recipe: str, cap: tuple[int, int] | None, device: torch.device) -> str | None:
-    """Why the native backend cannot run ``recipe`` on ``device`` of compute capability ``cap`` (None: not a CUDA
-    device), or None if it can. For MXFP8 on 10.x the first call on a device runs ``probe_mxfp8`` (outside
-    CUDA-graph capture)."""
+def verdict(recipe: str, cap: tuple[int, int] | None, device: torch.device) -> Verdict:
+    """Whether the native backend can run ``recipe`` on ``device`` of compute capability ``cap`` (None: not a CUDA
+    device), and why. For MXFP8 on 10.x the first question on a device runs ``probe_mxfp8`` (outside CUDA-graph
+    capture)."""
+    guards = " with the SM100 guards" if cap is not None and cap[0] == 10 else ""
     if recipe == "bf16":
-        return None  # torch._grouped_mm: graph-safe on SM90/SM100, a host loop over offs elsewhere
+        # Graph-safe on SM90/SM100, a host loop over offs elsewhere.
+        return Verdict(True, f"torch._grouped_mm{guards}")
     if cap is None:
-        return f"torch._scaled_grouped_mm needs a CUDA device, got {device}"
-    if recipe == "fp8_rowwise" and not (cap == (9, 0) or cap[0] == 10):
-        return f"FP8 rowwise torch._scaled_grouped_mm runs on compute capability 9.0 and 10.x, not {cap}"
-    if recipe == "mxfp8" and cap[0] != 10:
-        return (
+        return Verdict(False, f"torch._scaled_grouped_mm needs a CUDA device, got {device}")
+    if recipe == "fp8_rowwise":
+        if cap == (9, 0) or cap[0] == 10:
+            return Verdict(True, f"FP8 rowwise torch._scaled_grouped_mm on compute capability {cap}{guards}")
+        return Verdict(False, f"FP8 rowwise torch._scaled_grouped_mm runs on compute capability 9.0 and 10.x, "
+                              f"not {cap}")  # fmt: skip
+    if cap[0] != 10:
+        return Verdict(False, (
             f"MXFP8 torch._scaled_grouped_mm needs compute capability 10.x (SM100), this GPU is {cap}: on SM90 "
             "it launches an SM100-only kernel and the CUDA context dies; use backend 'triton_fp8', 'triton' "
             "or 'emulated'"
-        )
-    if recipe == "mxfp8":
-        return _probed(device)
-    return None
+        ))  # fmt: skip
+    probe = probed(device)
+    if probe is None:
+        return Verdict(False, "native MXFP8 is probed at its first use on a device, which must come before CUDA-graph "
+                              "capture; call it once outside the capture")  # fmt: skip
+    if probe.available:
+        return Verdict(True, f"native MXFP8 passed its probe at first use: {probe.reason}")
+    return Verdict(False, f"native MXFP8 failed its probe at first use: {probe.reason}")
+
+
+def unavailable(recipe: str, cap: tuple[int, int] | None, device: torch.device) -> str | None:
+    """Why the native backend cannot run ``recipe`` on ``device`` (``verdict``), or None if it can."""
+    found = verdict(recipe, cap, device)
+    return None if found.available else found.reason
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -331,27 +342,19 @@ def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype: torch.dtype) -> torch.Tenso
     sa, sb = a_sb.view(SCALE_DTYPE), b_sb.view(SCALE_DTYPE)
     G = offs.numel()
     if b_q.dim() == 3:
-        M = a_q.shape[0]
-        checked = checked_offsets(offs, M)
-        a = a_q
-        if M < G:  # guard 2: fbgemm's entry point returns early when M // G == 0
-            a = a_q.new_zeros(G, a_q.shape[1])
-            a[:M] = a_q
-        out = ops.scaled_grouped_mm(
-            a, b_q.transpose(-2, -1), sa, sb.reshape(G, -1), offs=checked[:G], out_dtype=out_dtype
-        )[:M]
-        return fix_output(out, checked, zero_empty=False)
-    checked = checked_offsets(offs, a_q.shape[1], BLOCK_SIZE)  # an MX block must not straddle two experts
-    out = ops.scaled_grouped_mm(a_q, b_q.t(), sa, sb, offs=checked[:G], out_dtype=out_dtype)
-    return fix_output(out, checked, zero_empty=True)
+        a, b, sb = rows_for_every_expert(a_q, G), b_q.transpose(-2, -1), sb.reshape(G, -1)
+        call = lambda checked: ops.scaled_grouped_mm(a, b, sa, sb, offs=checked, out_dtype=out_dtype)
+        return guarded_call(call, offs, a_q.shape[0], rows=a_q.shape[0])
+    call = lambda checked: ops.scaled_grouped_mm(a_q, b_q.t(), sa, sb, offs=checked, out_dtype=out_dtype)
+    return guarded_call(call, offs, a_q.shape[1], rows=None, multiple=BLOCK_SIZE)  # no MX block across two experts
 
 
 def run_fp8_rowwise(
     a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, use_fast_accum: bool = False
 ) -> torch.Tensor:
-    """FP8 rowwise ``torch._scaled_grouped_mm`` on checked TN operands with fp32 scales; refuses (``InputError``,
-    before the launch) a contraction dim or output column count that is not a multiple of 16. In 2D x 2D torch
-    reads the per-group scales flattened group-major."""
+    """FP8 rowwise ``torch._scaled_grouped_mm`` on checked TN operands with fp32 scales, with the SM100 guards on
+    10.x; refuses (``InputError``, before the launch) a contraction dim or output column count that is not a
+    multiple of 16. In 2D x 2D torch reads the per-group scales flattened group-major."""
     if b_q.dim() == 3:
         contraction, out_cols = b_q.shape[2], b_q.shape[1]
     else:
@@ -359,11 +362,25 @@ def run_fp8_rowwise(
     for what, value in (("the contraction dim", contraction), ("the output's column count", out_cols)):
         if value % 16:
             raise InputError(f"native FP8 rowwise grouped GEMM: {what} ({value}) must be a multiple of 16")
-    if b_q.dim() == 2:
-        a_scale, b_scale = a_scale.reshape(-1), b_scale.reshape(-1)
-    return ops.scaled_grouped_mm(
-        a_q, b_q.transpose(-2, -1), a_scale, b_scale, offs=offs, out_dtype=out_dtype, use_fast_accum=use_fast_accum
-    )
+    if b_q.dim() == 3:
+        b_t = b_q.transpose(-2, -1)
+    else:
+        b_t, a_scale, b_scale = b_q.t(), a_scale.reshape(-1), b_scale.reshape(-1)
+
+    def launch(a, sa, checked):
+        return ops.scaled_grouped_mm(a, b_t, sa, b_scale, offs=checked, out_dtype=out_dtype,
+                                     use_fast_accum=use_fast_accum)  # fmt: skip
+
+    if not sm100_guards(a_q.device):
+        return launch(a_q, a_scale, offs)
+    if b_q.dim() == 3:
+        G, M = offs.numel(), a_q.shape[0]
+        a, sa = rows_for_every_expert(a_q, G), rows_for_every_expert(a_scale, G)
+        return guarded_call(lambda checked: launch(a, sa, checked), offs, M, rows=M)
+    # TN: both operands are contiguous along the split dim, so every group but the last moves their TMA bases by a
+    # multiple of 16 bytes.
+    return guarded_call(lambda checked: launch(a_q, a_scale, checked), offs, a_q.shape[1], rows=None,
+                        multiple=_TMA_BYTES // a_q.element_size(), exempt_last=True)  # fmt: skip
 
 
 def run_bf16(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -374,9 +391,9 @@ def run_bf16(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tens
         return ops.grouped_mm(a, b, offs=offs)
     # The alignment torch asserts: along a dim that moves a TMA base from group to group (mirrors its checks).
     if b.dim() == 3:
-        total, zero_empty, moves = a.shape[0], False, a.stride(-1) != 1
+        total, rows, moves = a.shape[0], a.shape[0], a.stride(-1) != 1
     else:
-        total, zero_empty, moves = a.shape[1], True, a.stride(-1) == 1 or b.stride(-1) != 1
-    checked = checked_offsets(offs, total, _BF16_TMA_ELEMENTS if moves else 1, exempt_last=True)
-    out = ops.grouped_mm(a, b, offs=checked[: offs.numel()])
-    return fix_output(out, checked, zero_empty)
+        total, rows, moves = a.shape[1], None, a.stride(-1) == 1 or b.stride(-1) != 1
+    multiple = _TMA_BYTES // a.element_size() if moves else 1
+    return guarded_call(lambda checked: ops.grouped_mm(a, b, offs=checked), offs, total, rows=rows,
+                        multiple=multiple, exempt_last=True)  # fmt: skip

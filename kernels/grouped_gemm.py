@@ -19,15 +19,15 @@ same inputs for every backend: 2D x 3D: a_sb = ``rearrange_m_groups`` buffer (12
 b_sb = ``rearrange_3d`` (G, ceil_128(N), ceil_4(K/32)); 2D x 2D: ``rearrange_k_groups`` buffers
 (ceil_128(N), M/32 + 4G) and (ceil_128(K), M/32 + 4G), whose group sizes must be multiples of 32 (an MX block must
 not straddle two experts). Offs are checked on the host only where that needs no sync (CPU tensors); on the GPU the
-Triton kernels trust them, and "native" checks them on the device (``gemm_native``: malformed offs give NaN and a
-count that ``gemm_native.raise_if_bad_offsets`` raises on, never a dead CUDA context).
+Triton kernels trust them, and "native" checks them on the device on SM100 (``gemm_native``: malformed offs give an
+all-NaN output, never a dead CUDA context).
 ``fp8_rowwise_scaled_grouped_mm`` is its FP8 rowwise sibling (fp32 scales from ``fp8_rowwise``). The dispatchers here
 check every operand, then hand them to one backend module:
 
 * "native" (``gemm_native``): ``torch._scaled_grouped_mm`` (MXFP8 on SM100 only, refused elsewhere before any
   launch, and there only once a probe at first use passed; FP8 rowwise on SM90 / SM100) and ``torch._grouped_mm``
-  for bf16, both behind guards on SM100 for what the SM100 kernels get wrong (empty 2D x 2D groups, fewer rows than
-  experts, malformed offs);
+  for bf16, all three behind guards on SM100 for what the SM100 kernels get wrong (empty 2D x 2D groups, fewer rows
+  than experts, malformed offs);
 * "triton", "triton_fp8" (``gemm_triton``): Triton grouped GEMMs on ``tl.dot_scaled`` and on fp8 ``tl.dot`` with
   an fp32 rescale per 32-wide chunk;
 * "triton_dequant" (``gemm_dequant``): exact MXFP8 -> bf16 dequantization from the blocked scales, then

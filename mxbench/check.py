@@ -2,7 +2,8 @@
 before timing an outside implementation).
 
 The step is built padded (so the pad and unpad stages are checked too) over token groups that include an empty
-group and sizes that are not multiples of the alignment, on seeded inputs with adversarial MX blocks planted in
+group and sizes that are not multiples of the alignment -- or, with ``pad=False``, unpadded over aligned groups, where
+the GEMMs may get fewer rows than experts -- on seeded inputs with adversarial MX blocks planted in
 them: all zero, NaN, +-Inf (MXFP8 only: FP8 rowwise requires finite input), values at and past the e4m3 limit,
 fp32-subnormal values (scale 2**-127) and blocks mixing huge and tiny values. The oracle of every stage runs first,
 in step order, so each stage's inputs are the oracle's outputs of the stages before it; every implementation of a
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
+from mxkernels import gemm_native
 from mxkernels.comparison import MinSQNR, Mismatch
 from mxkernels.errors import InputError
 from mxkernels.format import BLOCK_SIZE
@@ -57,12 +59,18 @@ class CheckResult:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def check_group_sizes(M: int, G: int, alignment: int) -> list[int]:
+def check_group_sizes(M: int, G: int, alignment: int, aligned: bool = False) -> list[int]:
     """Token-group sizes summing to M: group 0 empty (when G > 1) and the others uneven, off the alignment where M
-    allows it, so the padding paths are exercised."""
+    allows it, so the padding paths are exercised. ``aligned``: every size a multiple of the alignment (M must be
+    one), for the step without padding, whose GEMMs see M rows: fewer than the experts where M < G."""
+    if aligned and M % alignment:
+        raise InputError(f"aligned token groups (--no-pad) need M a multiple of {alignment}, got {M}")
     if G == 1:
         return [M]
     rest = G - 1
+    if aligned:
+        base, extra = divmod(M // alignment, rest)
+        return [0] + [(base + (g < extra)) * alignment for g in range(rest)]
     base, extra = divmod(M, rest)
     sizes = [0] + [base + (g < extra) for g in range(rest)]
     if rest > 1 and sizes[1] > alignment:
@@ -97,10 +105,11 @@ def _with(block: torch.Tensor, index: int, value: float) -> torch.Tensor:
     return out
 
 
-def check_inputs(recipe: str, M: int, N: int, K: int, G: int, *, device, seed: int = 0):
+def check_inputs(recipe: str, M: int, N: int, K: int, G: int, *, device, seed: int = 0, pad: bool = True):
     """(inputs, group sizes): bf16 a (M, K), w (G, N, K), grad_out (M, N), int32 offs, seeded, with adversarial
-    blocks in the first rows of the first non-empty group of a and grad_out and in the first expert's weights."""
-    sizes = check_group_sizes(M, G, padding_alignment(recipe))
+    blocks in the first rows of the first non-empty group of a and grad_out and in the first expert's weights.
+    Without ``pad`` the groups are aligned (``check_group_sizes``)."""
+    sizes = check_group_sizes(M, G, padding_alignment(recipe), aligned=not pad)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     a = torch.randn(M, K, generator=gen).to(torch.bfloat16)
     w = (torch.randn(G, N, K, generator=gen) * K**-0.5).to(torch.bfloat16)
@@ -197,18 +206,20 @@ def check_step(
     mode: str = "rceil",
     device: torch.device | str = "cpu",
     seed: int = 0,
+    pad: bool = True,
 ) -> list[CheckResult]:
     """Every implementation in ``impls`` (stage name -> implementations to check) against the oracle, in step
-    order."""
+    order. ``pad``: the step pads token groups off the alignment; without it the groups are aligned and the step
+    has no pad or unpad stages."""
     device = torch.device(device)
-    stages = step_stages(recipe, M, N, K, G, mode=mode, pad=True)
+    stages = step_stages(recipe, M, N, K, G, mode=mode, pad=pad)
     # The fused-scale quantizers run in the fuse_scales step only; checked after the step, on the same inputs.
     names = {s.name for s in stages}
-    stages += [s for s in step_stages(recipe, M, N, K, G, mode=mode, pad=True, fuse_scales=True) if s.name not in names]
+    stages += [s for s in step_stages(recipe, M, N, K, G, mode=mode, pad=pad, fuse_scales=True) if s.name not in names]
     unknown = sorted(set(impls) - {s.name for s in stages})
     if unknown:
         raise InputError(f"recipe {recipe} has no stage {', '.join(unknown)}")
-    env, _ = check_inputs(recipe, M, N, K, G, device=device, seed=seed)
+    env, _ = check_inputs(recipe, M, N, K, G, device=device, seed=seed, pad=pad)
     results = []
     for stage in stages:
         inputs = [env[name] for name in stage.inputs]
@@ -219,6 +230,14 @@ def check_step(
             if name is not None:
                 env[name] = value
     return results
+
+
+def native_line(recipe: str, device: torch.device | str) -> str:
+    """What the native backend decided for ``recipe`` on ``device``, and why: for MXFP8 on SM100 what its probe at
+    first use found (the build's kernel image for the card, the known-answer GEMMs) or why it failed."""
+    device = torch.device(device)
+    found = gemm_native.verdict(recipe, gemm_native.capability(device), device)
+    return f"native {recipe} on {device}: {'available' if found.available else 'unavailable'}: {found.reason}"
 
 
 def exit_code(results: Iterable[CheckResult]) -> int:

@@ -15,6 +15,7 @@ import torch
 from helpers import with_flipped_bits
 from mxkernels.comparison import BitExact, MinSQNR
 from mxkernels.names import Recipe
+from mxkernels.pipeline import step_stages
 from mxkernels.runtime import InputError
 from mxkernels.stages import all_specs, get_spec, specs_of
 
@@ -109,6 +110,32 @@ def test_the_inputs_hold_an_empty_group_unaligned_groups_and_the_adversarial_blo
     assert ((a != 0) & (a.abs() < 2.0**-126)).any()  # fp32 subnormals
     finite, _ = C.check_inputs("fp8_rowwise", 512, 128, 256, 3, device="cpu")
     assert torch.isfinite(finite["a"].float()).all()
+
+
+@pytest.mark.parametrize(
+    "M, G, alignment, sizes",
+    [
+        (32, 4, 32, [0, 32, 0, 0]),  # 32 rows for 4 experts: 1 block over 3 experts
+        (48, 5, 16, [0, 16, 16, 16, 0]),
+        (160, 3, 32, [0, 96, 64]),  # 5 blocks over 2 experts, the extra one to the first
+        (64, 1, 32, [64]),
+    ],
+)
+def test_aligned_groups_for_the_unpadded_step(M, G, alignment, sizes):
+    assert C.check_group_sizes(M, G, alignment, aligned=True) == sizes
+    with pytest.raises(InputError, match="multiple of 32, got 40"):
+        C.check_group_sizes(40, G, 32, aligned=True)
+
+
+def test_the_unpadded_check_gives_the_gemms_fewer_rows_than_experts():
+    """`mxbench check --no-pad --G 64 --M 32`: the step has no pad stages, and its forward GEMM gets a (32, K) for
+    64 experts."""
+    registry = builtin_registry()
+    impls = {s: [registry.get("mxfp8", s, "mxkernels")] for s in ("gemm_fwd", "gemm_wgrad")}
+    results = C.check_step("mxfp8", 32, 128, 64, 64, impls, pad=False)
+    assert [(r.stage, r.verdict) for r in results] == [("gemm_fwd", "PASS"), ("gemm_wgrad", "PASS")]
+    stages = {s.name: s for s in step_stages("mxfp8", 32, 128, 64, 64, pad=False)}
+    assert "pad_a" not in stages and stages["gemm_fwd"].shapes[0] == (32, 64)
 
 
 # ---- outside implementations --------------------------------------------------------------------------------

@@ -89,17 +89,23 @@ CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 2, "M": 512}
 @click.option("--M", "M", type=click.IntRange(min=1), default=CHECK_DEFAULTS["M"], show_default=True,
               help="Tokens (group 0 is empty, the others uneven).")
 @click.option("--preset", help="K, N, G of a model preset.")
+@click.option("--pad/--no-pad", default=True, show_default=True,
+              help="Token groups off the alignment, padded by the step; --no-pad: aligned groups (M a multiple of the "
+                   "alignment) and the step without padding, whose GEMMs get fewer rows than experts where M < G.")
 @click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
-def check(impl_texts, stages, names, recipe, K, N, G, M, preset, mode, seed, fmt) -> None:
+def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, mode, seed, fmt) -> None:
     """Run implementations on seeded inputs with adversarial blocks and compare each with the stage's oracle.
 
     Exit 0 when every checked implementation passes (or deviates only in its declared way), 1 when one fails or
     raises, 2 on bad input (and when nothing could be checked here).
     """
     _interpreter_on_cpu()
-    from ..check import check_step, exit_code
+    from mxkernels.names import Category
+    from mxkernels.stages import get_spec
+
+    from ..check import check_step, exit_code, native_line
     from ..registry import split_stage
     from ..render import render
 
@@ -117,7 +123,9 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, mode, seed, fmt
     by_stage: dict[str, list] = {}
     for impl in chosen:
         by_stage.setdefault(impl.stage, []).append(impl)
-    results = check_step(recipe, M, N, K, G, by_stage, mode=mode, device=_device(), seed=seed)
+    if any(get_spec(recipe, stage).category == Category.GEMM for stage in by_stage):
+        click.echo(native_line(recipe, _device()))  # the probe's verdict, before the rows that follow from it
+    results = check_step(recipe, M, N, K, G, by_stage, mode=mode, device=_device(), seed=seed, pad=pad)
     rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": r.detail}
             for r in results]  # fmt: skip
     click.echo(render(rows, fmt), nl=False)
