@@ -172,6 +172,12 @@ def plot_all(data: Data, out: str | Path, spec: HardwareSpec | None = None, proj
         if project is not None:
             raise InputError("an expert-parallel run has no single-GPU step to project")
         return [plot_ep(data, out if out.suffix.lower() in IMAGE_SUFFIXES else out / "ep.png")]
+    if isinstance(data, Run) and data.meta.get("kind") == "layer":  # a layer run: its time by category
+        from .layer.figure import layer_figure
+
+        if project is not None:
+            raise InputError("a layer run's projection is a table: `mxbench table RUN --kind layer --project b200`")
+        return [save(layer_figure(data), out if out.suffix.lower() in IMAGE_SUFFIXES else out / "layer.png")]
     ctx = Context.of(data, spec)
     if project is not None and _is_peers(ctx):
         raise InputError("a peers run times data-movement kernels side by side: it has no step to project")

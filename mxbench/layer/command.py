@@ -130,9 +130,8 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
         click.echo(layer_table(run, "plain", project=project, header=False))
     click.echo(f"results: {out}" + ("" if gpu else " (model, not measured)"))
     if plot_file is not None:
-        from .figure import layer_figure
+        from ..plots import plot_all
 
-        path = plot_file if plot_file.suffix else plot_file / f"layer-{label}.png"
-        layer_figure(run).savefig(path, dpi=120, bbox_inches="tight")
-        click.echo(f"figure: {path}")
+        for path in plot_all(run, plot_file if plot_file.suffix else plot_file / f"layer-{label}.png"):
+            click.echo(f"figure: {path}")
     _exit_if_partial(run)
