@@ -221,7 +221,7 @@ def layer_stages(
     perm_w = {"weighted": s.score_before}
     perm_cost = moe_rows.gather_weighted_cost(rows, K, S, s.score_before)
     if fuse:
-        b.add("permute_quantize", [(T, K), (rows,)], perm_cost + _quantize_cost(recipe, rows, K, E),
+        b.add("permute_quantize", [(T, K), (rows,)], _fused_cost(recipe, "gather", rows, K, E, S, s.score_before),
               ("x", "row_src", "row_w", "offs"), ("xs", *quantized["xs"][:_q(recipe)]), {**perm_w, **_mode(recipe, mode)},
               recipe)  # fmt: skip
     else:
@@ -231,7 +231,7 @@ def layer_stages(
     h_in = ("h",) if s.fuse_up else ("h1", "h3")
     act_cost = swiglu.swiglu_cost(rows, N)
     if fuse:
-        b.add("swiglu_quantize", [(rows, 2 * N)], act_cost + _quantize_cost(recipe, rows, N, E), ("h", "offs"),
+        b.add("swiglu_quantize", [(rows, 2 * N)], _fused_cost(recipe, "swiglu", rows, N, E), ("h", "offs"),
               ("act", *quantized["act"][:_q(recipe)]), _mode(recipe, mode), recipe)  # fmt: skip
     else:
         b.add("swiglu" if s.fuse_up else "swiglu_split", [(rows, 2 * N)], act_cost, h_in, ("act",))
@@ -255,8 +255,8 @@ def layer_stages(
 
     # Backward: combine, down projection, SwiGLU, gate/up projection, permute, shared experts, router.
     if fuse:
-        b.add("combine_grad_quantize", [(T, K), (rows,)], moe_rows.gather_weighted_cost(rows, K, S, not s.score_before)
-              + _quantize_cost(recipe, rows, K, E), ("dy", "row_src", "row_w", "offs"),
+        b.add("combine_grad_quantize", [(T, K), (rows,)], _fused_cost(recipe, "gather", rows, K, E, S, not s.score_before),
+              ("dy", "row_src", "row_w", "offs"),
               ("grad_out", *quantized["grad_out"][:_q(recipe)]), {**comb_w, **_mode(recipe, mode)}, recipe)  # fmt: skip
     else:
         b.add("combine_grad", [(T, K), (rows,)], moe_rows.gather_weighted_cost(rows, K, S, not s.score_before),
@@ -267,7 +267,7 @@ def layer_stages(
     b.stages += down[bwd]
     grad_cost = swiglu.swiglu_backward_cost(rows, N)
     if fuse:
-        b.add("swiglu_grad_quantize", [(rows, N), (rows, 2 * N)], grad_cost + _quantize_cost(recipe, rows, 2 * N, E),
+        b.add("swiglu_grad_quantize", [(rows, N), (rows, 2 * N)], _fused_cost(recipe, "swiglu_backward", rows, N, E),
               ("grad_act", "h", "offs"), ("grad_h", *quantized["grad_h"][:_q(recipe)]), _mode(recipe, mode), recipe)
     elif s.fuse_up:
         b.add("swiglu_grad", [(rows, N), (rows, 2 * N)], grad_cost, ("grad_act", "h"), ("grad_h",))
@@ -350,15 +350,12 @@ def _mode(recipe: Recipe, mode: str) -> dict:
     return {"mode": mode} if recipe == Recipe.MXFP8 else {}
 
 
-def _quantize_cost(recipe: Recipe, rows: int, cols: int, E: int) -> Cost:
-    """What a fused stage writes beyond its bf16 output: the quantizer's writes (its read is the fusion's saving)."""
-    from . import quantize_blocked
+def _fused_cost(recipe: Recipe, producer: str, *args) -> Cost:
+    """The cost ``moe_fused`` declares for its fused call of ``producer`` in ``recipe``."""
+    from . import moe_fused
 
-    if recipe == Recipe.MXFP8:
-        c = quantize_blocked.quantize_dim0_blocked_cost(rows, cols, E, torch.bfloat16)
-    else:
-        c = fp8_amax.with_amax_cost(rows, cols, E, torch.bfloat16)
-    return Cost(0, c.bytes_written)
+    suffix = "mxfp8" if recipe == Recipe.MXFP8 else "fp8"
+    return getattr(moe_fused, f"{producer}_quantize_{suffix}_cost")(*args)
 
 
 def _dense_cost(M: int, N: int, K: int) -> Cost:

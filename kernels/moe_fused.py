@@ -38,12 +38,24 @@ from .runtime import check_config, check_group_offsets, check_multiple
 
 _BF16 = torch.bfloat16
 
+# The measured defaults (config=None), chosen by scripts/tune_layer_fused.py on an H100 (docs/perf-log.md, "MoE layer:
+# fused stages"). MXFP8: short tiles of few warps were best for all three producers at both layer shapes: a producer
+# tile (a gathered row, or two halves of h) costs registers and loads that the plain quantizer's (32, 512) x 8 warps
+# does not hide. FP8 rowwise (whole rows in registers, the column amax folded per program): the gather wants one wide
+# program per SM, SwiGLU two per SM, SwiGLU's backward (2N-wide rows) two per SM with more warps as rows widen; the
+# plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
+MX_FUSED = quantize.RowsConfig(tile=(8, 512), num_warps=2)
+FP8_GATHER = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
+FP8_SWIGLU = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
+FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8, block_rows=1)
+FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)  # rows of 16384 and wider
+
 
 def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer):
     check_multiple("the output", out.shape[1], BLOCK_SIZE, "its width (the blocked dim)")
     offs = check_group_offsets(offs, out, out.shape[0])
     check_config("config", config, quantize.RowsConfig)
-    q, s = quantize._quantize_rows(out, mode, config or quantize_blocked.ROWS_BLOCKED, "m_groups", offs=offs,
+    q, s = quantize._quantize_rows(out, mode, config or MX_FUSED, "m_groups", offs=offs,
                                    producer=producer)  # fmt: skip
     return out, q, s
 
@@ -79,7 +91,7 @@ def _swiglu_backward(grad_act, h1, h3) -> tuple[torch.Tensor, Producer]:
 def gather_quantize_mxfp8(x, src, weight, offs, mode="rceil", *, config: quantize.RowsConfig | None = None):
     """(xs, xs_q, xs_sb): ``xs = moe_rows.gather_weighted(x, src, weight)`` (R, D) bf16 and
     ``quantize_blocked.quantize_dim0_blocked(xs, offs, mode)``. D a multiple of 32; offs int32 (G,) group ends over
-    the R rows. ``config``: the rows kernel's launch (None: ``quantize_blocked.ROWS_BLOCKED``)."""
+    the R rows. ``config``: the rows kernel's launch (None: ``MX_FUSED``, as for every MXFP8 fused call)."""
     out, producer = _gather(x, src, weight)
     return _mxfp8(out, offs, mode, config, producer)
 
@@ -103,22 +115,22 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *, conf
 
 def gather_quantize_fp8(x, src, weight, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(xs, xs_q, xs_s, xs_amax): ``xs = gather_weighted(x, src, weight)`` and
-    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: its default)."""
+    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: ``FP8_GATHER``)."""
     out, producer = _gather(x, src, weight)
-    return _fp8(out, offs, config, producer)
+    return _fp8(out, offs, config or FP8_GATHER, producer)
 
 
 def swiglu_quantize_fp8(h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(act, act_q, act_s, act_amax): ``act = swiglu(h1, h3)`` and ``quantize_fp8_rowwise_with_amax(act, offs)``."""
     out, producer = _swiglu(h1, h3)
-    return _fp8(out, offs, config, producer)
+    return _fp8(out, offs, config or FP8_SWIGLU, producer)
 
 
 def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(grad_h, gh_q, gh_s, gh_amax): the packed ``swiglu_backward`` and ``quantize_fp8_rowwise_with_amax(grad_h,
     offs)``."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
-    return _fp8(out, offs, config, producer)
+    return _fp8(out, offs, config or (FP8_SWIGLU_BWD_WIDE if out.shape[1] >= 16384 else FP8_SWIGLU_BWD), producer)
 
 
 # ---- costs: the producer's reads, and the writes of both; the chain also reads the bf16 tensor back -------------

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The MoE layer runs on a GPU machine (no network): install, the layer's GPU tests, then `mxbench layer` per preset.
-# Usage: bash scripts/layer_session.sh [smoke] [tests] [deepseek-v3] [llama4-scout] [qwen3-30b-a3b] ...
+# Usage: bash scripts/layer_session.sh [smoke] [tests] [deepseek-v3] [deepseek-v3/shared] [llama4-scout] ...
+# PRESET/shared runs the shared experts in the recipe too (--shared-in-recipe), stored as layer-PRESET-shared-in-recipe.
 # Results and figures go to results/<card>/ and plots/<card>/, logs and copies under $OUT (the device tool's).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -18,9 +19,14 @@ for step in "$@"; do
     tests)
       python3 -m pytest -q -x tests/test_layer.py tests/test_moe_rows.py tests/test_swiglu.py tests/test_moe_fused.py \
         2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+    */shared)
+      preset=${step%/shared}; name="layer-$preset-shared-in-recipe"
+      mxbench layer --preset "$preset" --shared-in-recipe --recipe fp8_rowwise,mxfp8 --fuse --samples "$SAMPLES" \
+        --out "results/$CARD/$name.json" --plot-file "plots/$CARD/$name.png" 2>&1 | tee "$OUT/$name.log" | tail -14
+      cp "results/$CARD/$name.json" "plots/$CARD/$name.png" "$OUT/" ;;
     *)
       mxbench layer --preset "$step" --recipe fp8_rowwise,mxfp8 --fuse --samples "$SAMPLES" \
-        --out "results/$CARD/layer-$step.json" --plot-file "plots/$CARD/layer-$step.png" 2>&1 | tee "$OUT/$step.log" | tail -40
+        --out "results/$CARD/layer-$step.json" --plot-file "plots/$CARD/layer-$step.png" 2>&1 | tee "$OUT/$step.log" | tail -14
       cp "results/$CARD/layer-$step.json" "plots/$CARD/layer-$step.png" "$OUT/" ;;
   esac
 done

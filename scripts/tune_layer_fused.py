@@ -77,9 +77,11 @@ def cases(only: set[str]):
                         else moe_fused.swiglu_backward_quantize_fp8_cost)(rows, N, E))  # fmt: skip
 
 
-def _equal(a, b) -> bool:
-    return all(torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x, y.view(torch.uint8)
-                           if y.element_size() == 1 else y) for x, y in zip(a, b, strict=True))  # fmt: skip
+def _equal(a, b, rows: int) -> bool:
+    """Every output equal; the e4m3 data (second) only in the rows of a group: rows past offs[-1] are unspecified."""
+    bits = lambda t: t.view(torch.uint8) if t.element_size() == 1 else t
+    return all(torch.equal(bits(x)[:rows] if i == 1 else bits(x), bits(y)[:rows] if i == 1 else bits(y))
+               for i, (x, y) in enumerate(zip(a, b, strict=True)))  # fmt: skip
 
 
 def main() -> None:
@@ -101,7 +103,7 @@ def main() -> None:
                 continue
             try:
                 got = fused(c)
-                ok = _equal(got, expected)
+                ok = _equal(got, expected, COPIES // E * E)
                 us = time_fn(lambda c=c: fused(c), samples=s.args.samples).median_us
                 tbps = cost.bytes / us / 1e6
                 rows.append({"call": call, "shape": shape, "config": str(c), "us": us, "tbps": tbps, "bit_exact": ok,
