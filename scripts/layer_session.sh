@@ -2,12 +2,13 @@
 # The MoE layer runs on a GPU machine (no network): install, the layer's GPU tests, then `mxbench layer` per preset.
 # Usage: bash scripts/layer_session.sh [smoke] [tests] [deepseek-v3] [deepseek-v3/shared] [llama4-scout] ...
 # PRESET/shared runs the shared experts in the recipe too (--shared-in-recipe), stored as layer-PRESET-shared-in-recipe.
-# Results and figures go to results/<card>/ and plots/<card>/, logs and copies under $OUT (the device tool's).
+# Results and figures go to results/<card>/ and plots/<card>/, logs and a copy of each run under $OUT (the device
+# tool's); the figures are redrawn from the runs with `mxbench plot`.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 || { cat /tmp/install.log; exit 1; }
 CARD=$(python3 -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
 mkdir -p "results/$CARD" "plots/$CARD"
 SAMPLES=${SAMPLES:-10}
@@ -23,10 +24,10 @@ for step in "$@"; do
       preset=${step%/shared}; name="layer-$preset-shared-in-recipe"
       mxbench layer --preset "$preset" --shared-in-recipe --recipe fp8_rowwise,mxfp8 --fuse --samples "$SAMPLES" \
         --out "results/$CARD/$name.json" --plot-file "plots/$CARD/$name.png" 2>&1 | tee "$OUT/$name.log" | tail -14
-      cp "results/$CARD/$name.json" "plots/$CARD/$name.png" "$OUT/" ;;
+      cp "results/$CARD/$name.json" "$OUT/" ;;
     *)
       mxbench layer --preset "$step" --recipe fp8_rowwise,mxfp8 --fuse --samples "$SAMPLES" \
         --out "results/$CARD/layer-$step.json" --plot-file "plots/$CARD/layer-$step.png" 2>&1 | tee "$OUT/$step.log" | tail -14
-      cp "results/$CARD/layer-$step.json" "plots/$CARD/layer-$step.png" "$OUT/" ;;
+      cp "results/$CARD/layer-$step.json" "$OUT/" ;;
   esac
 done
