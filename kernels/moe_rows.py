@@ -38,13 +38,13 @@ BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 @dataclass(frozen=True)
 class RowsMoveConfig:
-    """One launch of a row-movement kernel (``gather_weighted``, ``combine_rows``, ``row_dot``, and
-    ``token_permute.gather_rows``, which runs the same gather kernel)."""
+    """One launch of a row-streaming kernel of the MoE layer: ``gather_weighted``, ``combine_rows``, ``row_dot``,
+    ``token_permute.gather_rows`` (the same gather kernel) and ``swiglu``'s two kernels (tiles of rows)."""
 
     # Output rows (row_dot: pairs) per program, a power of two: each program loads its rows' indices (and weights)
     # once per tile, and a few rows keep several independent row reads in flight.
     block_rows: int = 8
-    # Bytes of a row per program (row_dot: per step along D), a power of two: 4 KiB (2048 bf16), the padding
+    # Bytes of a row per program (of each bf16 input for swiglu; row_dot: per step along D), a power of two: 4 KiB (2048 bf16), the padding
     # kernels' width, streamed bf16 rows at 98% of an H200's measured copy ceiling (padding._block_cols).
     block_bytes: int = 4096
     # Warps per program: 8 over 8 x 4 KiB give each thread 16-byte vector accesses.

@@ -16,12 +16,10 @@ reciprocal), and the bf16 rounding is integer arithmetic (``block_math.to_bf16_b
 evaluated on the GPU bit for bit (tests/test_moe_layer_gpu.py checks it); under the interpreter ``exp`` is numpy's,
 which may differ from torch's CPU ``exp`` by an ulp, and an output then by one bf16 ulp, rarely. ``swiglu_producer``
 and ``swiglu_backward_producer`` are the two as a quantizer's tile producer (``moe_fused``), the same arithmetic.
-Launches: ``SwigluConfig`` as ``config=``.
+Launches: ``moe_rows.RowsMoveConfig`` as ``config=`` (``SWIGLU_CONFIG``).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -30,27 +28,14 @@ from triton.language.extra import libdevice
 
 from .block_math import masked_load, masked_store, to_bf16_bits, to_fp32
 from .cost import Cost
-from .runtime import INTERPRET, InputError, check_config, check_fields_power_of_two, check_same_device, check_tensor
+from .moe_rows import RowsMoveConfig
+from .runtime import INTERPRET, InputError, check_config, check_same_device, check_tensor
 
 
-@dataclass(frozen=True)
-class SwigluConfig:
-    """One launch of the SwiGLU kernels (forward and backward): an elementwise tile per program."""
-
-    # Rows per program, a power of two.
-    block_rows: int = 8
-    # Columns per program, a power of two: 1024 bf16 = 2 KiB of each input row, 32 elements a thread at 8 warps,
-    # four 16-byte vector loads per input.
-    block_cols: int = 1024
-    # Warps per program.
-    num_warps: int = 8
-
-    def __post_init__(self):
-        check_fields_power_of_two(self, "block_rows", "block_cols", "num_warps")
-
-
-# Not measured yet (docs/perf-log.md has the predictions): an elementwise streaming tile.
-SWIGLU_CONFIG = SwigluConfig()
+# The launch: ``moe_rows.RowsMoveConfig``, rows of block_bytes of each bf16 input per program. Not measured yet
+# (docs/perf-log.md has the predictions): 8 rows x 1024 columns, 32 elements a thread at 8 warps, four 16-byte
+# vector loads per input.
+SWIGLU_CONFIG = RowsMoveConfig(block_rows=8, block_bytes=2048, num_warps=8)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Device functions and kernels
@@ -136,8 +121,11 @@ def _swiglu_backward_kernel(g_ptr, h1_ptr, h3_ptr, d1_ptr, d3_ptr, M, N, s1, s3,
     tl.store(d3_ptr + out, to_bf16_bits(d3), mask=mask)
 
 
-def _grid(M: int, N: int, config: SwigluConfig) -> tuple[int, int]:
-    return triton.cdiv(M, config.block_rows), triton.cdiv(N, config.block_cols)
+def _launch(M: int, N: int, config: RowsMoveConfig) -> tuple[tuple[int, int], dict]:
+    """Grid and tile constexprs of a launch over (M, N) bf16 elements."""
+    cols = max(config.block_bytes // 2, 1)
+    grid = (triton.cdiv(M, config.block_rows), triton.cdiv(N, cols))
+    return grid, {"BLOCK_M": config.block_rows, "BLOCK_N": cols, "num_warps": config.num_warps}
 
 
 def check_halves(h1: object, h3: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,17 +156,17 @@ def split_halves(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return h[:, :n], h[:, n:]
 
 
-def swiglu(h1: torch.Tensor, h3: torch.Tensor, *, config: SwigluConfig | None = None) -> torch.Tensor:
+def swiglu(h1: torch.Tensor, h3: torch.Tensor, *, config: RowsMoveConfig | None = None) -> torch.Tensor:
     """(M, N) bf16 ``silu(h1) * h3`` (module doc). ``config``: the launch (None: ``SWIGLU_CONFIG``)."""
     h1, h3 = check_halves(h1, h3)
-    check_config("config", config, SwigluConfig)
+    check_config("config", config, RowsMoveConfig)
     config = config or SWIGLU_CONFIG
     M, N = h1.shape
     out = torch.empty(M, N, dtype=torch.bfloat16, device=h1.device)
     if out.numel():
-        _swiglu_kernel[_grid(M, N, config)](h1, h3, out, M, N, h1.stride(0), h3.stride(0),
-                                            BLOCK_M=config.block_rows, BLOCK_N=config.block_cols, EXACT=INTERPRET,
-                                            num_warps=config.num_warps, enable_fp_fusion=False)  # fmt: skip
+        grid, tile = _launch(M, N, config)
+        _swiglu_kernel[grid](h1, h3, out, M, N, h1.stride(0), h3.stride(0), EXACT=INTERPRET, enable_fp_fusion=False,
+                             **tile)  # fmt: skip
     return out
 
 
@@ -193,14 +181,14 @@ def swiglu_backward(
     h3: torch.Tensor,
     *,
     packed: bool = True,
-    config: SwigluConfig | None = None,
+    config: RowsMoveConfig | None = None,
 ):
     """(grad_h (M, 2N),) packed, else (grad_h1, grad_h3), each (M, N) bf16 (module doc). ``config``: the launch
     (None: ``SWIGLU_CONFIG``)."""
     grad_act, h1, h3 = check_backward(grad_act, h1, h3)
     if not isinstance(packed, bool):
         raise InputError(f"packed must be a bool, got {packed!r}")
-    check_config("config", config, SwigluConfig)
+    check_config("config", config, RowsMoveConfig)
     config = config or SWIGLU_CONFIG
     M, N = h1.shape
     if packed:
@@ -211,11 +199,10 @@ def swiglu_backward(
         d3 = torch.empty_like(d1)
         outs = (d1, d3)
     if M * N:
-        _swiglu_backward_kernel[_grid(M, N, config)](
-            grad_act, h1, h3, d1.view(torch.int16), d3.view(torch.int16), M, N, h1.stride(0), h3.stride(0),
-            d1.stride(0), BLOCK_M=config.block_rows, BLOCK_N=config.block_cols, EXACT=INTERPRET,
-            num_warps=config.num_warps, enable_fp_fusion=False,
-        )  # fmt: skip
+        grid, tile = _launch(M, N, config)
+        _swiglu_backward_kernel[grid](grad_act, h1, h3, d1.view(torch.int16), d3.view(torch.int16), M, N, h1.stride(0),
+                                      h3.stride(0), d1.stride(0), EXACT=INTERPRET, enable_fp_fusion=False,
+                                      **tile)  # fmt: skip
     return outs
 
 
