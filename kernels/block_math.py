@@ -161,14 +161,15 @@ def to_bf16_bits(x):
 
 
 @triton.jit
-def load_rows(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
+def load_rows(ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
               VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
-    """The default tile producer of the quantizers' rows kernels: the tile (rows, cols) of the row-major (., n_cols)
-    input at out_ptr. A *producer* is a jit function of this signature passed to a rows kernel as a constexpr;
+    """The default tile producer of the quantizers' rows kernels: the tile (rows, cols) of a row-major (., n_cols)
+    input, ``ptrs`` its element pointers as the caller computes them (so the kernel's address arithmetic, and its
+    PTX, stay its own). A *producer* is a jit function of this signature passed to a rows kernel as a constexpr;
     the fused stages (``moe_fused``) pass one that computes the tile from the producer's inputs (a_ptr, b_ptr,
-    c_ptr, the row strides a_stride, b_stride, its own VARIANT flag), stores it at out_ptr as the unfused producer
+    c_ptr, the row strides a_stride, b_stride, its own VARIANT flag), stores it at ``ptrs`` as the unfused producer
     kernel would and returns it, so the quantizer's re-read of that tensor is saved. Here they are unused."""
-    return masked_load(out_ptr + rows[:, None] * n_cols + cols[None, :], row_ok[:, None] & col_ok[None, :], EVEN)
+    return masked_load(ptrs, row_ok[:, None] & col_ok[None, :], EVEN)
 
 
 class Producer(NamedTuple):

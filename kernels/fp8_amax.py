@@ -142,8 +142,8 @@ def _rows_amax_kernel(
         acc = magnitude(tl.zeros((BLOCK_R, BLOCK_C), x_ptr.dtype.element_ty))
         for r0 in range(tl.maximum(start, first), hi, BLOCK_R):
             r = r0 + tl.arange(0, BLOCK_R)
-            x = PRODUCE(x_ptr, r.to(tl.int64), r < hi, c, c < cols, cols, p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN,
-                        EXACT)  # fmt: skip
+            x = PRODUCE(x_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], r.to(tl.int64), r < hi, c, c < cols, cols,
+                        p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN, EXACT)  # fmt: skip
             fp8_rowwise.quantize_whole_rows(x, q_ptr, scale_ptr, r, r < hi, cols, BLOCK_C, EVEN, EXACT)
             acc = tl.maximum(acc, magnitude(x))
         _fold(amax_ptr, tl.max(magnitude_fp32_bits(acc, x_ptr.dtype.element_ty == tl.bfloat16), 0), g, c, cols, G)

@@ -159,7 +159,8 @@ def _rowwise_kernel(
     if SINGLE:
         c = tl.arange(0, BLOCK_C)
         row_ok = r < rows
-        x = load_rows(x_ptr, r.to(tl.int64), row_ok, c, c < cols, cols, x_ptr, x_ptr, x_ptr, 0, 0, False, EVEN, EXACT)
+        x = load_rows(x_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], r.to(tl.int64), row_ok, c, c < cols, cols,
+                      x_ptr, x_ptr, x_ptr, 0, 0, False, EVEN, EXACT)  # fmt: skip
         quantize_whole_rows(x, q_ptr, scale_ptr, r, row_ok, cols, BLOCK_C, EVEN, EXACT)
     else:
         row_ok = r < rows

@@ -99,12 +99,12 @@ def gather_tile(x_ptr, index_ptr, weight_ptr, rows, row_ok, cols, col_ok, D,
 
 
 @triton.jit
-def gather_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
+def gather_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
                     VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     """``block_math.load_rows``'s producer signature: rows of ``gather_weighted(x, src, weight)`` (x a_ptr as bf16
-    bits, src b_ptr, weight c_ptr when VARIANT, i.e. weighted), stored at out_ptr (bf16 (., n_cols)) and returned."""
+    bits, src b_ptr, weight c_ptr when VARIANT, i.e. weighted), stored at out_ptrs (bf16 (., n_cols)) and returned."""
     tile = gather_tile(a_ptr, b_ptr, c_ptr, rows, row_ok, cols, col_ok, n_cols, 1, VARIANT).to(tl.bfloat16, bitcast=True)
-    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], tile, row_ok[:, None] & col_ok[None, :], EVEN)
+    masked_store(out_ptrs, tile, row_ok[:, None] & col_ok[None, :], EVEN)
     return tile
 
 

@@ -216,7 +216,7 @@ def _quantize_rows_kernel(
     offs = rows[:, None] * n_cols + cols[None, :]
     mask = valid[:, None] & (cols[None, :] < n_cols)
 
-    x = PRODUCE(x_ptr, rows, made, cols, cols < n_cols, n_cols, p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN, EXACT)
+    x = PRODUCE(x_ptr + offs, rows, made, cols, cols < n_cols, n_cols, p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN, EXACT)
     if TAIL:
         x = tl.where(valid[:, None], x, 0.0)
     q, scale = quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)

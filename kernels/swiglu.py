@@ -66,24 +66,24 @@ def _load(ptr, rows, stride, cols, mask, EVEN: tl.constexpr):
 
 
 @triton.jit
-def swiglu_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
+def swiglu_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
                     VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     """``block_math.load_rows``'s producer signature: act = swiglu(h1, h3) of rows ``rows``, columns ``cols`` (h1 at
-    a_ptr, row stride a_stride; h3 at b_ptr, b_stride), stored at out_ptr (bf16 (., n_cols)) and returned."""
+    a_ptr, row stride a_stride; h3 at b_ptr, b_stride), stored at out_ptrs (bf16 (., n_cols)) and returned."""
     mask = row_ok[:, None] & col_ok[None, :]
     a = _load(a_ptr, rows, a_stride, cols, mask, EVEN)
     act = to_bf16_bits(a * _sigmoid(a, EXACT) * _load(b_ptr, rows, b_stride, cols, mask, EVEN))
     act = act.to(tl.bfloat16, bitcast=True)
-    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], act, mask, EVEN)
+    masked_store(out_ptrs, act, mask, EVEN)
     return act
 
 
 @triton.jit
-def swiglu_backward_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
+def swiglu_backward_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride, b_stride,
                              VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     """``block_math.load_rows``'s producer signature: the packed grad_h = [grad_h1 | grad_h3] (., n_cols = 2N) of
     rows ``rows``, columns ``cols`` in [0, 2N) (h1 at a_ptr, h3 at b_ptr with row strides a_stride, b_stride;
-    grad_act (., N) contiguous at c_ptr), stored at out_ptr (bf16) and returned. Column c of either half reads
+    grad_act (., N) contiguous at c_ptr), stored at out_ptrs (bf16) and returned. Column c of either half reads
     column c mod N of the inputs: the two halves of a row come from programs next to each other in the quantizer's
     grid, so the inputs' second read is an L2 hit."""
     N = n_cols // 2
@@ -93,7 +93,7 @@ def swiglu_backward_producer(out_ptr, rows, row_ok, cols, col_ok, n_cols, a_ptr,
     d1, d3 = _grads(_load(c_ptr, rows, N, src, mask, EVEN), _load(a_ptr, rows, a_stride, src, mask, EVEN),
                     _load(b_ptr, rows, b_stride, src, mask, EVEN), EXACT)  # fmt: skip
     grad = to_bf16_bits(tl.where(upper[None, :], d3, d1)).to(tl.bfloat16, bitcast=True)
-    masked_store(out_ptr + rows[:, None] * n_cols + cols[None, :], grad, mask, EVEN)
+    masked_store(out_ptrs, grad, mask, EVEN)
     return grad
 
 
@@ -103,7 +103,8 @@ def _swiglu_kernel(h1_ptr, h3_ptr, out_ptr, M, N, s1, s3, BLOCK_M: tl.constexpr,
     # One program: a BLOCK_M x BLOCK_N tile of act, the fused stage's producer run alone.
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    swiglu_producer(out_ptr, rows, rows < M, cols, cols < N, N, h1_ptr, h3_ptr, h1_ptr, s1, s3, 0, False, EXACT)
+    swiglu_producer(out_ptr + rows[:, None] * N + cols[None, :], rows, rows < M, cols, cols < N, N, h1_ptr, h3_ptr,
+                    h1_ptr, s1, s3, 0, False, EXACT)  # fmt: skip
 
 
 @triton.jit
