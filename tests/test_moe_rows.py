@@ -11,19 +11,21 @@ from mxkernels.errors import InputError
 from mxkernels.moe_rows import RowsMoveConfig
 
 SMALL = RowsMoveConfig(block_rows=4, block_bytes=64, num_warps=1)  # several column tiles and a ragged last one
+# The GPU when there is one (the lead's GPU session runs this file), else CPU under the interpreter.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def rows(T, D, seed=0, scale=1.0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(T, D, generator=g) * scale).bfloat16()
+    return (torch.randn(T, D, generator=g) * scale).bfloat16().to(DEV)
 
 
 def indices(n, lo, hi, seed=0):
-    return torch.randint(lo, hi, (n,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+    return torch.randint(lo, hi, (n,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32).to(DEV)
 
 
 def weights(n, seed=0):
-    return torch.randn(n, generator=torch.Generator().manual_seed(seed + 1)) * 2
+    return (torch.randn(n, generator=torch.Generator().manual_seed(seed + 1)) * 2).to(DEV)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -40,15 +42,15 @@ def test_gather_specials():
     # NaN payloads and -0 copy bit for bit; a padding row is +0 whatever its weight (NaN, -inf, negative); a
     # weighted -0 stays -0; a product that overflows bf16 rounds to inf. (A weighted NaN's bits are not compared:
     # torch's CPU and CUDA casts write different NaNs.)
-    x = torch.tensor([[float("nan"), -0.0, 3.0e38, -1.0], [1.0, 2.0, -3.0, 0.5]], dtype=torch.bfloat16)
+    x = torch.tensor([[float("nan"), -0.0, 3.0e38, -1.0], [1.0, 2.0, -3.0, 0.5]], dtype=torch.bfloat16, device=DEV)
     x.view(torch.int16)[0, 0] = 0x7FC5  # a NaN with a payload
-    src = torch.tensor([0, -1, 1, -1, 0], dtype=torch.int32)
-    w = torch.tensor([2.0, float("nan"), -0.5, -3.0, 1.0])
+    src = torch.tensor([0, -1, 1, -1, 0], dtype=torch.int32, device=DEV)
+    w = torch.tensor([2.0, float("nan"), -0.5, -3.0, 1.0], device=DEV)
     assert_bits_equal(mr.gather_weighted(x, src), mr.gather_weighted_reference(x, src))
     x[0, 0] = 7.0
     out = mr.gather_weighted(x, src, w)
     assert_bits_equal(out, mr.gather_weighted_reference(x, src, w))
-    assert torch.equal(out.view(torch.int16)[1], torch.zeros(4, dtype=torch.int16))
+    assert torch.equal(out.view(torch.int16)[1], torch.zeros(4, dtype=torch.int16, device=DEV))
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3, 5, 8])
@@ -65,9 +67,9 @@ def test_combine_rows_matches_reference(poisoned_empty, top_k, weighted):
 def test_combine_rows_sums_in_order_from_the_first_term():
     # fp32 addition is not associative: (2**24 + 1) + 1 != 2**24 + (1 + 1) would show an order change; bf16 can't
     # hold 2**24 + 1, so use weights. And -0 + -0 is -0 (a sum started from +0 would give +0).
-    y = torch.tensor([[1.0, -0.0], [1.0, -0.0], [1.0, -0.0]], dtype=torch.bfloat16)
-    dest = torch.tensor([0, 1, 2], dtype=torch.int32)
-    w = torch.tensor([2.0**24, 1.0, 1.0])
+    y = torch.tensor([[1.0, -0.0], [1.0, -0.0], [1.0, -0.0]], dtype=torch.bfloat16, device=DEV)
+    dest = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+    w = torch.tensor([2.0**24, 1.0, 1.0], device=DEV)
     out = mr.combine_rows(y, dest, w, 3)
     assert_bits_equal(out, mr.combine_rows_reference(y, dest, w, 3))
     assert out[0, 0].item() == 2.0**24 and out.view(torch.int16)[0, 1].item() == -32768
@@ -96,8 +98,8 @@ def test_empty_outputs():
     [
         (lambda x, i: mr.gather_weighted(x.float(), i), "x must have dtype bfloat16"),
         (lambda x, i: mr.gather_weighted(x, i.long()), "src must have dtype int32"),
-        (lambda x, i: mr.gather_weighted(x, i, torch.ones(3)), "weight must hold one value per entry"),
-        (lambda x, i: mr.gather_weighted(x, i, torch.ones(4, dtype=torch.float64)), "weight must have dtype"),
+        (lambda x, i: mr.gather_weighted(x, i, torch.ones(3, device=DEV)), "weight must hold one value per entry"),
+        (lambda x, i: mr.gather_weighted(x, i, torch.ones(4, dtype=torch.float64, device=DEV)), "weight must have dtype"),
         (lambda x, i: mr.gather_weighted(x, i, config=(8, 4096, 8)), "config"),
         (lambda x, i: mr.combine_rows(x, i, None, 3), "top_k must be a positive int dividing"),
         (lambda x, i: mr.combine_rows(x, i, None, True), "top_k must be a positive int dividing"),

@@ -407,17 +407,20 @@ def test_cost_bad_arguments(call):
 _COMMON_SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "offs_ptr": "*i32", "n_rows": "i32", "n_cols": "i32",
                "G": "i32"}  # fmt: skip
 _CONSTEXPR_SIG = {name: "constexpr" for name in ("BLOCK_R", "BLOCK_C", "EVEN", "RCEIL", "EXACT")}
-_ROWS_SIG = {**_COMMON_SIG, "group_rows": "i32", "s_cols": "i32", **_CONSTEXPR_SIG, "SCALES": "constexpr",
-             "BLOCK_G": "constexpr"}  # fmt: skip
+_ROWS_SIG = {**_COMMON_SIG, "group_rows": "i32", "s_cols": "i32", "p_a": "*bf16", "p_b": "*bf16", "p_c": "*bf16",
+             "p_sa": "i32", "p_sb": "i32", **_CONSTEXPR_SIG,
+             **{name: "constexpr" for name in ("SCALES", "BLOCK_G", "PRODUCE", "VARIANT", "TAIL")}}  # fmt: skip
+# The rows kernel's tile comes from a producer: the plain load (block_math.load_rows) here.
+_LOAD = {"PRODUCE": {"jit": "mxkernels.block_math:load_rows"}, "VARIANT": False, "TAIL": False}
 _COLS_SIG = {**_COMMON_SIG, "grid_rows": "i32", "grid_cols": "i32", "s_stride_batch": "i32", "s_stride_col": "i32",
              "s_stride_block": "i32", **_CONSTEXPR_SIG,
              **{name: "constexpr" for name in ("GROUP", "STAGES", "PREFETCH", "SCALES", "WORDS", "BLOCK_G")}}  # fmt: skip
 # (kernel, scale layout): signature, tile, extra constexprs. Scale layouts: 0 strided, 1 M-groups, 2 blocked 3D,
 # 3 K-groups (the kernels' SCALES).
 COMPILE_CASES = {
-    ("_quantize_rows_kernel", 0): (_ROWS_SIG, ROWS_CONFIG.tile, {}),
-    ("_quantize_rows_kernel", 1): (_ROWS_SIG, ROWS_CONFIG.tile, {}),
-    ("_quantize_rows_kernel", 2): (_ROWS_SIG, ROWS_CONFIG.tile, {}),
+    ("_quantize_rows_kernel", 0): (_ROWS_SIG, ROWS_CONFIG.tile, _LOAD),
+    ("_quantize_rows_kernel", 1): (_ROWS_SIG, ROWS_CONFIG.tile, _LOAD),
+    ("_quantize_rows_kernel", 2): (_ROWS_SIG, ROWS_CONFIG.tile, _LOAD),
     ("_quantize_cols_kernel", 0): (
         _COLS_SIG,
         ALONG_N_COLS.tile,
