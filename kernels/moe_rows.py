@@ -44,8 +44,9 @@ class RowsMoveConfig:
     # Output rows (row_dot: pairs) per program, a power of two: each program loads its rows' indices (and weights)
     # once per tile, and a few rows keep several independent row reads in flight.
     block_rows: int = 8
-    # Bytes of a row per program (of each bf16 input for swiglu; row_dot: per step along D), a power of two: 4 KiB (2048 bf16), the padding
-    # kernels' width, streamed bf16 rows at 98% of an H200's measured copy ceiling (padding._block_cols).
+    # Bytes of a row per program (of each bf16 input for swiglu; row_dot: per step along D), a power of two: 4 KiB
+    # (2048 bf16), the padding kernels' width, streamed bf16 rows at 98% of an H200's measured copy ceiling
+    # (padding._block_cols).
     block_bytes: int = 4096
     # Warps per program: 8 over 8 x 4 KiB give each thread 16-byte vector accesses.
     num_warps: int = 8
@@ -103,7 +104,8 @@ def gather_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, 
                     VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     """``block_math.load_rows``'s producer signature: rows of ``gather_weighted(x, src, weight)`` (x a_ptr as bf16
     bits, src b_ptr, weight c_ptr when VARIANT, i.e. weighted), stored at out_ptrs (bf16 (., n_cols)) and returned."""
-    tile = gather_tile(a_ptr, b_ptr, c_ptr, rows, row_ok, cols, col_ok, n_cols, 1, VARIANT).to(tl.bfloat16, bitcast=True)
+    tile = gather_tile(a_ptr, b_ptr, c_ptr, rows, row_ok, cols, col_ok, n_cols, 1, VARIANT)
+    tile = tile.to(tl.bfloat16, bitcast=True)
     masked_store(out_ptrs, tile, row_ok[:, None] & col_ok[None, :], EVEN)
     return tile
 
@@ -156,7 +158,9 @@ def launch_gather(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor | N
     return out.view(x.dtype)
 
 
-def _check_rows(name: str, index: object, weight: object, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _check_rows(
+    name: str, index: object, weight: object, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     index = check_tensor(name, index, dtypes=(INDEX_DTYPE,), ndim=1)
     check_same_device(name, index, like)
     if weight is not None:
@@ -236,7 +240,12 @@ def combine_rows_cost(tokens: int, D: int, top_k: int, weighted: bool) -> Cost:
 
 
 def row_dot(
-    a: torch.Tensor, a_rows: torch.Tensor, b: torch.Tensor, b_rows: torch.Tensor, *, config: RowsMoveConfig | None = None
+    a: torch.Tensor,
+    a_rows: torch.Tensor,
+    b: torch.Tensor,
+    b_rows: torch.Tensor,
+    *,
+    config: RowsMoveConfig | None = None,
 ) -> torch.Tensor:
     """(C,) fp32: ``sum_d fp32(a[a_rows[c], d]) * fp32(b[b_rows[c], d])``. a (R, D), b (T, D) bf16 row-major;
     row indices in range (not checked on the device). The order of the sum over d is the kernel's (fp32 partial

@@ -33,15 +33,8 @@ from .layouts import (
     rearrange_k_groups_reference,
     rearrange_m_groups_reference,
 )
-from .quantize import (
-    IN_DTYPES,
-    ColsConfig,
-    RowsConfig,
-    _quantize_cols,
-    _quantize_rows,
-    check_quantize_3d,
-    quantize_2d_cost,
-)
+from .quantize import IN_DTYPES, RowsConfig, _quantize_rows, check_quantize_3d, quantize_2d_cost
+from .quantize_cols import ColsConfig, _quantize_cols
 from .runtime import (
     InputError,
     check_config,

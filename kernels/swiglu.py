@@ -31,7 +31,6 @@ from .cost import Cost
 from .moe_rows import RowsMoveConfig
 from .runtime import INTERPRET, InputError, check_config, check_same_device, check_tensor
 
-
 # The launch: ``moe_rows.RowsMoveConfig``, rows of block_bytes of each bf16 input per program. Not measured yet
 # (docs/perf-log.md has the predictions): 8 rows x 1024 columns, 32 elements a thread at 8 warps, four 16-byte
 # vector loads per input.

@@ -5,7 +5,8 @@ unwritten byte shows unless the chain leaves the same byte unwritten); argument 
 import pytest
 import torch
 from helpers import bits_of
-from mxkernels import fp8_amax, moe_fused as mf, moe_rows, quantize_blocked, swiglu
+from mxkernels import fp8_amax, moe_rows, quantize_blocked, swiglu
+from mxkernels import moe_fused as mf
 from mxkernels.cost import Cost
 from mxkernels.errors import InputError
 from mxkernels.fp8_amax import AmaxRowsConfig
@@ -148,19 +149,21 @@ def test_bad_input_is_named_before_launch(call, match):
 
 def test_costs_are_the_chain_less_the_reread():
     R, D, G, T, M, N = 4096, 7168, 8, 1024, 4096, 2048
+    bf16 = torch.bfloat16
     reread = {"gather": R * D * 2, "swiglu": M * N * 2, "swiglu_backward": M * 2 * N * 2}
     pairs = [
         ("gather", mf.gather_quantize_mxfp8_cost(R, D, G, T, True),
-         moe_rows.gather_weighted_cost(R, D, T, True) + quantize_blocked.quantize_dim0_blocked_cost(R, D, G, torch.bfloat16)),
+         moe_rows.gather_weighted_cost(R, D, T, True) + quantize_blocked.quantize_dim0_blocked_cost(R, D, G, bf16)),
         ("swiglu", mf.swiglu_quantize_mxfp8_cost(M, N, G),
-         swiglu.swiglu_cost(M, N) + quantize_blocked.quantize_dim0_blocked_cost(M, N, G, torch.bfloat16)),
+         swiglu.swiglu_cost(M, N) + quantize_blocked.quantize_dim0_blocked_cost(M, N, G, bf16)),
         ("swiglu_backward", mf.swiglu_backward_quantize_mxfp8_cost(M, N, G),
-         swiglu.swiglu_backward_cost(M, N) + quantize_blocked.quantize_dim0_blocked_cost(M, 2 * N, G, torch.bfloat16)),
+         swiglu.swiglu_backward_cost(M, N) + quantize_blocked.quantize_dim0_blocked_cost(M, 2 * N, G, bf16)),
         ("gather", mf.gather_quantize_fp8_cost(R, D, G, T, False),
-         moe_rows.gather_weighted_cost(R, D, T, False) + fp8_amax.with_amax_cost(R, D, G, torch.bfloat16)),
-        ("swiglu", mf.swiglu_quantize_fp8_cost(M, N, G), swiglu.swiglu_cost(M, N) + fp8_amax.with_amax_cost(M, N, G, torch.bfloat16)),
+         moe_rows.gather_weighted_cost(R, D, T, False) + fp8_amax.with_amax_cost(R, D, G, bf16)),
+        ("swiglu", mf.swiglu_quantize_fp8_cost(M, N, G),
+         swiglu.swiglu_cost(M, N) + fp8_amax.with_amax_cost(M, N, G, bf16)),
         ("swiglu_backward", mf.swiglu_backward_quantize_fp8_cost(M, N, G),
-         swiglu.swiglu_backward_cost(M, N) + fp8_amax.with_amax_cost(M, 2 * N, G, torch.bfloat16)),
+         swiglu.swiglu_backward_cost(M, N) + fp8_amax.with_amax_cost(M, 2 * N, G, bf16)),
     ]  # fmt: skip
     for kind, fused, chain in pairs:
         assert fused == Cost(chain.bytes_read - reread[kind], chain.bytes_written)
@@ -196,8 +199,9 @@ def test_every_arithmetic_launch_disables_fp_fusion(monkeypatch):
     from mxkernels import quantize
 
     recorders = {}
-    for module, name in [(quantize, "_quantize_rows_kernel"), (fp8_amax, "_rows_amax_kernel"),
-                         (swiglu, "_swiglu_kernel"), (swiglu, "_swiglu_backward_kernel"), (moe_rows, "_gather_kernel")]:  # fmt: skip
+    kernels = [(quantize, "_quantize_rows_kernel"), (fp8_amax, "_rows_amax_kernel"), (swiglu, "_swiglu_kernel"),
+               (swiglu, "_swiglu_backward_kernel"), (moe_rows, "_gather_kernel")]  # fmt: skip
+    for module, name in kernels:
         recorders[name] = _Recorder()
         monkeypatch.setattr(module, name, recorders[name])
     for call in _fused_calls():
@@ -220,8 +224,9 @@ def test_producer_arithmetic_compiles_without_fma(producer):
     signature = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "offs_ptr": "*i32", "n_rows": "i32", "n_cols": "i32",
                  "G": "i32", "group_rows": "i32", "s_cols": "i32", "p_a": "*bf16", "p_b": "*bf16", "p_c": "*bf16",
                  "p_sa": "i32", "p_sb": "i32"}  # fmt: skip
-    constexprs = {"BLOCK_R": 32, "BLOCK_C": 512, "EVEN": False, "RCEIL": True, "EXACT": False, "SCALES": 1, "BLOCK_G": 8,
-                  "PRODUCE": {"jit": f"mxkernels.swiglu:{producer}"}, "VARIANT": False, "TAIL": True}  # fmt: skip
+    constexprs = {"BLOCK_R": 32, "BLOCK_C": 512, "EVEN": False, "RCEIL": True, "EXACT": False, "SCALES": 1,
+                  "BLOCK_G": 8, "PRODUCE": {"jit": f"mxkernels.swiglu:{producer}"}, "VARIANT": False,
+                  "TAIL": True}  # fmt: skip
     signature.update({name: "constexpr" for name in constexprs})
     ptx = {fusion: compile_ptx("mxkernels.quantize", "_quantize_rows_kernel", signature, constexprs, 90,
                                options={"enable_fp_fusion": fusion}) for fusion in (False, True)}  # fmt: skip

@@ -12,7 +12,8 @@ fused stages capturable in a CUDA graph (no host sync)."""
 import pytest
 import torch
 from helpers import assert_bits_equal, assert_nearly_exact, capture
-from mxkernels import fp8_amax, moe_fused as mf, moe_rows, quantize_blocked, swiglu
+from mxkernels import fp8_amax, moe_rows, quantize_blocked, swiglu
+from mxkernels import moe_fused as mf
 
 pytestmark = pytest.mark.gpu
 
@@ -98,7 +99,7 @@ def test_gather_quantize(weighted):
 
 
 def test_swiglu_quantize():
-    grad, h1, h3 = fused_inputs()
+    _, h1, h3 = fused_inputs()
     act = swiglu.swiglu(h1, h3)
     assert_chain(mf.swiglu_quantize_mxfp8(h1, h3, offs()), (act, *quantize_blocked.quantize_dim0_blocked(act, offs())))
     assert_chain(mf.swiglu_quantize_fp8(h1, h3, offs()), (act, *fp8_amax.quantize_fp8_rowwise_with_amax(act, offs())))
@@ -120,7 +121,8 @@ def test_fused_stages_capture_in_a_graph():
     o = offs()
     for fn, want in [
         (lambda: mf.gather_quantize_mxfp8(x, src, w, o)[2], mf.gather_quantize_mxfp8(x, src, w, o)[2]),
-        (lambda: mf.swiglu_backward_quantize_fp8(grad, h1, h3, o)[3], mf.swiglu_backward_quantize_fp8(grad, h1, h3, o)[3]),
+        (lambda: mf.swiglu_backward_quantize_fp8(grad, h1, h3, o)[3],
+         mf.swiglu_backward_quantize_fp8(grad, h1, h3, o)[3]),
     ]:  # fmt: skip
         out, graph = capture(fn)
         out.zero_()

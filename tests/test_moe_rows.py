@@ -61,7 +61,8 @@ def test_combine_rows_matches_reference(poisoned_empty, top_k, weighted):
     dest = indices(T * top_k, 0, R, seed=top_k)
     w = weights(T * top_k, seed=top_k) if weighted else None
     for config in (None, SMALL):
-        assert_bits_equal(mr.combine_rows(y, dest, w, top_k, config=config), mr.combine_rows_reference(y, dest, w, top_k))
+        got = mr.combine_rows(y, dest, w, top_k, config=config)
+        assert_bits_equal(got, mr.combine_rows_reference(y, dest, w, top_k))
 
 
 def test_combine_rows_sums_in_order_from_the_first_term():
@@ -99,7 +100,7 @@ def test_empty_outputs():
         (lambda x, i: mr.gather_weighted(x.float(), i), "x must have dtype bfloat16"),
         (lambda x, i: mr.gather_weighted(x, i.long()), "src must have dtype int32"),
         (lambda x, i: mr.gather_weighted(x, i, torch.ones(3, device=DEV)), "weight must hold one value per entry"),
-        (lambda x, i: mr.gather_weighted(x, i, torch.ones(4, dtype=torch.float64, device=DEV)), "weight must have dtype"),
+        (lambda x, i: mr.gather_weighted(x, i, torch.ones(4, dtype=torch.float64, device=DEV)), "must have dtype"),
         (lambda x, i: mr.gather_weighted(x, i, config=(8, 4096, 8)), "config"),
         (lambda x, i: mr.combine_rows(x, i, None, 3), "top_k must be a positive int dividing"),
         (lambda x, i: mr.combine_rows(x, i, None, True), "top_k must be a positive int dividing"),

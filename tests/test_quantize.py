@@ -447,7 +447,8 @@ def test_compiles_for_sm90_and_sm100(kernel, scales, cc):
     signature, (rows, cols), extra = COMPILE_CASES[kernel, scales]
     constexprs = {"BLOCK_R": rows, "BLOCK_C": cols, "EVEN": False, "RCEIL": True, "EXACT": False, "SCALES": scales,
                   "BLOCK_G": 8, **extra}  # fmt: skip
-    ptx = compile_ptx("mxkernels.quantize", kernel, signature, constexprs, cc)
+    module = "mxkernels.quantize_cols" if kernel == "_quantize_cols_kernel" else "mxkernels.quantize"
+    ptx = compile_ptx(module, kernel, signature, constexprs, cc)
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert "ue8m0" not in ptx
 
@@ -461,7 +462,7 @@ def test_scale_words_compile_to_word_stores():
                       "SCALES": scales, "BLOCK_G": 8, **extra}  # fmt: skip
         aligned = ("x_ptr", "q_ptr", "s_ptr", "n_rows", "n_cols", "grid_rows", "grid_cols", "s_stride_batch",
                    "s_stride_col")  # fmt: skip
-        ptx = compile_ptx("mxkernels.quantize", "_quantize_cols_kernel", signature, constexprs, 90, aligned)
+        ptx = compile_ptx("mxkernels.quantize_cols", "_quantize_cols_kernel", signature, constexprs, 90, aligned)
         assert "st.global.b8" not in ptx and "st.global.b32" in ptx and "st.global.v4.b32" in ptx
 
 
