@@ -84,17 +84,28 @@ def project(data: Run | pd.DataFrame, target: str = "b200") -> pd.DataFrame:
 
 
 def _mxfp8_gemms_at_bf16_efficiency(out: pd.DataFrame) -> pd.DataFrame:
-    """MXFP8 GEMMs take the efficiency of the bf16 GEMM of their pass and point, where the run measured one."""
-    key = out["step"] + "|" + out["pass_name"]
+    """MXFP8 GEMMs take the efficiency of their bf16 twin: the bf16 GEMM of the same stage name, pass and point (a
+    layer has several GEMMs a pass: each its own twin), where the run measured one. A GEMM without a twin (a layer's
+    shared experts as grouped GEMMs beside bf16's dense products) takes the pooled efficiency of the bf16 GEMMs of
+    its pass and point (their FLOPs over the time they would take at their own efficiencies)."""
     gemm = out["category"] == "gemm"
-    bf16 = out[gemm & (out["recipe"] == BASELINE_RECIPE)].assign(key=key).drop_duplicates("key", keep="last")
-    bf16 = bf16.set_index("key")[["carried_pct", "carried_peak"]]
-    mx = gemm & (out["recipe"] == "mxfp8") & key.isin(bf16.index)
-    if not mx.any():
+    bf16 = out[gemm & (out["recipe"] == BASELINE_RECIPE)]
+    mx = gemm & (out["recipe"] == "mxfp8")
+    if not mx.any() or bf16.empty:
         return out
-    out.loc[mx, "carried_pct"] = key[mx].map(bf16["carried_pct"])
-    out.loc[mx, "carried_peak"] = key[mx].map(bf16["carried_peak"])
-    out.loc[mx, "carried_from"] = "bf16 GEMM"
+    twin_key = lambda df: df["step"] + "|" + df["pass_name"] + "|" + df["stage"]
+    twins = bf16.assign(key=twin_key(bf16)).drop_duplicates("key", keep="last").set_index("key")
+    pass_key = lambda df: df["step"] + "|" + df["pass_name"]
+    pooled = bf16.assign(key=pass_key(bf16), weight=bf16["flops"] / bf16["carried_pct"]).groupby("key").agg(
+        flops=("flops", "sum"), weight=("weight", "sum"), carried_peak=("carried_peak", "last"))
+    pooled["carried_pct"] = pooled["flops"] / pooled["weight"]
+    for keys, table, origin in ((twin_key(out), twins, "bf16 GEMM"), (pass_key(out), pooled, "bf16 GEMMs of the pass")):
+        rows = mx & keys.isin(table.index) & (out["carried_from"] == "own")
+        if not rows.any():
+            continue
+        out.loc[rows, "carried_pct"] = keys[rows].map(table["carried_pct"])
+        out.loc[rows, "carried_peak"] = keys[rows].map(table["carried_peak"])
+        out.loc[rows, "carried_from"] = origin
     return out
 
 

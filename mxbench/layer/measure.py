@@ -123,9 +123,9 @@ class LayerTimer(StageTimer):
 
     def _sqnr(self, point: Point, inputs, stages) -> dict[str, float] | str:
         try:
-            if self._reference is None:
-                self._reference = layer_outputs(None, inputs, self.shape)
-            got = layer_outputs(point.recipe, inputs, self.shape, stages=stages)
+            if self._reference is None:  # kept in host memory: on the GPU it starved the later points (Scout OOM)
+                self._reference = {k: v.cpu() for k, v in layer_outputs(None, inputs, self.shape).items()}
+            got = {k: v.cpu() for k, v in layer_outputs(point.recipe, inputs, self.shape, stages=stages).items()}
             return {k: round(v, 2) for k, v in layer_sqnr(got, self._reference).items()}
         except Exception as e:  # noqa: BLE001 -- the accuracy that cannot be computed says why, the timing stays
             return error_message(e)

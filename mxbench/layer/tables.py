@@ -84,11 +84,15 @@ def seed_rows() -> list[Row]:
 
 
 def _projected(run: Run, target: str) -> dict[tuple[str, bool], float]:
-    """Each point's layer time on ``target``: the sum of its stages' projected times."""
+    """Each point's layer time on ``target``: the sum of its stages' projected times; none for a point where a
+    stage was not measured (a partial sum would flatter it)."""
     from ..projection import project
 
     df = project(run, target)
-    return {(r, bool(f)): float(us) for (r, f), us in df.groupby(["recipe", "fuse_scales"])["projected_us"].sum().items()}
+    whole = {k for k, records in _by_point(run).items()
+             if all(r.ok for r in records if r.stage != END_TO_END_STAGE)}  # fmt: skip
+    sums = df.groupby(["recipe", "fuse_scales"])["projected_us"].sum()
+    return {(r, bool(f)): float(us) for (r, f), us in sums.items() if (r, bool(f)) in whole}
 
 
 def stage_rows(run: Run, peaks: dict | None) -> list[Row]:
