@@ -114,10 +114,13 @@ def layer_table(run: Run, fmt: str = "markdown", *, kind: str = "layer", denomin
         text = render(stage_rows(run, peaks), fmt, columns)
     else:
         rows = layer_rows(run, project)
+        if project and columns and rows:  # a projection has times alone: the asked columns it holds
+            columns = [c for c in columns if c in rows[0]]
         title = f"projected to {project} from this run's efficiencies" if project else None
-        text = render(rows + ([] if project else seed_rows()), fmt, columns)
+        seed = not project and (columns is None or "speedup" in columns)  # the seed's rows are speeds alone
+        text = render(rows + (seed_rows() if seed else []), fmt, columns)
         if title:
             text = f"{title}\n{text}"
-        elif fmt in ("markdown", "github", "plain"):
+        elif seed and fmt in ("markdown", "github", "plain"):
             text += f"\nseed rows: {SEED_SOURCE}\n"
     return (header_block(run, peaks, fmt) + "\n" if header else "") + text
