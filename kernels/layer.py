@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+import torch
+
 from . import fp8_amax, grouped_gemm, moe_router, moe_rows, swiglu
 from .cost import Cost
 from .format import BLOCK_SIZE
@@ -36,8 +38,6 @@ from .padding import padded_rows
 from .pipeline import Stage, bind_stage, check_recipe, step_stages, with_impls
 from .runtime import MAX_GROUPS, InputError
 from .stages import StageImpl, padding_alignment
-
-import torch
 
 
 class Routing(StrEnum):
@@ -180,7 +180,6 @@ def layer_stages(
     b = _Builder(recipe, s)
     T, K, N, E, k, S = s.T, s.K, s.N, s.E, s.top_k, s.copies
     rows, align = s.rows(recipe), padding_alignment(recipe)
-    bf16 = torch.bfloat16
     fwd, bwd = Pass.FORWARD, Pass.BACKWARD_INPUT
 
     # Router and the layout of the copies.

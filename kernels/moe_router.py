@@ -154,7 +154,7 @@ def router_grad(grad_top: torch.Tensor, scores: torch.Tensor, experts: torch.Ten
 
 def router_grad_reference(grad_top, scores, experts, *, score_func):
     """Autograd of the score function on the fp32 logits that give ``scores``."""
-    T, E = scores.shape
+    T = scores.shape[0]
     with torch.enable_grad():
         if ScoreFunc(score_func) == ScoreFunc.SIGMOID:
             z = torch.logit(scores.double()).requires_grad_()

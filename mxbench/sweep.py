@@ -48,7 +48,13 @@ def run_sweep(
     ins = instruments or Instruments.real(options.device, options.results_dir)
     work = with_baselines(points)
     run = Run(meta={**run_metadata(work, options, ins), **(meta or {})})
-    timer = StageTimer(options, ins)
+    return measure_points(run, work, StageTimer(options, ins), ins, options.out, progress)
+
+
+def measure_points(run: Run, work: Sequence[Point], timer, ins: Instruments, out: Path | None, progress: bool) -> Run:
+    """Every point of ``work`` measured whole by ``timer`` into ``run`` (``run_sweep``'s loop, and ``mxbench
+    layer``'s): each power limit applied once, GPU memory released and the run saved after each point, Ctrl-C
+    keeping the points measured and marking the run partial."""
     done = 0
     try:
         with Progress(len(work), progress) as bar:
@@ -60,13 +66,13 @@ def run_sweep(
                         run.records += timer.measure(point)  # a point goes in whole or not at all
                         done += 1
                         ins.release()
-                        _save(run, options.out)
+                        _save(run, out)
                         bar.finish(point)
     except KeyboardInterrupt:
         run.meta["interrupted"] = True
         run.meta["partial"] = f"interrupted (Ctrl-C) after {done} of {len(work)} points"
     run.meta["finished"] = now()
-    _save(run, options.out)
+    _save(run, out)
     return run
 
 

@@ -2,7 +2,6 @@
 faults planted in stages caught, and ``mxbench layer`` / ``table --kind layer`` on a CPU (the model)."""
 
 import json
-from dataclasses import replace
 
 import pytest
 import torch

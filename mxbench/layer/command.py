@@ -12,7 +12,15 @@ from pathlib import Path
 import click
 
 from ..cli.common import CommaList, command_line, hardware_spec
-from ..cli.run_commands import RESULTS_DIR, _card_dir, _check_outputs, _detected_spec, _exit_if_partial, _has_gpu, _stamp
+from ..cli.run_commands import (
+    RESULTS_DIR,
+    _card_dir,
+    _check_outputs,
+    _detected_spec,
+    _exit_if_partial,
+    _has_gpu,
+    _stamp,
+)
 from ..roofline import DENOMINATORS
 
 DEFAULT_TOKENS, DEFAULT_EXPERTS = 131072, 8

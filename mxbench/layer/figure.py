@@ -8,11 +8,11 @@ from collections import defaultdict
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from mxkernels.names import END_TO_END_STAGE  # noqa: E402
+import matplotlib.pyplot as plt
+from mxkernels.names import END_TO_END_STAGE
 
-from ..render import card_label  # noqa: E402
-from ..results import Run  # noqa: E402
+from ..render import card_label
+from ..results import Run
 
 GROUPS = {"routing": "routing", "permute": "permute/pad", "pad": "permute/pad", "quantize": "quantize",
           "rearrange": "quantize", "gemm": "GEMM", "activation": "activation", "combine": "combine"}  # fmt: skip

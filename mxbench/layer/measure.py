@@ -7,35 +7,23 @@ Without a GPU, ``model_layer_run`` prices the same stages over a hardware spec. 
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
-from mxkernels.cost import Cost
 from mxkernels.layer import LayerShape, layer_stages
 from mxkernels.moe_layer import layer_inputs, layer_outputs, layer_sqnr, moe_layer
-from mxkernels.names import END_TO_END_STAGE, Category, Pass, Recipe
+from mxkernels.names import Recipe
 from mxkernels.pipeline import run_stages
 
-from ..measure import StageTimer, SweepOptions, error_message, stage_record
-from ..metadata import common_metadata, now, run_metadata
-from ..progress import Progress
-from ..results import Point, Record, Run, save_run
+from ..measure import EndToEnd, StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
+from ..metadata import common_metadata, run_metadata
+from ..results import Point, Record, Run
+from ..sweep import measure_points
 
 
-@dataclass(frozen=True)
-class LayerStep:
+class LayerStep(EndToEnd):
     """The layer's forward + backward as a pseudo-stage costing what its stages declare together."""
-
-    recipe: str
-    shapes: tuple[tuple[int, ...], ...]
-    cost: Cost
-    impl: str = "mxkernels"
-    pass_name: str = Pass.END_TO_END
-    name: str = END_TO_END_STAGE
-    category: str = Category.END_TO_END
-    backend: str | None = None
 
     @property
     def kernel(self) -> str:
@@ -47,9 +35,8 @@ class LayerStep:
 
 
 def layer_step(point: Point, shape: LayerShape, stages: Sequence) -> LayerStep:
-    total = sum((s.cost for s in stages), Cost(0, 0))
-    impls = sorted({s.impl for s in stages if s.impl != "mxkernels"})
-    return LayerStep(point.recipe, ((shape.T, shape.K), (shape.E, shape.N, shape.K)), total, "+".join(["mxkernels", *impls]))
+    step = end_to_end_stage(point, stages)
+    return LayerStep(step.recipe, ((shape.T, shape.K), (shape.E, shape.N, shape.K)), step.cost, step.impl)
 
 
 def layer_points(shape: LayerShape, recipes: Sequence[str], *, mode: str, seed: int, fuse: bool) -> list[Point]:
@@ -135,29 +122,12 @@ class LayerTimer(StageTimer):
 
 def run_layer(shape: LayerShape, points: Sequence[Point], options: SweepOptions, ins, *, label: str = "",
               progress=True) -> Run:
-    """Measure every point; the run saved after each (``options.out``); Ctrl-C keeps what was measured."""
+    """Measure every point (``sweep.measure_points``: saved after each to ``options.out``; Ctrl-C keeps what was
+    measured)."""
     meta_points = [replace(p, groups="balanced") for p in points]  # the layer's groups come from its router
     run = Run(meta={**run_metadata(meta_points, options, ins), **layer_meta(shape, label)})
     _drop_group_sizes(run.meta)
-    timer, done = LayerTimer(options, ins, shape), 0
-    try:
-        with Progress(len(points), progress) as bar:
-            for point in points:
-                bar.start(point)
-                run.records += timer.measure(point)
-                done += 1
-                ins.release()
-                gc.collect()
-                if options.out is not None:
-                    save_run(run, options.out)
-                bar.finish(point)
-    except KeyboardInterrupt:
-        run.meta["interrupted"] = True
-        run.meta["partial"] = f"interrupted (Ctrl-C) after {done} of {len(points)} points"
-    run.meta["finished"] = now()
-    if options.out is not None:
-        save_run(run, options.out)
-    return run
+    return measure_points(run, points, LayerTimer(options, ins, shape), ins, options.out, progress)
 
 
 def _drop_group_sizes(meta: dict) -> None:
