@@ -26,7 +26,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-import torch
 
 from . import fp8_amax, grouped_gemm, moe_router, moe_rows, swiglu
 from .cost import Cost

@@ -174,3 +174,29 @@ def test_layer_bad_input_exits_2_naming_it(args, message, tmp_path):
     result = CliRunner().invoke(cli, ["layer", *args, "--out", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_measured_layer_projects_each_mxfp8_gemm_at_its_bf16_twin(tmp_path):
+    """The B200 projection of a layer run: a routed MXFP8 GEMM takes its own bf16 twin's efficiency (a layer has
+    several GEMMs a pass); the shared experts' grouped GEMMs, which have no bf16 twin, their pass's pooled one."""
+    from dataclasses import replace as dc_replace
+
+    from mxbench.layer.measure import layer_points, model_layer_run
+    from mxbench.hardware import get_spec
+    from mxbench.projection import project
+
+    shape = LayerShape(T=4096, K=1024, N=512, E=8, top_k=2, shared=1, shared_in_recipe=True)
+    run = model_layer_run(shape, layer_points(shape, ["mxfp8"], mode="rceil", seed=0, fuse=False),
+                          spec=get_spec("h100-sxm"), hardware="h100-sxm", command="test")  # fmt: skip
+    # measured at the model's times, except that the bf16 GEMMs ran at half their model speed
+    run.records = [dc_replace(r, measured=True, samples_us=[r.model_us * (2.0 if r.point.recipe == "bf16"
+                                                                           and r.category == "gemm" else 1.0)] * 3,
+                              model_us=None) for r in run.records]  # fmt: skip
+    run.meta["measured"] = True
+    df = project(run, "b200")
+    mx = df[(df["recipe"] == "mxfp8") & (df["category"] == "gemm")].set_index("stage")
+    assert (mx.loc[["up.gemm_fwd", "down.gemm_dgrad", "up.gemm_wgrad"], "carried_from"] == "bf16 GEMM").all()
+    assert (mx.loc[["shared_up.gemm_fwd", "shared_down.gemm_wgrad"], "carried_from"] == "bf16 GEMMs of the pass").all()
+    bf16 = df[(df["recipe"] == "bf16") & (df["category"] == "gemm")].set_index("stage")
+    assert mx.loc["up.gemm_fwd", "carried_pct"] == pytest.approx(bf16.loc["up.gemm_fwd", "carried_pct"])
+    assert mx.loc["up.gemm_fwd", "carried_pct"] != pytest.approx(bf16.loc["router_gate", "carried_pct"])
