@@ -30,6 +30,8 @@ from mxkernels.errors import InputError
 from mxkernels.names import OURS, Recipe
 from mxkernels.stages import StageSpec, get_spec
 
+from .guarded import one_line
+
 ENTRY_POINT_GROUP = "mxbench.implementations"
 
 Availability = Callable[[torch.device], "str | None"]
@@ -169,8 +171,9 @@ class Registry:
 
 
 def load_entry_points(registry: Registry, group: str = ENTRY_POINT_GROUP) -> None:
-    """Call every ``register(registry)`` function the installed packages declare in ``group``. One that fails is
-    noted in ``registry.load_errors``, never fatal: the other implementations still run."""
+    """Call every ``register(registry)`` function the installed packages declare in ``group``. One that fails to
+    load or register (any exception, ``SystemExit`` included) is noted in ``registry.load_errors``: the other
+    implementations still run, and the commands report it as a failure."""
     for ep in importlib.metadata.entry_points(group=group):
         origin = f"entry point {ep.name} ({ep.value})"
         before = set(registry.impls)
@@ -180,8 +183,10 @@ def load_entry_points(registry: Registry, group: str = ENTRY_POINT_GROUP) -> Non
                 target(registry)
             for key in set(registry.impls) - before:  # say where each came from
                 registry.impls[key] = dataclasses.replace(registry.impls[key], origin=f"entry point {ep.name}")
-        except Exception as e:  # noqa: BLE001 -- a broken plugin must not take the harness down
-            registry.load_errors.append((origin, f"{type(e).__name__}: {e}"))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 -- a broken plugin (one exiting at import too) is reported, not fatal
+            registry.load_errors.append((origin, one_line(e)))
 
 
 def builtin_registry() -> Registry:
@@ -241,8 +246,10 @@ def load_callable(target: str, option: str = "--impl") -> Any:
         raise InputError(f"{option}: {target!r} must be module:function")
     try:
         obj = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 -- any import failure of a user module is bad input, named
-        raise InputError(f"{option}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 -- any import failure of a user module (an exit too) is bad input
+        raise InputError(f"{option}: cannot import {module_name!r} ({one_line(e)})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise InputError(f"{option}: module {module_name!r} has no {attr!r}")

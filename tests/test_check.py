@@ -41,7 +41,8 @@ def run(impls, recipe="mxfp8", mode="rceil", **shape):
     by_stage = {}
     for i in impls:
         by_stage.setdefault(i.stage, []).append(i)
-    return C.check_step(recipe, shape["M"], shape["N"], shape["K"], shape["G"], by_stage, mode=mode, device=DEVICE)
+    results = C.check_step(recipe, shape["M"], shape["N"], shape["K"], shape["G"], by_stage, mode=mode, device=DEVICE)
+    return C.merged(results)  # one row per implementation: its worst verdict over the scenarios
 
 
 # ---- the rules -------------------------------------------------------------------------------------------------

@@ -79,9 +79,12 @@ def test_check_passes_a_correct_plain_torch_implementation(plain):
 def test_check_fails_one_flipped_byte_and_names_it(plain):
     result = invoke("check", "--impl", "quantize_a=plain_quantizer:flipped", *SMALL)
     assert result.exit_code == 1, result.output
-    (line,) = [x for x in result.output.splitlines() if x.startswith("FAIL ")]
-    assert "a_q: 1 of" in line and "first at index (33, 65)" in line and "input a[33, 65] = " in line
-    assert "expected" in line and "got" in line
+    found = [x for x in result.output.splitlines() if x.startswith("FAIL ")]
+    assert [x.split("]")[0] for x in found] == [f"FAIL quantize_a / plain_quantizer:flipped: [{m}, M=512 G=2"
+                                               for m in ("rceil", "floor")]  # fmt: skip
+    for line in found:
+        assert "a_q: 1 of" in line and "first at index (33, 65)" in line and "input a[33, 65] = " in line
+        assert "expected" in line and "got" in line
 
 
 def test_check_of_builtin_stages_on_a_cpu(plain):
@@ -120,7 +123,7 @@ def test_roofline_refuses_to_time_an_implementation_that_fails_its_check(fake_gp
     result = invoke("roofline", "--K", 256, "--N", 128, "--G", 2, "--M", 512,
                     "--impl", "quantize_a=plain_quantizer:flipped")  # fmt: skip
     assert result.exit_code == 1
-    assert "FAIL a_q: 1 of" in result.output and "not timed" in result.output
+    assert "FAIL [rceil, M=512 G=2] a_q: 1 of" in result.output and "not timed" in result.output
     assert "options" not in fake_gpu  # the sweep never started
 
 

@@ -72,9 +72,12 @@ def impls(stage, recipe, impl_texts, fmt) -> None:
     click.echo(render(rows, fmt), nl=False)
     for origin, message in registry.load_errors:
         click.echo(f"not loaded: {origin}: {message}", err=True)
+    if registry.load_errors:
+        sys.exit(1)  # a plugin that does not load is a failure, not a footnote
 
 
-CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 2, "M": 512}
+CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 4, "M": 512}
+CHECK_FORMATS = (*FORMATS, "json")
 
 
 @click.command()
@@ -87,22 +90,35 @@ CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 2, "M": 512}
 @click.option("--N", "N", type=int, help=f"Expert hidden dim. [default: {CHECK_DEFAULTS['N']}, or the preset's]")
 @click.option("--G", "G", type=click.IntRange(1, 512), help=f"Experts. [default: {CHECK_DEFAULTS['G']}]")
 @click.option("--M", "M", type=click.IntRange(min=1), default=CHECK_DEFAULTS["M"], show_default=True,
-              help="Tokens (group 0 is empty, the others uneven).")
+              help="Tokens (group 0 is empty, the others uneven); a second pass runs G-1 tokens.")
 @click.option("--preset", help="K, N, G of a model preset.")
-@click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True)
+@click.option("--mode", "modes", type=CommaList(str), default="rceil,floor", show_default=True,
+              help="MX scale modes to check, a comma list of rceil and floor.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
-def check(impl_texts, stages, names, recipe, K, N, G, M, preset, mode, seed, fmt) -> None:
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="Seconds one implementation may take on one stage before it is an ERROR (the run goes on).")
+@click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="plain", show_default=True,
+              help="json: every result of every mode and scenario, with its findings, for machines.")
+@click.option("--verbose", "-v", is_flag=True, help="Print the full traceback of every ERROR.")
+def check(impl_texts, stages, names, recipe, K, N, G, M, preset, modes, seed, timeout_s, fmt, verbose) -> None:
     """Run implementations on seeded inputs with adversarial blocks and compare each with the stage's oracle.
 
+    Every implementation gets copies of its stage's inputs at each scale mode and at two token splits (M tokens
+    with an empty group and uneven groups; G-1 tokens over G experts); its row shows its worst verdict. An
+    implementation that raises (SystemExit included), writes to its inputs or runs past --timeout is an ERROR
+    row; a plugin (entry point) that does not load is reported and fails the run.
+
     Exit 0 when every checked implementation passes (or deviates only in its declared way), 1 when one fails or
-    raises, 2 on bad input (and when nothing could be checked here).
+    raises or a plugin did not load, 2 on bad input (and when nothing could be checked here).
     """
     _interpreter_on_cpu()
-    from ..check import check_step, exit_code
+    from ..check import check_step, exit_code, json_report, merged
     from ..registry import split_stage
     from ..render import render
 
+    bad = [m for m in modes if m not in ("rceil", "floor")]
+    if bad or not modes:
+        raise click.BadParameter(f"{','.join(bad) or 'nothing'}: give rceil, floor or rceil,floor", param_hint="--mode")
     if preset is None:
         K, N = K or CHECK_DEFAULTS["K"], N or CHECK_DEFAULTS["N"]
         G = G or CHECK_DEFAULTS["G"]
@@ -117,11 +133,26 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, mode, seed, fmt
     by_stage: dict[str, list] = {}
     for impl in chosen:
         by_stage.setdefault(impl.stage, []).append(impl)
-    results = check_step(recipe, M, N, K, G, by_stage, mode=mode, device=_device(), seed=seed)
-    rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": r.detail}
-            for r in results]  # fmt: skip
+    modes = list(dict.fromkeys(modes))
+    results = check_step(recipe, M, N, K, G, by_stage, modes=modes, device=_device(), seed=seed, timeout_s=timeout_s)
+    load_errors = registry.load_errors
+    if fmt == "json":
+        click.echo(json_report(results, load_errors), nl=False)
+        sys.exit(exit_code(results, load_errors))
+    rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": _first_line(r.detail)}
+            for r in merged(results)]  # fmt: skip
     click.echo(render(rows, fmt), nl=False)
-    for r in results:
+    for origin, message in load_errors:
+        click.echo(f"ERROR plugin {origin} did not load: {message}")
+    for r in merged(results):
         if r.verdict in ("FAIL", "ERROR", "DEVIATES"):
-            click.echo(f"{r.verdict} {r.stage} / {r.impl}: {r.finding()}")
-    sys.exit(exit_code(results))
+            for line in r.findings():
+                click.echo(f"{r.verdict} {r.stage} / {r.impl}: {line}")
+            if verbose and r.trace:
+                click.echo(r.trace.rstrip())
+    sys.exit(exit_code(results, load_errors))
+
+
+def _first_line(detail: str, width: int = 160) -> str:
+    """A table cell: the detail cut to ``width`` characters (the findings below the table have it all)."""
+    return detail if len(detail) <= width else detail[: width - 3] + "..."
