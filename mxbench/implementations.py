@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 from mxkernels import grouped_gemm
+from mxkernels.layouts import blocked_3d_shape
 from mxkernels.names import MEMORY_CATEGORIES, Category, Recipe
 from mxkernels.runtime import INTERPRET
 from mxkernels.stages import all_specs
@@ -151,7 +152,10 @@ def _ao_k_groups_prepared(inputs, params):
 
 
 def _ao_3d(scales):
-    return (_ao(_MOE, "triton_mx_block_rearrange_per_group_3d")(scales),)
+    """torchao returns the experts' blocked images flattened, (G, ceil_128(R) * ceil_4(C)); the contract's shape is
+    (G, ceil_128(R), ceil_4(C)), the same bytes."""
+    out = _ao(_MOE, "triton_mx_block_rearrange_per_group_3d")(scales)
+    return (out.view(blocked_3d_shape(*scales.shape)),)
 
 
 _TORCHAO = {

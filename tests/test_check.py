@@ -251,3 +251,71 @@ def test_per_expert_sqnr_catches_garbage_in_an_empty_expert_under_a_loud_one():
     noisy = quiet.clone()
     noisy[0] *= 1.01  # 40 dB in the small expert
     assert "slice 0" in MinSQNR(60, per_slice=True).compare("grad_w", noisy, quiet).message
+
+
+# ---- oracles independent of the implementations -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe, backend_fn", [("mxfp8", "run_mxfp8"), ("fp8_rowwise", "run_fp8_rowwise")])
+def test_a_wrong_emulated_backend_fails_against_the_fp64_oracle(monkeypatch, recipe, backend_fn):
+    """The GEMM oracles are fp64 products of the dequantized operands, not a backend: the emulated backend (what
+    mxkernels runs on a CPU) planted 1% off fails every GEMM stage instead of passing against itself."""
+    from mxkernels import gemm_emulated
+
+    right = getattr(gemm_emulated, backend_fn)
+    monkeypatch.setattr(gemm_emulated, backend_fn, lambda *args: right(*args) * 1.01)
+    gemms = [i for i in builtin_registry() if i.recipe == recipe and i.name == "mxkernels" and i.stage.startswith("gemm")]
+    results = run(gemms, recipe, M=128, K=64, N=64)
+    assert [(r.stage, r.verdict) for r in results] == [(s, C.Verdict.FAIL) for s in ("gemm_fwd", "gemm_dgrad",
+                                                                                      "gemm_wgrad")]  # fmt: skip
+    assert all("SQNR" in r.detail for r in results)
+    monkeypatch.setattr(gemm_emulated, backend_fn, right)
+    assert {r.verdict for r in run(gemms, recipe, M=128, K=64, N=64)} == {C.Verdict.PASS}
+
+
+def test_the_fp64_gemm_oracle_matches_an_fp64_product_of_the_dequantized_operands():
+    """2D x 3D: out = dequant(a) @ dequant(w)^T per group, summed in fp64 and rounded once to bf16."""
+    from mxkernels.format import dequantize_reference, quantize_reference
+    from mxkernels.layouts import rearrange_3d_reference, rearrange_m_groups_reference
+
+    gen = torch.Generator().manual_seed(3)
+    a, w = torch.randn(40, 64, generator=gen), torch.randn(2, 16, 64, generator=gen)
+    offs = torch.tensor([7, 40], dtype=torch.int32)
+    (a_q, a_s), (w_q, w_s) = quantize_reference(a), quantize_reference(w)
+    (out,) = get_spec("mxfp8", "gemm_fwd").oracle(a_q, rearrange_m_groups_reference(a_s, offs), w_q,
+                                                   rearrange_3d_reference(w_s), offs)  # fmt: skip
+    da, dw = dequantize_reference(a_q, a_s).double(), dequantize_reference(w_q, w_s).double()
+    want = torch.cat([da[:7] @ dw[0].t(), da[7:] @ dw[1].t()]).to(torch.bfloat16)
+    assert torch.equal(out, want)
+
+
+def test_torchaos_3d_rearrange_adapter_returns_the_contracts_shape(monkeypatch):
+    """torchao returns each expert's blocked image flattened; the adapter views it in the contract's shape."""
+    import types
+
+    from mxkernels.layouts import rearrange_3d_reference
+
+    from mxbench import implementations
+
+    fake = types.SimpleNamespace(triton_mx_block_rearrange_per_group_3d=lambda s: rearrange_3d_reference(s).flatten(1))
+    monkeypatch.setattr(implementations, "_ao", lambda module, name: getattr(fake, name))
+    scales = torch.randint(0, 255, (2, 130, 6), dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    spec = get_spec("mxfp8", "rearrange_w")
+    assert spec.mismatches(implementations._ao_3d(scales), spec.oracle(scales), [scales]) == []
+
+
+def test_inputs_plant_special_blocks_along_every_blocking_dim():
+    """A zero block and a block of fp32 subnormals (scale 2**-127) along K and along M of a, along K and N of w."""
+    inputs, sizes = C.check_inputs("mxfp8", 512, 64, 64, 4, device="cpu")
+    a, w = inputs["a"].float(), inputs["w"].float()
+    first = sum(sizes[: next(g for g, s in enumerate(sizes) if s)])
+
+    def blocks(x):  # (rows, cols) -> (rows, cols/32, 32) along the last dim
+        return x.reshape(x.shape[0], -1, 32)
+
+    def has(x, special):
+        return bool(((blocks(x) == special).all(-1)).any())
+
+    zero, tiny = torch.zeros(32), torch.arange(1, 33) * 2.0**-133
+    for x in (a, a[first:].t().contiguous()[:, :64], w[0], w[0].t().contiguous(), w[-1], w[-1].t().contiguous()):
+        assert has(x, zero) and has(x, tiny)

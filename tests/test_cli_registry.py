@@ -140,3 +140,16 @@ def test_an_entry_point_package_installed_with_pip_shows_up_in_impls(tmp_path):
     assert done.returncode == 0, done.stderr
     (row,) = [line for line in done.stdout.splitlines() if "plain_quantizer" in line]
     assert "quantize_a" in row and " yes " in row and "entry point plain_quantizer" in row
+
+
+def test_a_plain_check_on_a_clean_cpu_install_exits_0(tmp_path):
+    """``mxbench check`` as a new user types it (defaults: both modes, both token splits, every implementation):
+    what cannot be judged here is skipped with its reason, nothing fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run([sys.executable, "-m", "mxbench", "check"], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdicts = {line.split()[2] for line in done.stdout.splitlines()[2:]}
+    assert verdicts == {"PASS", "SKIP"}
+    assert "mxkernels:triton_fused  SKIP" in done.stdout and "checked on a GPU only" in done.stdout
