@@ -7,7 +7,9 @@ registered here exactly as a third party's kernels are, in one of three ways:
 
 * the entry-point group ``mxbench.implementations`` of their own package: an entry point names a function
   ``register(registry)`` that calls ``registry.add(...)`` / ``registry.register(...)``;
-* ``--impl STAGE=module:function`` on the command line (``parse_impl``): ``function`` has the stage's contract;
+* ``--impl STAGE=module:function`` on the command line (``parse_impl``): ``function`` has the stage's contract (a
+  module in the current folder is found without ``PYTHONPATH``). A registered implementation is picked by name
+  (``resolve_impl``): ``--impl STAGE=NAME``, or ``--impl NAME`` for every stage it implements;
 * the Python API: ``mxbench.register(stage, fn, name=...)`` or the ``@mxbench.implementation(stage, name=...)``
   decorator, against the process-wide ``default_registry()``.
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,6 +248,8 @@ def load_callable(target: str, option: str = "--impl") -> Any:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise InputError(f"{option}: {target!r} must be module:function")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # a module in the current folder, as `python -m mxbench` would find it
     try:
         obj = importlib.import_module(module_name)
     except KeyboardInterrupt:
@@ -274,9 +280,34 @@ def parse_impl(text: str, recipe: str = Recipe.MXFP8, spec_of=get_spec) -> Imple
     return Implementation(r, stage, target.strip(), obj, _kernel_name(obj), origin="--impl")
 
 
+def resolve_impl(registry: Registry, text: str, recipe: str = Recipe.MXFP8) -> list[Implementation]:
+    """One ``--impl``: ``NAME`` (every stage of ``recipe`` that the registered implementation NAME implements),
+    ``STAGE=NAME`` (a registered implementation of STAGE) or ``STAGE=module:function`` (``parse_impl``)."""
+    stage, sep, target = text.partition("=")
+    if not sep:
+        found = [i for i in registry if i.name == text.strip() and i.recipe == Recipe(recipe)]
+        if not found:
+            names = ", ".join(n for n in registry.names() if n != OURS)
+            raise InputError(f"--impl: no {recipe} implementation named {text!r} is registered here "
+                             f"(registered: {names or 'none but mxkernels'}); or give STAGE=module:function")  # fmt: skip
+        return found
+    r, name = split_stage(stage.strip(), recipe)
+    if (r, name, target.strip()) in registry.impls:
+        return [registry.impls[r, name, target.strip()]]
+    if ":" not in target or target.strip().startswith(f"{OURS}:"):
+        names = ", ".join(i.name for i in registry.of(r, name))
+        raise InputError(f"--impl: {target.strip()!r} is no implementation of {r}/{name} registered here (it has: "
+                         f"{names}) and not module:function")  # fmt: skip
+    return [parse_impl(text, recipe)]
+
+
 def with_cli_impls(registry: Registry, texts: Iterable[str], recipe: str = Recipe.MXFP8) -> list[Implementation]:
-    """Add every ``--impl`` to ``registry`` (replacing one of the same name) and return them, in order."""
-    added = [registry.add(parse_impl(t, recipe), replace=True) for t in texts]
+    """Every ``--impl`` (``resolve_impl``) added to ``registry`` (a module:function one replacing one of the same
+    name) and returned, in order."""
+    added = []
+    for text in texts:
+        for impl in resolve_impl(registry, text, recipe):
+            added.append(registry.add(impl, replace=True))
     stages = [(i.recipe, i.stage) for i in added]
     twice = sorted({f"{r}/{s}" for r, s in stages if stages.count((r, s)) > 1})
     if twice:
