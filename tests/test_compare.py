@@ -110,8 +110,11 @@ def test_a_model_is_not_the_card_it_models():
     other_spec = Run(meta={"hardware": "h100-sxm", "measured": False}, records=model.records)
     with pytest.raises(CompareError):
         compare_runs(model, other_spec)
-    (m,) = compare_runs(model, model).matches
-    assert m.verdict == "SAME" and m.ci == (1.0, 1.0)
+    cmp = compare_runs(model, model)
+    (m,) = cmp.matches
+    assert m.verdict == "MODEL" and m.ci is None and "no interval" in m.reason  # no samples: no verdict either
+    assert cmp.exit_code == 0 and "1 MODEL" in cmp.summary()
+    assert compare.comparison_rows(cmp)[0]["95% CI"] == ""
 
 
 def test_matching_ignores_the_seed_and_pools_duplicate_keys():
@@ -129,6 +132,7 @@ def test_unmatched_and_broken_stages_are_listed():
     assert [k.stage for k in cmp.broken] == ["breaks"]
     assert cmp.exit_code == 1  # a stage that ran before and errors now fails like a regression
     assert [r["Verdict"] for r in compare.comparison_rows(cmp)] == ["SAME", "BROKEN"]
+    assert compare.comparison_rows(cmp)[1]["Why"] == "ran in base, only errors in new: boom"
 
 
 def test_the_bootstrap_is_seeded():
@@ -157,3 +161,61 @@ def test_hundreds_of_matches_compare_in_seconds():
     cmp = compare_runs(base, new)
     assert len(cmp.matches) == 320 and time.perf_counter() - start < 10.0
     assert not cmp.by_verdict("SLOWER")
+
+
+# ---- the gate's rules, settable ------------------------------------------------------------------------------
+
+
+def test_a_certain_five_percent_quantizer_regression_fails_under_a_tighter_band():
+    base, new = samples(40, 0.002), samples(42, 0.002, seed=9)  # +5%, +2 us, tight
+    assert verdict(base, new, category="quantize", stage="quantize_a").verdict == "SAME"  # inside the 7% default
+    tight = Thresholds.parse(["quantize=3"])
+    cmp = compare_runs(run(rec(base, "quantize", "quantize_a")), run(rec(new, "quantize", "quantize_a")),
+                       thresholds=tight)  # fmt: skip
+    assert cmp.matches[0].verdict == "SLOWER" and tight.deltas["gemm"] == 0.03  # the other bands keep defaults
+
+
+def test_a_twenty_percent_regression_of_a_4_us_kernel_fails_under_a_lower_floor():
+    base, new = samples(4.0, 0.002), samples(4.8, 0.002, seed=5)
+    kw = {"category": "quantize", "stage": "quantize_a"}
+    assert verdict(base, new, **kw).verdict == "SAME"  # 0.8 us: under the 1 us default floor
+    cmp = compare_runs(run(rec(base, **kw)), run(rec(new, **kw)), thresholds=Thresholds.parse(floor_us=0.2))
+    assert cmp.matches[0].verdict == "SLOWER"
+
+
+def test_the_clock_rule_applies_to_compute_bound_stages_only():
+    """A memory-bound kernel 20% slower while the SM clock fell is still SLOWER: its time follows memory."""
+    kw = {"category": "quantize", "stage": "quantize_a"}
+    cmp = compare_runs(run(rec(samples(1000, 0.005), clock=1980.0, **kw)),
+                       run(rec(samples(1200, 0.005, 7), clock=1650.0, **kw)))  # fmt: skip
+    assert cmp.matches[0].verdict == "SLOWER" and cmp.matches[0].cycles_ratio is None
+
+
+@pytest.mark.parametrize("text, message", [("quantize", "CATEGORY=PCT"), ("quantize=0", "0 < PCT < 100"),
+                                           ("gemmm=3", "unknown category 'gemmm'"), ("pad=x", "CATEGORY=PCT")])  # fmt: skip
+def test_bad_thresholds_are_input_errors(text, message):
+    with pytest.raises(compare.InputError, match=message):
+        Thresholds.parse([text])
+
+
+def test_all_sets_every_band():
+    assert set(Thresholds.parse(["all=2"]).deltas.values()) == {0.02}
+
+
+def test_compare_command_takes_the_bands_and_floor_and_states_its_rules(tmp_path):
+    from click.testing import CliRunner
+
+    from mxbench.cli import cli
+    from mxbench.results import save_run
+
+    kw = {"category": "quantize", "stage": "quantize_a"}
+    paths = [tmp_path / "base.json", tmp_path / "new.json"]
+    save_run(run(rec(samples(40, 0.002), **kw)), paths[0])
+    save_run(run(rec(samples(42, 0.002, seed=9), **kw)), paths[1])
+    invoke = lambda *args: CliRunner().invoke(cli, ["compare", *map(str, paths), *args])  # noqa: E731
+    assert invoke().exit_code == 0
+    assert invoke("--threshold", "quantize=3").exit_code == 1
+    bad = invoke("--threshold", "quantize=300")
+    assert bad.exit_code == 2 and "--threshold: 'quantize=300' must be CATEGORY=PCT" in bad.output
+    helped = CliRunner().invoke(cli, ["compare", "--help"]).output
+    assert "quantize 7%" in helped and "floor 1 us" in helped and "compute-bound" in helped

@@ -15,8 +15,10 @@ from .common import (
     comparison_format,
     echo_comparison,
     filter_options,
+    gate_help,
     hardware_spec,
     project_option,
+    threshold_options,
 )
 
 TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS)
@@ -154,20 +156,22 @@ def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: st
 # --------------------------------------------------------------------------------------------------- compare
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=EXIT_CODES_HELP, help=gate_help(
+    "Per stage: new/base ratio of medians with a bootstrap CI and a verdict (FASTER / SAME / SLOWER / UNSURE); "
+    "says which implementations' code differs between the runs."))  # fmt: skip
 @click.argument("base", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("new", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @comparison_format
 @click.option("--force", is_flag=True, help="Compare runs of different cards anyway.")
 @click.option("--allow-missing", is_flag=True, help="Compare what both runs hold when NEW lacks stages BASE has.")
-def compare(base: Path, new: Path, fmt: str, force: bool, allow_missing: bool) -> None:
-    """Per stage: new/base ratio of medians with a bootstrap CI and a verdict (FASTER / SAME / SLOWER / UNSURE);
-    says which implementations' code differs between the runs."""
-    from ..compare import compare_runs
+@threshold_options
+def compare(base: Path, new: Path, fmt: str, force: bool, allow_missing: bool, thresholds, floor_us) -> None:
+    from ..compare import Thresholds, compare_runs
     from ..gate import check_usable
     from ..results import load_run
 
-    cmp = compare_runs(load_run(base), load_run(new), force=force)
+    bands = Thresholds.parse(thresholds, floor_us)
+    cmp = compare_runs(load_run(base), load_run(new), force=force, thresholds=bands)
     check_usable(cmp, str(base), str(new), allow_missing=allow_missing)
     echo_comparison(cmp, fmt, str(base), str(new))
     sys.exit(cmp.exit_code)

@@ -23,6 +23,7 @@ from .common import (
     peer_table,
     project_option,
     shape_args,
+    threshold_options,
 )
 from .impl_options import checked, impl_option, recorded_impls, refuse_absent, resolve
 
@@ -354,11 +355,16 @@ def ceilings(out_dir: Path) -> None:
     help="Also save the fresh measurement (every round pooled) as a results file, e.g. a CI artifact.",
 )
 @impl_option
-def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Path | None, impl_texts) -> None:
+@threshold_options
+def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Path | None, impl_texts, thresholds,
+            floor_us) -> None:  # fmt: skip
     """Re-measure the baseline's points on this card, with the implementations it recorded (by registered name)
-    unless --impl names others; exit 1 only on a confirmed regression."""
+    unless --impl names others; exit 1 only on a confirmed regression. The gate's rules: `mxbench compare --help`."""
+    from ..compare import Thresholds
     from ..outputs import check_results_file
     from ..results import load_run, save_run
+
+    bands = Thresholds.parse(thresholds, floor_us)
 
     base = load_run(baseline)  # a broken baseline is bad input, GPU or not
     if out is not None:
@@ -393,11 +399,11 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
 
     try:
         if launched():  # every round's points split over the ranks; rank 0 reports
-            result = sharded_regress(base, options=options, instruments=instruments, rounds=rounds)
+            result = sharded_regress(base, options=options, instruments=instruments, rounds=rounds, thresholds=bands)
             if result is None:
                 return
         else:
-            result = run_regress(base, measure, rounds=rounds)
+            result = run_regress(base, measure, rounds=rounds, thresholds=bands)
     except KeyboardInterrupt:
         click.echo("interrupted: nothing compared", err=True)
         sys.exit(130)
