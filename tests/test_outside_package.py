@@ -8,8 +8,6 @@ a plugin that raises while registering, or exits at import, fails the run; and w
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,53 +17,17 @@ from click.testing import CliRunner
 from mxbench import registry
 from mxbench.cli import cli
 
-REPO = Path(__file__).resolve().parent.parent
-SOURCES = (REPO / "tests" / "outside" / "outside_kernels.py", REPO / "examples" / "plain_quantizer" / "plain_quantizer.py")
+sys.path.insert(0, str(Path(__file__).resolve().parent / "outside"))
+from site_builder import build  # noqa: E402 -- tests/outside: the outside package and how it is installed
+
 SMALL = ("--K", "64", "--N", "64", "--M", "256", "--G", "4")
-
-
-def _repo(root: Path, name: str, files: dict[str, str]) -> tuple[Path, str]:
-    """The team's source: a folder with ``files`` (module name -> source) and a git repo of one commit."""
-    folder = root / name
-    folder.mkdir()
-    for stem, text in files.items():
-        (folder / f"{stem}.py").write_text(text)
-    git = ["git", "-c", "user.name=outside", "-c", "user.email=outside@example.com"]
-    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "kernels"]):
-        subprocess.run([*git, *args], cwd=folder, check=True, capture_output=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, check=True, capture_output=True, text=True)
-    return folder, head.stdout.strip()
-
-
-def _install(target: Path, name: str, module: str, source: Path, commit: str) -> Path:
-    """What ``pip install git+file://<source>@<commit>`` leaves in ``target`` (pip itself needs a wheel builder this
-    environment lacks): the modules, and a dist-info with the entry point and the commit in ``direct_url.json``."""
-    target.mkdir(exist_ok=True)
-    for path in source.glob("*.py"):
-        shutil.copy(path, target / path.name)
-    info = target / f"{name.replace('-', '_')}-0.3.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.3.0\n")
-    (info / "entry_points.txt").write_text(f"[mxbench.implementations]\n{name} = {module}:register\n")
-    (info / "top_level.txt").write_text("".join(f"{p.stem}\n" for p in source.glob("*.py")))
-    (info / "direct_url.json").write_text(json.dumps(
-        {"url": source.as_uri(), "vcs_info": {"vcs": "git", "commit_id": commit, "requested_revision": commit}}))
-    return target
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """site folders: "good" holds the outside team's package; "broken" a plugin whose register raises and one that
     exits at import."""
-    root = tmp_path_factory.mktemp("outside")
-    kernels, commit = _repo(root, "outside-kernels", {p.stem: p.read_text() for p in SOURCES})
-    raising = _repo(root, "outside-raising", {"outside_raising": "def register(registry):\n"
-                                                                 "    raise ImportError('needs libfoo.so')\n"})
-    exiting = _repo(root, "outside-exiting", {"outside_exiting": "import sys\nsys.exit('no GPU, bye')\n"})
-    _install(root / "broken", "outside-raising", "outside_raising", *raising)
-    _install(root / "broken", "outside-exiting", "outside_exiting", *exiting)
-    return {"good": _install(root / "good", "outside-kernels", "outside_kernels", kernels, commit),
-            "broken": root / "broken", "commit": commit}  # fmt: skip
+    return build(tmp_path_factory.mktemp("outside"))
 
 
 @pytest.fixture

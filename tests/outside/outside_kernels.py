@@ -4,6 +4,7 @@ MX spec (the quantizer is the README's ``plain_quantizer``); each ``FAULTS`` ent
 kernel that ``mxbench check`` must catch, planted on top of a correct implementation, and ``ok_*`` are correct.
 """
 
+import os
 import time
 
 import torch
@@ -113,7 +114,21 @@ CORRECT = {
 }
 
 
+def quantize_a_timed(a, *, mode):
+    """quantize_a at GPU speed (mxkernels' Triton kernel stands in for the team's own), for ``regress``: with
+    ``OUTSIDE_SLOWDOWN=0.1`` in the environment it also quantizes another tenth of its rows and throws that away,
+    the planted 10% slowdown of ``scripts/regress_outside_slowdown.py``."""
+    from mxkernels.quantize import quantize_dim0
+
+    out = quantize_dim0(a, mode)
+    extra = round(a.shape[0] * float(os.environ.get("OUTSIDE_SLOWDOWN", "0")))
+    if extra:
+        quantize_dim0(a[-extra:], mode)
+    return out
+
+
 def register(registry):
+    registry.register("quantize_a", quantize_a_timed, name="outside-timed")
     for stage, fn in CORRECT.items():
         registry.register(stage, fn, name="outside")
     for fault, (stage, fn) in FAULTS.items():
