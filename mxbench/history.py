@@ -135,8 +135,8 @@ def _label(by: str, commit: str | None, version: str | None) -> str:
 
 
 def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = None) -> History:
-    """The runs of one card (``card``, or the only one they hold) as steps ordered by ``by``'s commit time,
-    each stage compared with its previous step."""
+    """The runs of one card (``card``, else the first run's) as steps ordered by ``by``'s commit time, each stage
+    compared with its previous step; other cards' runs are ``left_out``."""
     cards = {}
     for path, run in runs:
         cards.setdefault(card_label(run), []).append((path, run))
@@ -145,12 +145,13 @@ def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = 
         if not chosen:
             raise InputError(f"no runs of card {card!r}; these files hold {', '.join(cards)}")
         cards = {chosen[0]: cards[chosen[0]]}
-    if len(cards) > 1:
-        held = ", ".join(f"{c} ({len(rs)} runs)" for c, rs in cards.items())
-        raise InputError(f"a history follows one card; these files hold {held}: pick one with --card")
-    ((name, mine),) = cards.items()
+    # A history follows one card: without --card, the first file's (a baseline folder holds other cards' runs);
+    # the other cards' files are listed as left out, with the option that follows them.
+    name, mine = next(iter(cards.items()))
     grouped: dict[str, list[tuple[Path, Run]]] = {}
-    left_out, info_of = [], {}
+    info_of: dict = {}
+    left_out = [(str(path), f"another card ({other}: --card picks it)") for other, runs in cards.items()
+                if other != name for path, _ in runs]  # fmt: skip
     if len({run.meta.get("kind") == "ep" for _, run in mine}) > 1:
         # an expert-parallel run's stages (a distributed layer) share names and points with the single-GPU step's
         # but not their meaning: follow them in a history of their own

@@ -8,8 +8,11 @@ conventions and return other layouts, and the adapters say how they map. torchao
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import logging
+import warnings
 import importlib.util
 from collections.abc import Callable
 
@@ -86,13 +89,30 @@ def torchao_version() -> str | None:
     if importlib.util.find_spec("torchao") is None:
         return None
     try:
-        return str(importlib.import_module("torchao").__version__)
+        with _quiet():
+            return str(importlib.import_module("torchao").__version__)
     except Exception as e:  # noqa: BLE001 -- an installed but broken torchao still gets its rows, each with the reason
         return f"import failed: {e}"
 
 
+@contextlib.contextmanager
+def _quiet():
+    """torchao's import warns and logs about optional kernels it cannot load (noise on every command's stderr):
+    its warnings and log records below ERROR are dropped while it imports."""
+    logger = logging.getLogger("torchao")
+    level = logger.level
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+
+
 def _ao(module: str, name: str):
-    return getattr(importlib.import_module(module), name)
+    with _quiet():
+        return getattr(importlib.import_module(module), name)
 
 
 def _torchao_available(quantizer: bool) -> Callable[[torch.device], str | None]:

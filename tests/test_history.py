@@ -122,13 +122,14 @@ def test_a_stage_is_compared_with_the_last_commit_that_measured_it(tmp_path):
     assert gemm["2: bbbbbbb"] is None and gemm["3: ccccccc"].startswith("60.0 SLOWER")
 
 
-def test_history_refuses_several_cards_and_empty_filters(tmp_path):
+def test_history_follows_the_first_files_card_unless_told_and_refuses_empty_filters(tmp_path):
     paths = stored(tmp_path, {
         "h100": run_at("a" * 40, "2026-01-01T00:00:00+00:00"),
         "b200": run_at("b" * 40, "2026-01-02T00:00:00+00:00", card="NVIDIA B200"),
     })  # fmt: skip
-    with pytest.raises(InputError, match="a history follows one card; these files hold NVIDIA H100 80GB HBM3 "):
-        history(load_runs(paths))
+    h = history(load_runs(paths))  # the README's `history results/<card> results/baselines` mixes cards
+    assert h.card == "NVIDIA H100 80GB HBM3" and len(h.steps) == 1
+    assert [why for _, why in h.left_out] == ["another card (NVIDIA B200: --card picks it)"]
     assert len(history(load_runs(paths), card="nvidia b200").steps) == 1
     result = invoke("history", *paths, "--card", "NVIDIA B200", "--M", 5)
     assert result.exit_code == 2 and "no records with M=5; the history has M in 1024" in result.output

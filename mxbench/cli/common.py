@@ -211,6 +211,12 @@ EXIT_CODES_HELP = (
     "input: a file that is not a run, runs of different cards (without --force), no comparable stage, or stages "
     "of the baseline missing from the new run (without --allow-missing)."
 )
+REGRESS_EXIT_CODES_HELP = (
+    "Exit codes: 0 no stage slower; 1 a stage SLOWER again when re-measured (or it ran in the baseline and only "
+    "errors now), or an --impl failed its check, or a plugin did not load; 2 unusable input: a file that is not a "
+    "run, no GPU, an implementation the baseline recorded that is not registered here, no comparable stage, or "
+    "stages of the baseline missing from the new run (without --allow-missing)."
+)
 
 
 def peer_table(run, fmt: str, M: list[int] | None = None, columns: list[str] | None = None) -> str:

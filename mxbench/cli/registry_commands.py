@@ -60,15 +60,15 @@ def impls(stage, recipe, impl_texts, fmt) -> None:
                          "Implementation": impl.name, "Kernel": impl.kernel,
                          "Available": "yes" if reason is None else f"no: {reason}", "From": impl.origin})  # fmt: skip
     if wanted:
-        spec = all_specs()[wanted]
-        click.echo(f"{spec.recipe}/{spec.name} ({spec.pass_}, {spec.category}): {spec.purpose}")
-        click.echo(f"  contract: {spec.signature()}; compared {spec.rule.describe()} with the oracle")
+        spec, prose = all_specs()[wanted], fmt == "csv"  # a CSV on stdout stays parseable: the contract to stderr
+        click.echo(f"{spec.recipe}/{spec.name} ({spec.pass_}, {spec.category}): {spec.purpose}", err=prose)
+        click.echo(f"  contract: {spec.signature()}; compared {spec.rule.describe()} with the oracle", err=prose)
         for what, ports in (("input", spec.inputs), ("output", spec.outputs)):
             for i, port in enumerate(ports):
-                click.echo(f"  {what} {i}: {port.name}: {port.doc}")
+                click.echo(f"  {what} {i}: {port.name}: {port.doc}", err=prose)
         for p in spec.params:
-            click.echo(f"  keyword {p}: {PARAM_DOCS[p]}")
-        click.echo("")
+            click.echo(f"  keyword {p}: {PARAM_DOCS[p]}", err=prose)
+        click.echo("", err=prose)
     click.echo(render(rows, fmt), nl=False)
     for origin, message in registry.load_errors:
         click.echo(f"not loaded: {origin}: {message}", err=True)

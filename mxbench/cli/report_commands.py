@@ -54,7 +54,7 @@ def presets(fmt: str) -> None:
 
 
 @click.command("table")
-@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown", show_default=True)
 @click.option("--kind", type=click.Choice(TABLE_KINDS), default="breakdown", show_default=True)
 @filter_options
@@ -66,18 +66,27 @@ def presets(fmt: str) -> None:
 )
 @project_option
 def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominator, project) -> None:
-    """Render stored results as tables (ready to paste into docs).
+    """Render stored results (files, or folders of them) as tables (ready to paste into docs).
 
     A filter value that matches nothing in any file is refused (exit 2) with what the files hold; with several
     files, each shows what it has of the values asked for, and a file with none of them is left out."""
-    from ..frame import frame_of, held_filters, select
+    from ..frame import frame_of, held_filters, load_runs, select
     from ..projection import projection_table
-    from ..results import load_run
     from ..tables import check_kind, table
 
-    runs = [(path, load_run(path)) for path in results]
-    for path, run in runs:
-        check_kind(run, kind, str(path))
+    from mxkernels.errors import InputError
+
+    runs, named = [], {p.resolve() for p in results if p.is_file()}
+    for path, run in load_runs(results):  # files, and the runs in folders (as `history` and `mxbench.load` read them)
+        try:
+            check_kind(run, kind, str(path))
+        except InputError:
+            if path.resolve() in named:
+                raise  # a file named on the command line must be of the kind asked for
+            continue  # a folder's run of another kind (a peers run beside the rooflines)
+        runs.append((path, run))
+    if not runs:
+        raise click.BadParameter(f"no run in {', '.join(map(str, results))} has a {kind} table", param_hint="--kind")
     if kind == "ep-scaling":  # one table over all the runs: each is one EP degree
         from ..ep.scaling import scaling_table
 

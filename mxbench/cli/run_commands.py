@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .common import (
-    EXIT_CODES_HELP,
+    REGRESS_EXIT_CODES_HELP,
     FORMATS,
     BadInput,
     CommaList,
@@ -339,7 +339,7 @@ def ceilings(out_dir: Path) -> None:
 # -------------------------------------------------------------------------------------------------- regress
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=REGRESS_EXIT_CODES_HELP)
 @click.option(
     "--baseline",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
