@@ -6,7 +6,9 @@ A step is one commit: the runs made at it are pooled (as ``compare`` pools sever
 are ordered by the commit's time: the time a run recorded for it (``meta["git_commit_time"]``), else the
 commit's date in this checkout's git, else the run's own date; each step says which. ``by`` names whose commit
 orders the runs: mxbench's own (``meta["git_commit"]``), or an implementation's from
-``meta["implementations"][name]`` (its commit, else its version), for a team that tracks its kernels' commits.
+``meta["implementations"][name]`` (its commit, else its version), for a team that tracks its kernels' commits: its
+runs record the commit's time where the module ran from a git checkout, and ``checkout`` names that checkout for the
+runs that did not (an install from ``pip install git+URL@SHA`` records the commit, not its time).
 """
 
 from __future__ import annotations
@@ -110,11 +112,12 @@ def _commit_of(meta: dict, by: str) -> tuple[str | None, str | None, dict]:
     return info.get("commit"), info.get("version"), info
 
 
-def _timed(meta: dict, by: str, commit: str | None, info: dict) -> tuple[pd.Timestamp, str]:
-    """When ``commit`` was made and how that is known; the run's date where nothing better is."""
+def _timed(meta: dict, by: str, commit: str | None, info: dict, checkout: Path | None = None) -> tuple[pd.Timestamp, str]:
+    """When ``commit`` was made and how that is known; the run's date where nothing better is. ``checkout``: the
+    git checkout of ``by`` (an implementation installed without one: ``history --checkout``)."""
     if info.get(COMMIT_TIME_KEY):
         return pd.Timestamp(info[COMMIT_TIME_KEY]).tz_convert("UTC"), "commit time recorded by the run"
-    folder = REPO_ROOT if by == MXBENCH else _module_folder(info.get("module"))
+    folder = REPO_ROOT if by == MXBENCH else checkout or _module_folder(info.get("module"))
     sha = (commit or "").removesuffix("+dirty")
     found = _git_time(sha, folder) if sha and folder is not None else None
     if found is not None:
@@ -134,7 +137,8 @@ def _label(by: str, commit: str | None, version: str | None) -> str:
 # ---------------------------------------------------------------------------------------------- building
 
 
-def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = None) -> History:
+def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = None,
+            checkout: Path | None = None) -> History:  # fmt: skip
     """The runs of one card (``card``, else the first run's) as steps ordered by ``by``'s commit time, each stage
     compared with its previous step; other cards' runs are ``left_out``."""
     cards = {}
@@ -171,7 +175,7 @@ def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = 
     steps = []
     for key, members in grouped.items():
         commit, version, info, meta = info_of[key]
-        time, source = _timed(meta, by, commit, info)
+        time, source = _timed(meta, by, commit, info, checkout)
         records = [r for _, run in members for r in run.records]
         # every key names its implementation, so a peers run and a roofline run at one commit pool apart
         pooled = Run(meta={**members[0][1].meta, "kind": "peers"}, records=records)

@@ -33,7 +33,7 @@ from . import REPO_ROOT
 
 ENV_COMMIT = "MXBENCH_GIT_COMMIT"
 DIRTY = "+dirty"
-FIELDS = ("module", "distribution", "version", "commit", "dirty")
+FIELDS = ("module", "distribution", "version", "commit", "dirty", "git_commit_time")
 """The keys of each ``meta["implementations"]`` entry (``history --by <implementation>`` reads them)."""
 OWN_PACKAGES = ("mxbench", "mxkernels")
 """The top-level packages of this project's own tree (``REPO_ROOT``): their commit is mxbench's."""
@@ -44,11 +44,13 @@ _INSTALLED_DIRS = ("site-packages", "dist-packages")
 
 @dataclass(frozen=True)
 class Checkout:
-    """A git working tree: its top-level folder, HEAD commit, and whether tracked files differ from HEAD."""
+    """A git working tree: its top-level folder, HEAD commit, whether tracked files differ from HEAD, and HEAD's
+    commit time (ISO 8601, UTC offset included)."""
 
     root: Path
     commit: str
     dirty: bool
+    time: str | None = None
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -63,9 +65,10 @@ def git_checkout(path: Path) -> Checkout | None:
         root = Path(_git(folder, "rev-parse", "--show-toplevel")).resolve()
         commit = _git(folder, "rev-parse", "HEAD")
         dirty = bool(_git(folder, "status", "--porcelain", "--untracked-files=no"))
+        time = _git(folder, "show", "-s", "--format=%cI", "HEAD") or None
     except (OSError, subprocess.SubprocessError):
         return None
-    return Checkout(root, commit, dirty)
+    return Checkout(root, commit, dirty, time)
 
 
 def project_commit() -> tuple[str | None, bool | None]:
@@ -124,7 +127,8 @@ def module_provenance(module: str | None, distributions: Mapping[str, list[str]]
     if module.split(".")[0] in OWN_PACKAGES and path.is_relative_to(REPO_ROOT.resolve()):
         info["commit"], info["dirty"] = project_commit()  # our own code: the project's rule, not git's walk upwards
     elif not any(part in _INSTALLED_DIRS for part in path.parts) and (checkout := git_checkout(path)) is not None:
-        info["commit"], info["dirty"] = checkout.commit, checkout.dirty
+        # the commit's time too: a history orders this implementation's runs by it wherever it is read later
+        info["commit"], info["dirty"], info["git_commit_time"] = checkout.commit, checkout.dirty, checkout.time
     elif info["distribution"]:
         info["commit"] = installed_commit(info["distribution"])
     return info
