@@ -122,9 +122,12 @@ class Registry:
     impls: dict[tuple[Recipe, str, str], Implementation] = field(default_factory=dict)
     load_errors: list[tuple[str, str]] = field(default_factory=list)
     """(origin, message) of registrations that failed (an entry point that does not load, say)."""
+    spec_of: Callable[[str, str], StageSpec] = get_spec
+    """(recipe, stage) -> its spec, or an ``InputError``: the table of declarations this registry holds
+    implementations of (the single-GPU step's by default; another pipeline passes its own)."""
 
     def add(self, impl: Implementation, *, replace: bool = False) -> Implementation:
-        get_spec(impl.recipe, impl.stage)  # the stage must exist
+        self.spec_of(impl.recipe, impl.stage)  # the stage must exist
         if not impl.name or "/" in impl.name:
             raise InputError(f"implementation name must be non-empty and free of '/', got {impl.name!r}")
         key = (Recipe(impl.recipe), impl.stage, impl.name)

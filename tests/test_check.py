@@ -319,3 +319,22 @@ def test_inputs_plant_special_blocks_along_every_blocking_dim():
     zero, tiny = torch.zeros(32), torch.arange(1, 33) * 2.0**-133
     for x in (a, a[first:].t().contiguous()[:, :64], w[0], w[0].t().contiguous(), w[-1], w[-1].t().contiguous()):
         assert has(x, zero) and has(x, tiny)
+
+
+def test_check_stages_runs_any_table_of_specs_in_order():
+    """A pipeline of made-up declarations (as a new layer adds): each stage's inputs are the oracle's outputs of the
+    stages before it; implementations are registered against that table and checked by the same machinery."""
+    from helpers import fake_stage
+
+    double = fake_stage("forward", "double", "x2", "pad", inputs=("x",), outputs=("y",), fn=lambda x: (x * 2,))
+    square = fake_stage("forward", "square", "sq", "pad", inputs=("y",), outputs=("z",), fn=lambda y: (y * y,))
+    table = {s.spec.key: s.spec for s in (double, square)}
+    registry = Registry(spec_of=lambda recipe, name: table[Recipe(recipe), name])
+    right = registry.add(Implementation(Recipe.MXFP8, "square", "right", lambda y: (y * y,)))
+    wrong = registry.add(Implementation(Recipe.MXFP8, "square", "cubes", lambda y: (y * y * y,)))
+    env = {"x": torch.tensor([1.0, 2.0, 3.0])}
+    results = C.check_stages([double, square], env, {square.spec.key: [right, wrong]})
+    assert [(r.impl, r.verdict) for r in results] == [("right", C.Verdict.PASS), ("cubes", C.Verdict.FAIL)]
+    assert results[1].mismatch.index == (0,) and results[1].mismatch.expected == "4.0"  # on y = 2x, not x
+    with pytest.raises(KeyError):
+        registry.add(Implementation(Recipe.MXFP8, "quantize_a", "elsewhere", lambda a, *, mode: (a, a)))
