@@ -98,3 +98,23 @@ def test_regress_re_measures_the_implementation_its_baseline_recorded(monkeypatc
     result = invoke("regress", "--baseline", _baseline(tmp_path, "theirs"), "--rounds", 1)
     assert result.exit_code == 0, result.output
     assert [(i.stage, i.name) for i in seen["impls"]] == [("quantize_a", "theirs")]
+
+
+def test_peers_with_impl_times_ours_beside_the_named_implementation_only(monkeypatch, theirs, tmp_path):
+    import mxbench.peers
+    from mxbench.cli import run_commands
+
+    seen = {}
+
+    def fake_peers(M, N, K, G, *, registry=None, **kwargs):
+        seen["registry"] = registry
+        raise KeyboardInterrupt  # stop before any table: the registry is what this test is about
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(mxbench.peers, "run_peers", fake_peers)
+    invoke("peers", *SHAPE, "--impl", "theirs")
+    names = {(i.stage, i.name) for i in seen["registry"] if i.stage == "quantize_a"}
+    assert names == {("quantize_a", "mxkernels"), ("quantize_a", "theirs")}  # no torchao, no torch.compile
