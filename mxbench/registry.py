@@ -96,8 +96,10 @@ class Implementation:
         """Why this implementation cannot run on ``device``, or None. A check that raises is a reason too."""
         try:
             return self.available(torch.device(device))
-        except Exception as e:  # noqa: BLE001 -- an availability check is third-party code: its failure is its reason
-            return f"availability check failed: {type(e).__name__}: {e}"
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 -- third-party code (an exit too): its failure is its reason
+            return f"availability check failed: {one_line(e)}"
 
     def bind(self, inputs: Sequence[torch.Tensor], params: Mapping[str, Any]) -> Callable[[], object]:
         """The zero-argument call to time on ``inputs`` (set-up done here, untimed)."""

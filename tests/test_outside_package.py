@@ -136,3 +136,13 @@ def test_the_package_commit_is_recorded(site, installed):
     meta = implementations_meta({"outside": "outside_kernels"})["outside"]
     assert meta["distribution"] == "outside-kernels" and meta["version"] == "0.3.0"
     assert meta["commit"] == installed["commit"]  # from direct_url.json: the installed copy is no checkout
+
+
+def test_a_plugin_that_does_not_load_stops_the_measuring_commands(site, tmp_path, monkeypatch):
+    """roofline --impl (and regress, peers) would measure without it: exit 1 before anything is measured."""
+    site("broken")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["roofline", *SMALL, "--impl", "quantize_a=mxkernels"])
+    assert result.exit_code == 1, result.output
+    assert "ERROR plugin entry point outside-raising (outside_raising:register) did not load" in result.output
+    assert not (tmp_path / "results").exists()

@@ -27,17 +27,28 @@ def impl_option(command: Callable) -> Callable:
                         help=IMPL_HELP)(command)  # fmt: skip
 
 
-def resolve(texts: Iterable[str], recipes: Sequence[str]) -> list:
-    """The implementations ``texts`` name, from the process-wide registry (a plugin that did not load is a failure:
-    printed, exit 1)."""
-    from ..registry import default_registry, with_cli_impls
+def _registry():
+    """The process-wide registry; a plugin that did not load is a failure: printed, exit 1 (it may be the one the
+    run was meant to measure)."""
+    from ..registry import default_registry
 
     registry = default_registry()
     if registry.load_errors:
         for origin, message in registry.load_errors:
             click.echo(f"ERROR plugin {origin} did not load: {message}", err=True)
         sys.exit(1)
+    return registry
+
+
+def resolve(texts: Iterable[str], recipes: Sequence[str]) -> list:
+    """The implementations ``texts`` name, from the process-wide registry (``_registry``); none: the entry points
+    are not even loaded."""
+    from ..registry import with_cli_impls
+
     texts = list(texts)
+    if not texts:
+        return []
+    registry = _registry()
     impls = []
     for recipe in dict.fromkeys(recipes or ["mxfp8"]):
         mine = [t for t in texts if "/" not in t.partition("=")[0] or t.startswith(f"{recipe}/")]
@@ -99,14 +110,16 @@ def recorded_impls(baseline, overrides: Sequence = ()) -> list:
     refused: re-measuring mxkernels' kernel instead would compare the wrong code."""
     from mxkernels.names import END_TO_END_STAGE
 
-    from ..registry import OURS, default_registry
+    from ..registry import OURS
 
-    registry = default_registry()
     given = {(i.recipe, i.stage): i for i in overrides}
     wanted: dict[tuple, str] = {}
     for r in baseline.records:
         if r.impl and r.impl != OURS and r.stage != END_TO_END_STAGE:
             wanted.setdefault((r.point.recipe, r.stage), r.impl)
+    if not set(wanted) - set(given):
+        return list(given.values())
+    registry = _registry()
     impls, missing = list(given.values()), []
     for (recipe, stage), name in wanted.items():
         if (recipe, stage) in given:
