@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 from helpers import with_flipped_bits
 from mxkernels.names import Recipe
-from mxkernels.stages import all_specs
+from mxkernels.stages import all_specs, specs_of
 from test_cli import fake_gpu  # the fixture (a GPU run without a GPU), used by name
 
 from mxbench import registry
@@ -150,7 +150,9 @@ def test_a_plain_check_on_a_clean_cpu_install_exits_0(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mxbench", "check"], capture_output=True, text=True, timeout=600,
                           env=env, cwd=tmp_path, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    verdicts = {line.split()[2] for line in done.stdout.splitlines()[2:]}
-    assert verdicts == {"PASS", "SKIP"}
+    rows = [line.split()[:3] for line in done.stdout.splitlines()[2:]]
+    assert {verdict for _, _, verdict in rows} == {"PASS", "SKIP"}
+    ours = {stage for stage, name, verdict in rows if name == "mxkernels" and verdict == "PASS"}
+    assert ours == {s.name for s in specs_of("mxfp8")}  # every stage of ours, the fused-scale quantizers too
     fused = [line for line in done.stdout.splitlines() if line.split()[1:3] == ["mxkernels:triton_fused", "SKIP"]]
     assert len(fused) == 3 and all("checked on a GPU only" in line for line in fused)  # fwd, dgrad, wgrad
