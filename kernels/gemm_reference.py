@@ -86,3 +86,13 @@ def fp8_rowwise_reference(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dty
 def bf16_reference(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``torch._grouped_mm(a, b, offs)`` on bf16 operands in fp64, rounded once to bf16."""
     return _matmul_groups(a.double(), b.double(), _groups(offs), torch.bfloat16)
+
+
+def mxfp8_oracle(a_q, a_sb, b_q, b_sb, offs) -> tuple[torch.Tensor]:
+    """The MXFP8 GEMM stages' oracle: ``mxfp8_reference`` in the stage contract's form (a tuple of outputs)."""
+    return (mxfp8_reference(a_q, a_sb, b_q, b_sb, offs),)
+
+
+def fp8_rowwise_oracle(a_q, a_scale, b_q, b_scale, offs) -> tuple[torch.Tensor]:
+    """The FP8 rowwise GEMM stages' oracle: ``fp8_rowwise_reference`` as a tuple of outputs."""
+    return (fp8_rowwise_reference(a_q, a_scale, b_q, b_scale, offs),)

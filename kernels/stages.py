@@ -165,14 +165,6 @@ def _mx_data_locate(kind: str):
     return locate
 
 
-def _mx_gemm_oracle(a_q, a_sb, b_q, b_sb, offs):
-    return (gemm_reference.mxfp8_reference(a_q, a_sb, b_q, b_sb, offs),)
-
-
-def _fp8_gemm_oracle(a_q, a_s, b_q, b_s, offs):
-    return (gemm_reference.fp8_rowwise_reference(a_q, a_s, b_q, b_s, offs),)
-
-
 def _bf16_gemm(matmul):
     """A bf16 GEMM stage's contract over ``matmul(a, b, offs) -> out`` (``torch._grouped_mm`` semantics), for the
     three cases' operand forms."""
@@ -341,7 +333,7 @@ def _mxfp8() -> list[StageSpec]:
         _mx_rearrange("rearrange_w", F, "Convert B scales to blocked layout", "w", "3d"),
         _gemm(R, "gemm_fwd", F, "2D x 3D scaled grouped GEMM", (*mx("a_q", "a_sb", "(M, K)"),
               *mx("w_q", "w_sb", "(G, N, K)"), _OFFS), Port("out", f"{_BF16} (M, N); rows past offs[-1] unspecified"),
-              _mx_gemm_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB),
+              gemm_reference.mxfp8_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB),
         _mx_quantize("quantize_grad_out", DI, "Quantize grad_out along N", "grad_out", "dy", "rows", dim0,
                      "quantize_dim0", "(M, N)", "(M, N)", "(M, N/32), row-major"),
         _mx_quantize("quantize_w_t", DI, "Quantize B (weights) along N", "w", "wt", "n", along_n,
@@ -351,7 +343,7 @@ def _mxfp8() -> list[StageSpec]:
         _gemm(R, "gemm_dgrad", DI, "2D x 3D scaled grouped GEMM", (*mx("dy_q", "dy_sb", "(M, N)"),
               *mx("wt_q", "wt_sb", "(G, K, N)"), _OFFS),
               Port("grad_a", f"{_BF16} (M, K); rows past offs[-1] unspecified"),
-              _mx_gemm_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB),
+              gemm_reference.mxfp8_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB),
         _mx_quantize("quantize_grad_out_t", DW, "Quantize grad_out along M (output transposed)", "grad_out", "dyt",
                      "t", dim1, "quantize_dim1", "(M, N)", "(N, M)", "(N, M/32), any layout"),
         _mx_quantize("quantize_a_t", DW, "Quantize A along M (output transposed)", "a", "at", "t", dim1,
@@ -360,7 +352,8 @@ def _mxfp8() -> list[StageSpec]:
         _mx_rearrange("rearrange_a_t", DW, "Convert A_t scales to blocked layout", "at", "k"),
         _gemm(R, "gemm_wgrad", DW, "2D x 2D scaled grouped GEMM", (*mx("dyt_q", "dyt_sb", "(N, M)"),
               *mx("at_q", "at_sb", "(K, M)"), _OFFS), Port("grad_w", f"{_BF16} (G, N, K); empty groups zero"),
-              _mx_gemm_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB, two_d_three_d=False),
+              gemm_reference.mxfp8_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB,
+              two_d_three_d=False),
         *_mx_fused(),
         *_pads(R),
     ]  # fmt: skip
@@ -401,8 +394,8 @@ def _fp8_rowwise() -> list[StageSpec]:
     def gemm(name, pass_, purpose, a, b, out, shapes, two_d_three_d=True):
         ins = (Port(f"{a}_q", f"{_E4M3} {shapes[0]}"), Port(f"{a}_s", "float32 row scales"),
                Port(f"{b}_q", f"{_E4M3} {shapes[1]}"), Port(f"{b}_s", "float32 row scales"), _OFFS)  # fmt: skip
-        return _gemm(R, name, pass_, purpose, ins, out, _fp8_gemm_oracle, _fp8_gemm_impl, "fp8_rowwise_scaled_grouped_mm",
-                     _FP8_GEMM_FLOOR_DB, two_d_three_d)  # fmt: skip
+        return _gemm(R, name, pass_, purpose, ins, out, gemm_reference.fp8_rowwise_oracle, _fp8_gemm_impl,
+                     "fp8_rowwise_scaled_grouped_mm", _FP8_GEMM_FLOOR_DB, two_d_three_d)  # fmt: skip
 
     k_groups_ins = lambda src, shape: (Port(src, f"{_BF16} {shape}"), _OFFS)
     k_groups_regions = lambda out: {f"{out}_q": _cols_until_last_offset}

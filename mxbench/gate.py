@@ -96,7 +96,8 @@ def stage_objects(cmp: Comparison) -> list[dict[str, Any]]:
     (ran in base, only errors in new), MISSING (only in base) and ADDED (only in new) with the values left null."""
     stages = [
         _stage(m.key, m.verdict, category=m.category, kernel=m.kernel, base_median_us=m.base_us,
-               new_median_us=m.new_us, ratio=m.ratio, ci95=m.ci and list(m.ci), reason=m.reason, cycles_ratio=m.cycles_ratio)
+               new_median_us=m.new_us, ratio=m.ratio, ci95=m.ci and list(m.ci), reason=m.reason,
+               cycles_ratio=m.cycles_ratio)
         for m in cmp.matches
     ]  # fmt: skip
     stages += [_stage(k, "BROKEN", reason=broken_reason(cmp, k)) for k in cmp.broken]

@@ -112,7 +112,8 @@ def _commit_of(meta: dict, by: str) -> tuple[str | None, str | None, dict]:
     return info.get("commit"), info.get("version"), info
 
 
-def _timed(meta: dict, by: str, commit: str | None, info: dict, checkout: Path | None = None) -> tuple[pd.Timestamp, str]:
+def _timed(meta: dict, by: str, commit: str | None, info: dict,
+           checkout: Path | None = None) -> tuple[pd.Timestamp, str]:  # fmt: skip
     """When ``commit`` was made and how that is known; the run's date where nothing better is. ``checkout``: the
     git checkout of ``by`` (an implementation installed without one: ``history --checkout``)."""
     if info.get(COMMIT_TIME_KEY):

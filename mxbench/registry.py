@@ -293,8 +293,8 @@ def resolve_impl(registry: Registry, text: str, recipe: str = Recipe.MXFP8) -> l
         found = [i for i in registry if i.name == text.strip() and i.recipe == Recipe(recipe)]
         if not found:
             names = ", ".join(n for n in registry.names() if n != OURS)
-            raise InputError(f"--impl: no {recipe} implementation named {text!r} is registered here "
-                             f"(registered: {names or 'none but mxkernels'}); or give STAGE=module:function")  # fmt: skip
+            raise InputError(f"--impl: no {recipe} implementation named {text!r} is registered here (registered: "
+                             f"{names or 'none but mxkernels'}); or give STAGE=module:function")  # fmt: skip
         return found
     r, name = split_stage(stage.strip(), recipe)
     if (r, name, target.strip()) in registry.impls:

@@ -1,7 +1,8 @@
 """Quantizers on a CUDA GPU, in one run: FP8 rowwise, MXFP8 quantize_3d along N, and the fused-scale MXFP8
 quantizers, each checked bit-exact and timed beside its old default and the streaming roof.
 
-    python scripts/tune_fp8_and_fused_quantizers.py [--out PATH] [--budget-s 170] [--samples 10] [--only fp8,along_n,fused,amax]
+    python scripts/tune_fp8_and_fused_quantizers.py [--out PATH] [--budget-s 170] [--samples 10]
+        [--only fp8,along_n,fused,amax]
 
 DeepSeek-V3 sizes (M = 131072 tokens in G = 8 balanced groups, K = 7168, N = 2048, bf16, RCEIL), plus Llama 4
 Scout's weights (16, 8192, 5120) for quantize_3d along N. First the roof: the Triton streaming kernels of

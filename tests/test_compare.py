@@ -191,8 +191,10 @@ def test_the_clock_rule_applies_to_compute_bound_stages_only():
     assert cmp.matches[0].verdict == "SLOWER" and cmp.matches[0].cycles_ratio is None
 
 
-@pytest.mark.parametrize("text, message", [("quantize", "CATEGORY=PCT"), ("quantize=0", "0 < PCT < 100"),
-                                           ("gemmm=3", "unknown category 'gemmm'"), ("pad=x", "CATEGORY=PCT")])  # fmt: skip
+@pytest.mark.parametrize("text, message", [
+    ("quantize", "CATEGORY=PCT"), ("quantize=0", "0 < PCT < 100"), ("gemmm=3", "unknown category 'gemmm'"),
+    ("pad=x", "CATEGORY=PCT"),
+])  # fmt: skip
 def test_bad_thresholds_are_input_errors(text, message):
     with pytest.raises(compare.InputError, match=message):
         Thresholds.parse([text])
