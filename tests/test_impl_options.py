@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_cli import fake_gpu, synthetic_run  # noqa: F401 -- the fixture, used by name
+from test_cli import fake_gpu, synthetic_run
 
 import mxbench
 from mxbench import registry
