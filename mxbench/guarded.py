@@ -37,17 +37,26 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {message}" if message else type(e).__name__
 
 
-def call(fn: Callable[[], Any], timeout_s: float = DEFAULT_TIMEOUT_S, device: torch.device | None = None) -> Outcome:
-    """``fn()`` in a daemon thread (with ``device`` current there, a CUDA device being per thread)."""
+def call(fn: Callable[[], Any], timeout_s: float | None = DEFAULT_TIMEOUT_S,
+         device: torch.device | None = None) -> Outcome:  # fmt: skip
+    """``fn()`` in a daemon thread (with ``device`` current there, a CUDA device being per thread); with
+    ``timeout_s`` None, in this thread (no time limit: for code the harness trusts not to hang, such as its own
+    kernels and torch.compile of its references), still with every exception but Ctrl-C caught."""
     box: dict[str, Outcome] = {}
 
     def run() -> None:
         try:
-            if device is not None and device.type == "cuda":
+            if device is not None and device.type == "cuda" and timeout_s is not None:
                 torch.cuda.set_device(device)
             box["outcome"] = Outcome(value=fn())
+        except KeyboardInterrupt:
+            raise
         except BaseException as e:  # noqa: BLE001 -- SystemExit and the like included: the caller reports them
             box["outcome"] = Outcome(error=one_line(e), trace=traceback.format_exc())
+
+    if timeout_s is None:
+        run()
+        return box["outcome"]
 
     thread = threading.Thread(target=run, name="mxbench-guarded-call", daemon=True)
     thread.start()

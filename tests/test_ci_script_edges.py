@@ -46,3 +46,26 @@ def test_impls_csv_of_one_stage_is_csv_alone():
     rows = list(csv.reader(io.StringIO(result.stdout)))
     assert rows[0][:2] == ["Recipe", "Stage"] and all(r[1] == "quantize_a" for r in rows[1:])
     assert "contract: quantize_a(a, *, mode)" in result.stderr
+
+
+def test_torchaos_import_noise_stays_off_stderr(tmp_path, monkeypatch, capfd):
+    """torchao warns and logs at import about optional kernels it cannot load: not on every command's stderr."""
+    import logging
+    import sys
+
+    from mxbench import implementations
+
+    package = tmp_path / "torchao"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import logging, warnings\n__version__ = '0.0.test'\nwarnings.warn('Skipping import of cpp extensions')\n"
+        "logging.getLogger('torchao').warning('fbgemm not found')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torchao", raising=False)
+    logging.getLogger("torchao").addHandler(logging.StreamHandler(sys.stderr))
+    try:
+        assert implementations.torchao_version() == "0.0.test"
+    finally:
+        logging.getLogger("torchao").handlers.clear()
+    assert capfd.readouterr().err == ""
