@@ -2,11 +2,11 @@
 category; the evidence behind the gate's default bands and floor (``mxbench.gate_rules``, docs/perf-log.md).
 
 One baseline (``mxbench roofline``, by default the points of ``make baseline``), then ``mxbench regress`` against it
-``--repeats`` times with the same code: every
-stage's ratio new/base and its bootstrap 95% CI (3 interleaved rounds pooled, as CI runs it). Per category it
-reports the largest and 95th-percentile CI excursion from 1 (the band must be wider for an A/A run to stay SAME),
-the largest |ratio - 1|, the largest absolute change of the median in microseconds and the shortest median
-(against the floor), and the verdicts the current defaults gave (any SLOWER here is a false alarm).
+``--repeats`` times with the same code: every stage's ratio new/base and its bootstrap 95% CI (3 interleaved rounds
+pooled, as CI runs it). Per category it reports the largest and 95th-percentile CI excursion from 1 (the band must
+be wider for an A/A run to stay SAME), the largest |ratio - 1|, the largest absolute change of the median in
+microseconds and the shortest median (against the floor), and the verdicts the current defaults gave (any SLOWER
+here is a false alarm).
 
 Writes under ``--out``: the baseline, each regress report (JSON), ``aa-spread.json`` and ``aa-spread.md`` (the
 table for the perf log). Needs a GPU (exit 2 without one).
