@@ -40,7 +40,9 @@ def _registry(impl_texts, recipe):
 @click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function", help="Register this too.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
 def impls(stage, recipe, impl_texts, fmt) -> None:
-    """Stages x implementations, with availability on this machine and the reason when one cannot run."""
+    """Stages x implementations, with availability on this machine and the reason when one cannot run.
+
+    Exit 1 when a plugin (entry point) did not load (it is named on stderr), else 0; 2 on bad input."""
     _interpreter_on_cpu()
     from mxkernels.stages import PARAM_DOCS, all_specs
 
@@ -81,8 +83,10 @@ CHECK_FORMATS = (*FORMATS, "json")
 
 
 @click.command()
-@click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function",
-              help="Check this implementation (repeatable). With --impl, only these are checked unless --name.")
+@click.option("--impl", "impl_texts", multiple=True, metavar="[STAGE=]NAME|STAGE=module:function",
+              help="Check this implementation (repeatable): a registered NAME (alone: every stage it implements) or "
+              "module:function (a module in the current folder is found). With --impl, only these are checked "
+              "unless --name.")
 @click.option("--stage", "stages", type=CommaList(str), help="Only these stages (comma list). [default: all]")
 @click.option("--name", "names", type=CommaList(str), help="Only implementations with these names (comma list).")
 @click.option("--recipe", type=click.Choice(["mxfp8", "fp8_rowwise", "bf16"]), default="mxfp8", show_default=True)
