@@ -286,12 +286,12 @@ def test_a_file_that_is_not_a_run_exits_2(tmp_path):
 
 
 def test_an_exception_that_is_not_an_input_error_is_a_bug_and_exits_1(stored, monkeypatch):
-    import mxbench.results
+    import mxbench.frame
 
     def broken(path):
         raise RuntimeError("a bug, not bad input")
 
-    monkeypatch.setattr(mxbench.results, "load_run", broken)
+    monkeypatch.setattr(mxbench.frame, "load_run", broken)  # how `table` reads its files and folders
     result = invoke("table", stored("a", synthetic_run()))
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
     assert "broken" in "".join(traceback.format_tb(result.exc_info[2]))  # its traceback reaches where it was raised
