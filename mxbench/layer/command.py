@@ -12,8 +12,19 @@ from pathlib import Path
 import click
 
 from ..cli.common import CommaList, command_line, hardware_spec
-from ..cli.run_commands import RESULTS_DIR, _card_dir, _check_outputs, _detected_spec, _exit_if_partial, _has_gpu, _stamp
-from ..roofline import DENOMINATORS
+from ..cli.run_commands import (
+    RESULTS_DIR,
+    _card_dir,
+    _check_outputs,
+    _detected_spec,
+    _exit_if_partial,
+    _has_gpu,
+    _stamp,
+)
+
+DENOMINATORS = ("datasheet", "measured")
+"""``roofline.DENOMINATORS``, written out: importing roofline here would import mxkernels with the CLI, before
+``check`` and ``impls`` can choose Triton's interpreter for a CPU (``registry_commands._interpreter_on_cpu``)."""
 
 DEFAULT_TOKENS, DEFAULT_EXPERTS = 131072, 8
 
