@@ -175,7 +175,8 @@ class AmaxRowsConfig:
 
 # The longest row the rows kernel here takes: it holds whole rows (and their column amax) in registers.
 MAX_COLS = fp8_rowwise.SINGLE_PASS_MAX
-# The measured defaults (config=None), chosen by scripts/tune_issue11_quantize.py --only amax (docs/perf-log.md).
+# The measured defaults (config=None), chosen by scripts/tune_fp8_and_fused_quantizers.py --only amax
+# (docs/perf-log.md).
 # Rows kernel: as many programs per SM as its registers allow. Rows of 8192-wide steps (K = 7168, 5120) run faster
 # three to an SM under an 80-register cap, spills and all; narrower steps (four 2048-wide rows) lose with the cap.
 WIDE_ROWS_CONFIG = AmaxRowsConfig(programs_per_sm=3, num_warps=8, max_registers=80)

@@ -375,7 +375,7 @@ class FusedConfig:
                 raise InputError(f"FusedConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
 
-# The defaults per case, chosen by reasoning and the SM90 SASS, then timed by scripts/tune_issue11_gemm.py
+# The defaults per case, chosen by reasoning and the SM90 SASS, then timed by scripts/tune_fused_gemm.py
 # (docs/perf-log.md): 128 x 256 tiles with two warpgroups (the dequantization, about 7 instructions per pair of
 # elements, amortized over 256 columns; 128 accumulator registers a thread, one program per SM) and 64-wide steps
 # (40 KiB a stage). 2D x 3D runs three deep: four deep, its bf16 outputs came out wrong in whole 8-row slabs, different

@@ -140,7 +140,7 @@ def _preference(recipe: str, device: torch.device) -> tuple[str, ...]:
         return ("native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated")
     if cap == (9, 0):
         # triton_fused stays behind triton_dequant until it is measured faster at the DeepSeek-V3 shapes
-        # (scripts/tune_issue11_gemm.py, docs/perf-log.md).
+        # (scripts/tune_fused_gemm.py, docs/perf-log.md).
         return ("triton_dequant", "triton_fused", "triton_fp8", "triton", "emulated")
     # Below SM90 torch._grouped_mm is a host loop over offs (a sync, not graph-capturable): not the default there.
     return ("triton_fp8", "triton_dequant", "triton_fused", "triton", "emulated")

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import torch
 
-from . import fp8_amax, fp8_rowwise, grouped_gemm, layouts, padding, quantize, quantize_blocked
+from . import fp8_amax, fp8_rowwise, gemm_reference, grouped_gemm, layouts, padding, quantize, quantize_blocked
 from .comparison import BitExact, MinSQNR, Mismatch, Rule, sqnr_db
 from .format import BLOCK_SIZE, quantize_reference
 from .names import (
@@ -109,18 +109,21 @@ class StageSpec:
         """SQNR in dB of each output against the oracle's, in its specified region."""
         return [sqnr_db(g, e) for _, g, e in self._regioned(got, expected, inputs)]
 
-    def compare(self, got: Sequence[object], expected: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]):
-        """The first ``Mismatch`` of ``got`` (an implementation's return value) against the oracle's ``expected``
-        outputs, or None. Outputs are compared in their specified regions only."""
+    def mismatches(self, got: Sequence[object], expected: Sequence[torch.Tensor],
+                   inputs: Sequence[torch.Tensor]) -> list[Mismatch]:  # fmt: skip
+        """The first ``Mismatch`` of every output of ``got`` (an implementation's return value) that differs from
+        the oracle's ``expected``, in output order (empty: all match). Outputs are compared in their specified
+        regions only."""
         if not isinstance(got, tuple) or len(got) != len(self.outputs):
             n = len(got) if isinstance(got, (tuple, list)) else "not a tuple"
-            return Mismatch("(return)", f"must return a tuple of {len(self.outputs)} tensors "
-                            f"({', '.join(p.name for p in self.outputs)}); got {n}")  # fmt: skip
-        for name, g, e in self._regioned(got, expected, inputs):
-            wrong = self.rule.compare(name, g, e)
-            if wrong is not None:
-                return wrong
-        return None
+            return [Mismatch("(return)", f"must return a tuple of {len(self.outputs)} tensors "
+                             f"({', '.join(p.name for p in self.outputs)}); got {n}")]  # fmt: skip
+        found = (self.rule.compare(name, g, e) for name, g, e in self._regioned(got, expected, inputs))
+        return [m for m in found if m is not None]
+
+    def compare(self, got: Sequence[object], expected: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]):
+        """The first of ``mismatches``, or None."""
+        return next(iter(self.mismatches(got, expected, inputs)), None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -162,21 +165,13 @@ def _mx_data_locate(kind: str):
     return locate
 
 
-def _mx_gemm_emulated(a_q, a_sb, b_q, b_sb, offs):
-    return (grouped_gemm.mxfp8_scaled_grouped_mm(a_q, a_sb, b_q, b_sb, offs, backend="emulated"),)
+def _bf16_gemm(matmul):
+    """A bf16 GEMM stage's contract over ``matmul(a, b, offs) -> out`` (``torch._grouped_mm`` semantics), for the
+    three cases' operand forms."""
 
-
-def _fp8_gemm_emulated(a_q, a_s, b_q, b_s, offs):
-    return (grouped_gemm.fp8_rowwise_scaled_grouped_mm(a_q, a_s, b_q, b_s, offs, backend="emulated"),)
-
-
-def _bf16_gemm(backend):
     def gemm(x, w, offs, *, case):
-        if case == "fwd":
-            return (grouped_gemm.grouped_mm(x, w.transpose(-2, -1), offs, recipe="bf16", backend=backend).out,)
-        if case == "dgrad":
-            return (grouped_gemm.grouped_mm(x, w, offs, recipe="bf16", backend=backend).out,)
-        return (grouped_gemm.grouped_mm(x.t(), w, offs, recipe="bf16", backend=backend).out,)
+        a, b = {"fwd": (x, w.transpose(-2, -1)), "dgrad": (x, w), "wgrad": (x.t(), w)}[case]
+        return (matmul(a, b, offs),)
 
     return gemm
 
@@ -338,7 +333,7 @@ def _mxfp8() -> list[StageSpec]:
         _mx_rearrange("rearrange_w", F, "Convert B scales to blocked layout", "w", "3d"),
         _gemm(R, "gemm_fwd", F, "2D x 3D scaled grouped GEMM", (*mx("a_q", "a_sb", "(M, K)"),
               *mx("w_q", "w_sb", "(G, N, K)"), _OFFS), Port("out", f"{_BF16} (M, N); rows past offs[-1] unspecified"),
-              _mx_gemm_emulated, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB),
+              gemm_reference.mxfp8_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB),
         _mx_quantize("quantize_grad_out", DI, "Quantize grad_out along N", "grad_out", "dy", "rows", dim0,
                      "quantize_dim0", "(M, N)", "(M, N)", "(M, N/32), row-major"),
         _mx_quantize("quantize_w_t", DI, "Quantize B (weights) along N", "w", "wt", "n", along_n,
@@ -348,7 +343,7 @@ def _mxfp8() -> list[StageSpec]:
         _gemm(R, "gemm_dgrad", DI, "2D x 3D scaled grouped GEMM", (*mx("dy_q", "dy_sb", "(M, N)"),
               *mx("wt_q", "wt_sb", "(G, K, N)"), _OFFS),
               Port("grad_a", f"{_BF16} (M, K); rows past offs[-1] unspecified"),
-              _mx_gemm_emulated, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB),
+              gemm_reference.mxfp8_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB),
         _mx_quantize("quantize_grad_out_t", DW, "Quantize grad_out along M (output transposed)", "grad_out", "dyt",
                      "t", dim1, "quantize_dim1", "(M, N)", "(N, M)", "(N, M/32), any layout"),
         _mx_quantize("quantize_a_t", DW, "Quantize A along M (output transposed)", "a", "at", "t", dim1,
@@ -357,7 +352,8 @@ def _mxfp8() -> list[StageSpec]:
         _mx_rearrange("rearrange_a_t", DW, "Convert A_t scales to blocked layout", "at", "k"),
         _gemm(R, "gemm_wgrad", DW, "2D x 2D scaled grouped GEMM", (*mx("dyt_q", "dyt_sb", "(N, M)"),
               *mx("at_q", "at_sb", "(K, M)"), _OFFS), Port("grad_w", f"{_BF16} (G, N, K); empty groups zero"),
-              _mx_gemm_emulated, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB, two_d_three_d=False),
+              gemm_reference.mxfp8_oracle, _mx_gemm_impl, "mxfp8_scaled_grouped_mm", _MX_GEMM_FLOOR_DB,
+              two_d_three_d=False),
         *_mx_fused(),
         *_pads(R),
     ]  # fmt: skip
@@ -398,8 +394,8 @@ def _fp8_rowwise() -> list[StageSpec]:
     def gemm(name, pass_, purpose, a, b, out, shapes, two_d_three_d=True):
         ins = (Port(f"{a}_q", f"{_E4M3} {shapes[0]}"), Port(f"{a}_s", "float32 row scales"),
                Port(f"{b}_q", f"{_E4M3} {shapes[1]}"), Port(f"{b}_s", "float32 row scales"), _OFFS)  # fmt: skip
-        return _gemm(R, name, pass_, purpose, ins, out, _fp8_gemm_emulated, _fp8_gemm_impl, "fp8_rowwise_scaled_grouped_mm",
-                     _FP8_GEMM_FLOOR_DB, two_d_three_d)  # fmt: skip
+        return _gemm(R, name, pass_, purpose, ins, out, gemm_reference.fp8_rowwise_oracle, _fp8_gemm_impl,
+                     "fp8_rowwise_scaled_grouped_mm", _FP8_GEMM_FLOOR_DB, two_d_three_d)  # fmt: skip
 
     k_groups_ins = lambda src, shape: (Port(src, f"{_BF16} {shape}"), _OFFS)
     k_groups_regions = lambda out: {f"{out}_q": _cols_until_last_offset}
@@ -465,7 +461,8 @@ def _amax_port(out: str, shape: str) -> Port:
 
 def _bf16() -> list[StageSpec]:
     R = Recipe.BF16
-    ours, oracle = _bf16_gemm(None), _bf16_gemm("emulated")
+    ours = _bf16_gemm(lambda a, b, offs: grouped_gemm.grouped_mm(a, b, offs, recipe="bf16").out)
+    oracle = _bf16_gemm(gemm_reference.bf16_reference)  # fp64: no backend checked against itself
     specs = []
     for name, pass_, ins, out, case, shapes in (
         ("gemm_fwd", Pass.FORWARD, ("a", "w"), Port("out", f"{_BF16} (M, N); rows past offs[-1] unspecified"), "fwd",

@@ -1,7 +1,9 @@
 """mxbench: benchmarking and roofline suite for MXFP8 MoE grouped-GEMM training kernels.
 
 ``mxbench.load(paths_or_folders)`` reads stored runs as a pandas DataFrame (one row per record) and
-``mxbench.load_samples`` as one row per timing sample; see ``mxbench.frame``.
+``mxbench.load_samples`` as one row per timing sample; see ``mxbench.frame``. ``mxbench.register(stage, fn,
+name=...)`` and the ``@mxbench.implementation(stage, name=...)`` decorator add an implementation to the process-wide
+registry (``mxbench.registry``).
 """
 
 from pathlib import Path
@@ -12,12 +14,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 """The checkout mxbench runs from: shape presets are read from its ``shapes/`` and every run records its commit."""
 
 _FRAME_NAMES = ("load", "load_samples")
+_REGISTRY_NAMES = ("register", "implementation")
 
 
 def __getattr__(name: str):
-    # loaded on first use: pandas and the tables stay out of `import mxbench` (the CLI's --help stays fast)
+    # loaded on first use: pandas, torch and the tables stay out of `import mxbench` (the CLI's --help stays fast)
     if name in _FRAME_NAMES:
         from . import frame
 
         return getattr(frame, name)
+    if name in _REGISTRY_NAMES:
+        from . import registry
+
+        return getattr(registry, name)
     raise AttributeError(f"module 'mxbench' has no attribute {name!r}")

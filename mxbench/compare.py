@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from mxkernels.errors import InputError
 
+from .gate_rules import CLOCK_RULE_CATEGORIES, DEFAULT_DELTAS, DEFAULT_FLOOR_US, MIN_SAMPLES, VERDICTS
 from .provenance import CodeChange, code_changes
 from .render import Row, card_label
 from .results import Point, Record, Run
@@ -20,23 +22,39 @@ class CompareError(InputError):
     """Two runs that must not be compared (different cards without ``force``)."""
 
 
-DEFAULT_DELTAS = {"gemm": 0.03, "end_to_end": 0.03, "quantize": 0.07, "rearrange": 0.07, "pad": 0.07}
-VERDICTS = ("SLOWER", "UNSURE", "SAME", "FASTER")
-"""The verdicts, worst first."""
-MIN_SAMPLES = 3
-"""Fewer measured samples than this on either side cannot bound a ratio: the verdict is UNSURE."""
-
-
 @dataclass(frozen=True)
 class Thresholds:
     """Practical significance: a relative change ``delta`` per category and an absolute floor in microseconds."""
 
     deltas: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_DELTAS))
-    floor_us: float = 1.0
+    floor_us: float = DEFAULT_FLOOR_US
     default_delta: float = 0.07
 
     def delta(self, category: str) -> float:
         return self.deltas.get(category, self.default_delta)
+
+    @classmethod
+    def parse(cls, texts: Sequence[str] = (), floor_us: float | None = None) -> Thresholds:
+        """``--threshold CATEGORY=PCT`` (repeatable; ``all=PCT`` sets every band) and ``--floor-us``."""
+        deltas = dict(DEFAULT_DELTAS)
+        for text in texts:
+            category, sep, pct = text.partition("=")
+            try:
+                value = float(pct) / 100 if sep else float("nan")
+            except ValueError:
+                value = float("nan")
+            if not (0 < value < 1):
+                raise InputError(f"--threshold: {text!r} must be CATEGORY=PCT with 0 < PCT < 100 (e.g. quantize=5)")
+            if category.strip() == "all":
+                deltas = dict.fromkeys(deltas, value)
+            elif category.strip() in deltas:
+                deltas[category.strip()] = value
+            else:
+                raise InputError(f"--threshold: unknown category {category.strip()!r}; categories: "
+                                 f"{', '.join(deltas)}, all")  # fmt: skip
+        if floor_us is not None and floor_us < 0:
+            raise InputError(f"--floor-us must be >= 0, got {floor_us:g}")
+        return cls(deltas, DEFAULT_FLOOR_US if floor_us is None else floor_us)
 
 
 _KEY_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w", "fuse_scales")
@@ -84,7 +102,7 @@ class Match:
     base_us: float
     new_us: float
     ratio: float
-    ci: tuple[float, float]
+    ci: tuple[float, float] | None
     verdict: str
     reason: str
     cycles_ratio: float | None = None
@@ -103,6 +121,8 @@ class Comparison:
     broken: list[MatchKey] = field(default_factory=list)
     forced: bool = False
     code: list[CodeChange] = field(default_factory=list)
+    errors: dict[MatchKey, str] = field(default_factory=dict)
+    """The error of each broken stage in new (its first record's)."""
 
     def by_verdict(self, verdict: str) -> list[Match]:
         return [m for m in self.matches if m.verdict == verdict]
@@ -145,10 +165,10 @@ class _Side:
         return float(np.mean(clocks)) if clocks and all(c for c in clocks) else None
 
 
-def _pool(run: Run) -> tuple[dict[MatchKey, _Side], set[MatchKey]]:
-    """Completed records by key, and the keys that only errored."""
+def _pool(run: Run) -> tuple[dict[MatchKey, _Side], dict[MatchKey, str]]:
+    """Completed records by key, and the keys that only errored with their first error."""
     ok: dict[MatchKey, _Side] = {}
-    failed: set[MatchKey] = set()
+    failed: dict[MatchKey, str] = {}
     by_impl = run.meta.get("kind") == "peers"
     for r in run.records:
         if r.skipped:
@@ -157,8 +177,8 @@ def _pool(run: Run) -> tuple[dict[MatchKey, _Side], set[MatchKey]]:
         if r.ok:
             ok.setdefault(key, _Side([])).records.append(r)
         else:
-            failed.add(key)
-    return ok, failed - set(ok)
+            failed.setdefault(key, r.error or "no samples")
+    return ok, {k: e for k, e in failed.items() if k not in ok}
 
 
 def _resampled_medians(x: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
@@ -224,12 +244,15 @@ def _compare_one(key: MatchKey, b: _Side, n: _Side, th: Thresholds, seed: int, r
     delta = th.delta(category)
     cycles = None
     fewest = min((s.size for s, side in ((bs, b), (ns, n)) if side.measured), default=MIN_SAMPLES)
-    if fewest < MIN_SAMPLES:
+    if not (b.measured and n.measured):
+        unmeasured = "neither run" if not (b.measured or n.measured) else "one run"
+        ci, verdict, reason = None, "MODEL", f"{unmeasured} measured (model, not measured): no interval"
+    elif fewest < MIN_SAMPLES:
         ci, verdict, reason = (ratio, ratio), "UNSURE", f"too few samples ({fewest})"
     else:
         ci = _bootstrap_ratio_ci(bs, ns, np.random.default_rng([seed, _key_seed(key)]), resamples)
         verdict, reason = _verdict(ci, base_us, new_us, delta, th.floor_us)
-        if b.clock_mhz and n.clock_mhz:
+        if b.clock_mhz and n.clock_mhz and category in CLOCK_RULE_CATEGORIES:
             cycles = ratio * n.clock_mhz / b.clock_mhz
             verdict, reason = _in_cycles(verdict, reason, ci, b.clock_mhz, n.clock_mhz, delta)
     return Match(key, category, n.records[0].kernel, base_us, new_us, ratio, ci, verdict, reason, cycles)
@@ -251,7 +274,8 @@ def compare_runs(
     each side's stored samples, seeded by ``seed`` and the key). SLOWER needs the CI's lower bound above
     1 + delta(category) and new - base above ``floor_us``; FASTER mirrors it; SAME: the CI lies within
     [1 - delta, 1 + delta] (or any change it allows is under the floor); UNSURE otherwise. When both records carry
-    telemetry ``sm_clock_mhz``, a SLOWER (FASTER) in time that is not so in cycles (time x clock) becomes UNSURE.
+    telemetry ``sm_clock_mhz`` and the stage is compute-bound (``CLOCK_RULE_CATEGORIES``), a SLOWER (FASTER) in
+    time that is not so in cycles (time x clock) becomes UNSURE. Records without samples (a model run) give MODEL.
     Runs of different cards (a model run counts as its spec's own card) raise ``CompareError`` unless ``force``.
     ``code`` lists the implementations whose recorded code (version, commit) differs between the two runs.
     """
@@ -276,6 +300,7 @@ def compare_runs(
         broken=[k for k in b_ok if k in n_failed],
         forced=base_card != new_card,
         code=code_changes(base.meta, new.meta),
+        errors={k: e for k, e in n_failed.items() if k in b_ok},
     )
 
 
@@ -289,7 +314,7 @@ def comparison_rows(cmp: Comparison) -> list[Row]:
             "Base (us)": f"{m.base_us:.1f}",
             "New (us)": f"{m.new_us:.1f}",
             "New/base": f"{m.ratio:.3f}",
-            "95% CI": f"[{m.ci[0]:.3f}, {m.ci[1]:.3f}]",
+            "95% CI": "" if m.ci is None else f"[{m.ci[0]:.3f}, {m.ci[1]:.3f}]",
             "Verdict": m.verdict,
             "Why": m.reason,
         }
@@ -301,8 +326,13 @@ def comparison_rows(cmp: Comparison) -> list[Row]:
             "Pass": PASS_TITLES.get(k.pass_name, k.pass_name),
             "Stage": k.stage_label(),
             "Verdict": "BROKEN",
-            "Why": "ran in base, only errors in new",
+            "Why": broken_reason(cmp, k),
         }
         for k in cmp.broken
     ]
     return rows
+
+
+def broken_reason(cmp: Comparison, key: MatchKey) -> str:
+    """Why a stage is BROKEN: it ran in base, and new's error."""
+    return f"ran in base, only errors in new: {cmp.errors.get(key, 'no samples')}"

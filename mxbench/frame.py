@@ -115,8 +115,8 @@ SAMPLE_KEYS = ("card", "pass_name", "stage", "impl", *POINT_FIELDS)
 def result_files(paths_or_folders: str | Path | Iterable[str | Path]) -> list[Path]:
     """The results files named: each file as given, each folder's ``*.json`` below it (sorted) that hold a run.
 
-    Files in a folder that are not runs at all (``ceilings.json``: no "records") are passed over; a file named
-    explicitly must be a run.
+    Files in a folder that are not runs at all (``ceilings.json``: no "records"; a tuning script's JSON list) are
+    passed over; a file named explicitly must be a run.
     """
     items = [paths_or_folders] if isinstance(paths_or_folders, (str, Path)) else list(paths_or_folders)
     files: list[Path] = []
@@ -133,11 +133,13 @@ def result_files(paths_or_folders: str | Path | Iterable[str | Path]) -> list[Pa
 
 
 def _holds_records(path: Path) -> bool:
+    """Whether a JSON file found in a folder is a run: an object with "records" (a tuning script's list, a
+    ceilings file are not, and are passed over)."""
     try:
         payload = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return True  # not readable as a run: load_run says why, naming the file
-    return not isinstance(payload, dict) or "records" in payload
+    return isinstance(payload, dict) and "records" in payload
 
 
 def load_runs(paths_or_folders: str | Path | Iterable[str | Path]) -> list[tuple[Path, Run]]:

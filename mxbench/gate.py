@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from .compare import VERDICTS, CompareError, Comparison, MatchKey, comparison_rows
+from .compare import VERDICTS, CompareError, Comparison, MatchKey, broken_reason, comparison_rows
 from .render import render
 
 EXIT_CODES = {0: "no stage slower", 1: "a stage SLOWER or broken", 2: "unusable input (nothing compared)"}
@@ -96,10 +96,11 @@ def stage_objects(cmp: Comparison) -> list[dict[str, Any]]:
     (ran in base, only errors in new), MISSING (only in base) and ADDED (only in new) with the values left null."""
     stages = [
         _stage(m.key, m.verdict, category=m.category, kernel=m.kernel, base_median_us=m.base_us,
-               new_median_us=m.new_us, ratio=m.ratio, ci95=list(m.ci), reason=m.reason, cycles_ratio=m.cycles_ratio)
+               new_median_us=m.new_us, ratio=m.ratio, ci95=m.ci and list(m.ci), reason=m.reason,
+               cycles_ratio=m.cycles_ratio)
         for m in cmp.matches
     ]  # fmt: skip
-    stages += [_stage(k, "BROKEN", reason="ran in base, only errors in new") for k in cmp.broken]
+    stages += [_stage(k, "BROKEN", reason=broken_reason(cmp, k)) for k in cmp.broken]
     stages += [_stage(k, "MISSING", reason="in base, not in new") for k in cmp.only_base]
     stages += [_stage(k, "ADDED", reason="in new, not in base") for k in cmp.only_new]
     return stages

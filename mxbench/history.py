@@ -6,7 +6,9 @@ A step is one commit: the runs made at it are pooled (as ``compare`` pools sever
 are ordered by the commit's time: the time a run recorded for it (``meta["git_commit_time"]``), else the
 commit's date in this checkout's git, else the run's own date; each step says which. ``by`` names whose commit
 orders the runs: mxbench's own (``meta["git_commit"]``), or an implementation's from
-``meta["implementations"][name]`` (its commit, else its version), for a team that tracks its kernels' commits.
+``meta["implementations"][name]`` (its commit, else its version), for a team that tracks its kernels' commits: its
+runs record the commit's time where the module ran from a git checkout, and ``checkout`` names that checkout for the
+runs that did not (an install from ``pip install git+URL@SHA`` records the commit, not its time).
 """
 
 from __future__ import annotations
@@ -110,11 +112,13 @@ def _commit_of(meta: dict, by: str) -> tuple[str | None, str | None, dict]:
     return info.get("commit"), info.get("version"), info
 
 
-def _timed(meta: dict, by: str, commit: str | None, info: dict) -> tuple[pd.Timestamp, str]:
-    """When ``commit`` was made and how that is known; the run's date where nothing better is."""
+def _timed(meta: dict, by: str, commit: str | None, info: dict,
+           checkout: Path | None = None) -> tuple[pd.Timestamp, str]:  # fmt: skip
+    """When ``commit`` was made and how that is known; the run's date where nothing better is. ``checkout``: the
+    git checkout of ``by`` (an implementation installed without one: ``history --checkout``)."""
     if info.get(COMMIT_TIME_KEY):
         return pd.Timestamp(info[COMMIT_TIME_KEY]).tz_convert("UTC"), "commit time recorded by the run"
-    folder = REPO_ROOT if by == MXBENCH else _module_folder(info.get("module"))
+    folder = REPO_ROOT if by == MXBENCH else checkout or _module_folder(info.get("module"))
     sha = (commit or "").removesuffix("+dirty")
     found = _git_time(sha, folder) if sha and folder is not None else None
     if found is not None:
@@ -134,9 +138,10 @@ def _label(by: str, commit: str | None, version: str | None) -> str:
 # ---------------------------------------------------------------------------------------------- building
 
 
-def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = None) -> History:
-    """The runs of one card (``card``, or the only one they hold) as steps ordered by ``by``'s commit time,
-    each stage compared with its previous step."""
+def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = None,
+            checkout: Path | None = None) -> History:  # fmt: skip
+    """The runs of one card (``card``, else the first run's) as steps ordered by ``by``'s commit time, each stage
+    compared with its previous step; other cards' runs are ``left_out``."""
     cards = {}
     for path, run in runs:
         cards.setdefault(card_label(run), []).append((path, run))
@@ -145,12 +150,13 @@ def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = 
         if not chosen:
             raise InputError(f"no runs of card {card!r}; these files hold {', '.join(cards)}")
         cards = {chosen[0]: cards[chosen[0]]}
-    if len(cards) > 1:
-        held = ", ".join(f"{c} ({len(rs)} runs)" for c, rs in cards.items())
-        raise InputError(f"a history follows one card; these files hold {held}: pick one with --card")
-    ((name, mine),) = cards.items()
+    # A history follows one card: without --card, the first file's (a baseline folder holds other cards' runs);
+    # the other cards' files are listed as left out, with the option that follows them.
+    name, mine = next(iter(cards.items()))
     grouped: dict[str, list[tuple[Path, Run]]] = {}
-    left_out, info_of = [], {}
+    info_of: dict = {}
+    left_out = [(str(path), f"another card ({other}: --card picks it)") for other, runs in cards.items()
+                if other != name for path, _ in runs]  # fmt: skip
     if len({run.meta.get("kind") == "ep" for _, run in mine}) > 1:
         # an expert-parallel run's stages (a distributed layer) share names and points with the single-GPU step's
         # but not their meaning: follow them in a history of their own
@@ -170,7 +176,7 @@ def history(runs: list[tuple[Path, Run]], by: str = MXBENCH, card: str | None = 
     steps = []
     for key, members in grouped.items():
         commit, version, info, meta = info_of[key]
-        time, source = _timed(meta, by, commit, info)
+        time, source = _timed(meta, by, commit, info, checkout)
         records = [r for _, run in members for r in run.records]
         # every key names its implementation, so a peers run and a roofline run at one commit pool apart
         pooled = Run(meta={**members[0][1].meta, "kind": "peers"}, records=records)

@@ -8,13 +8,17 @@ conventions and return other layouts, and the adapters say how they map. torchao
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import logging
+import warnings
 import importlib.util
 from collections.abc import Callable
 
 import torch
 from mxkernels import grouped_gemm
+from mxkernels.layouts import blocked_3d_shape
 from mxkernels.names import MEMORY_CATEGORIES, Category, Recipe
 from mxkernels.runtime import INTERPRET
 from mxkernels.stages import all_specs
@@ -26,7 +30,9 @@ COMPILED = "torch.compile"
 _MX = "torchao.prototype.mx_formats.kernels"
 _MOE = "torchao.prototype.moe_training.kernels.mxfp8"
 _PLAIN_TORCH_KERNELS = ("torch._grouped_mm",)
-_INTERPRETER_IMPRECISE = ("triton", "triton_fp8")
+_INTERPRETER_IMPRECISE = ("triton", "triton_fp8", "triton_fused")
+"""Backends the interpreter cannot judge: it runs fp8 / block-scaled dots at bf16 precision, and triton_fused's
+fp32 registers come out truncated to bf16 there (47.9 dB against the fp64 oracle)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -45,7 +51,7 @@ def _gemm_available(recipe: str, backend: str | None) -> Callable[[torch.device]
         if backend is None:
             return None  # the default backend is chosen per device, and one always exists (emulated)
         if backend in _INTERPRETER_IMPRECISE and device.type != "cuda":
-            return "Triton's interpreter runs its fp8 / block-scaled dots at bf16 precision: checked on a GPU only"
+            return "Triton's interpreter computes its dots / fp32 registers at bf16 precision: checked on a GPU only"
         return grouped_gemm.backend_unavailable(recipe, backend, device)
 
     return available
@@ -83,13 +89,30 @@ def torchao_version() -> str | None:
     if importlib.util.find_spec("torchao") is None:
         return None
     try:
-        return str(importlib.import_module("torchao").__version__)
+        with _quiet():
+            return str(importlib.import_module("torchao").__version__)
     except Exception as e:  # noqa: BLE001 -- an installed but broken torchao still gets its rows, each with the reason
         return f"import failed: {e}"
 
 
+@contextlib.contextmanager
+def _quiet():
+    """torchao's import warns and logs about optional kernels it cannot load (noise on every command's stderr):
+    its warnings and log records below ERROR are dropped while it imports."""
+    logger = logging.getLogger("torchao")
+    level = logger.level
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+
+
 def _ao(module: str, name: str):
-    return getattr(importlib.import_module(module), name)
+    with _quiet():
+        return getattr(importlib.import_module(module), name)
 
 
 def _torchao_available(quantizer: bool) -> Callable[[torch.device], str | None]:
@@ -149,7 +172,10 @@ def _ao_k_groups_prepared(inputs, params):
 
 
 def _ao_3d(scales):
-    return (_ao(_MOE, "triton_mx_block_rearrange_per_group_3d")(scales),)
+    """torchao returns the experts' blocked images flattened, (G, ceil_128(R) * ceil_4(C)); the contract's shape is
+    (G, ceil_128(R), ceil_4(C)), the same bytes."""
+    out = _ao(_MOE, "triton_mx_block_rearrange_per_group_3d")(scales)
+    return (out.view(blocked_3d_shape(*scales.shape)),)
 
 
 _TORCHAO = {

@@ -9,7 +9,8 @@ A run is filed under the code it measured, so the commit must be the right one:
   names its commit that way. Otherwise the commit is None (the version still says which release ran).
 * An implementation (ours included) is named by its module: the distribution that provides the module's top-level
   package and its version come from ``importlib.metadata``; when the module file lives in a git checkout, that
-  checkout's commit and dirty flag too (our own modules take mxbench's commit by the rule above).
+  checkout's commit and dirty flag too (our own modules take mxbench's commit by the rule above); for an installed
+  copy, the commit pip recorded in the distribution's ``direct_url.json`` (``pip install git+URL@SHA``).
 
 ``implementations_meta`` gives the ``run.meta["implementations"]`` mapping, recorded once per run and keyed by the
 implementation names that ``Record.impl`` carries; ``code_changes`` says which of them differ between two runs.
@@ -18,6 +19,7 @@ implementation names that ``Record.impl`` carries; ``code_changes`` says which o
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import importlib.util
 import os
 import subprocess
@@ -31,7 +33,7 @@ from . import REPO_ROOT
 
 ENV_COMMIT = "MXBENCH_GIT_COMMIT"
 DIRTY = "+dirty"
-FIELDS = ("module", "distribution", "version", "commit", "dirty")
+FIELDS = ("module", "distribution", "version", "commit", "dirty", "git_commit_time")
 """The keys of each ``meta["implementations"]`` entry (``history --by <implementation>`` reads them)."""
 OWN_PACKAGES = ("mxbench", "mxkernels")
 """The top-level packages of this project's own tree (``REPO_ROOT``): their commit is mxbench's."""
@@ -42,11 +44,13 @@ _INSTALLED_DIRS = ("site-packages", "dist-packages")
 
 @dataclass(frozen=True)
 class Checkout:
-    """A git working tree: its top-level folder, HEAD commit, and whether tracked files differ from HEAD."""
+    """A git working tree: its top-level folder, HEAD commit, whether tracked files differ from HEAD, and HEAD's
+    commit time (ISO 8601, UTC offset included)."""
 
     root: Path
     commit: str
     dirty: bool
+    time: str | None = None
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -61,9 +65,10 @@ def git_checkout(path: Path) -> Checkout | None:
         root = Path(_git(folder, "rev-parse", "--show-toplevel")).resolve()
         commit = _git(folder, "rev-parse", "HEAD")
         dirty = bool(_git(folder, "status", "--porcelain", "--untracked-files=no"))
+        time = _git(folder, "show", "-s", "--format=%cI", "HEAD") or None
     except (OSError, subprocess.SubprocessError):
         return None
-    return Checkout(root, commit, dirty)
+    return Checkout(root, commit, dirty, time)
 
 
 def project_commit() -> tuple[str | None, bool | None]:
@@ -121,11 +126,24 @@ def module_provenance(module: str | None, distributions: Mapping[str, list[str]]
         return info
     if module.split(".")[0] in OWN_PACKAGES and path.is_relative_to(REPO_ROOT.resolve()):
         info["commit"], info["dirty"] = project_commit()  # our own code: the project's rule, not git's walk upwards
-    elif not any(part in _INSTALLED_DIRS for part in path.parts):
-        checkout = git_checkout(path)
-        if checkout is not None:
-            info["commit"], info["dirty"] = checkout.commit, checkout.dirty
+    elif not any(part in _INSTALLED_DIRS for part in path.parts) and (checkout := git_checkout(path)) is not None:
+        # the commit's time too: a history orders this implementation's runs by it wherever it is read later
+        info["commit"], info["dirty"], info["git_commit_time"] = checkout.commit, checkout.dirty, checkout.time
+    elif info["distribution"]:
+        info["commit"] = installed_commit(info["distribution"])
     return info
+
+
+def installed_commit(distribution: str) -> str | None:
+    """The commit a non-editable install was built from: ``direct_url.json``'s ``vcs_info.commit_id`` (PEP 610;
+    pip writes it for ``pip install git+URL@REV``); None for an install from an index or a plain folder."""
+    try:
+        text = importlib.metadata.distribution(distribution).read_text("direct_url.json")
+        vcs = json.loads(text or "{}").get("vcs_info") or {}
+    except (importlib.metadata.PackageNotFoundError, ValueError, AttributeError):
+        return None
+    commit = vcs.get("commit_id")
+    return commit if isinstance(commit, str) and commit else None
 
 
 def implementations_meta(modules: Mapping[str, str | None]) -> dict[str, dict[str, Any]]:

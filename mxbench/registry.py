@@ -7,7 +7,9 @@ registered here exactly as a third party's kernels are, in one of three ways:
 
 * the entry-point group ``mxbench.implementations`` of their own package: an entry point names a function
   ``register(registry)`` that calls ``registry.add(...)`` / ``registry.register(...)``;
-* ``--impl STAGE=module:function`` on the command line (``parse_impl``): ``function`` has the stage's contract;
+* ``--impl STAGE=module:function`` on the command line (``parse_impl``): ``function`` has the stage's contract (a
+  module in the current folder is found without ``PYTHONPATH``). A registered implementation is picked by name
+  (``resolve_impl``): ``--impl STAGE=NAME``, or ``--impl NAME`` for every stage it implements;
 * the Python API: ``mxbench.register(stage, fn, name=...)`` or the ``@mxbench.implementation(stage, name=...)``
   decorator, against the process-wide ``default_registry()``.
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +33,8 @@ import torch
 from mxkernels.errors import InputError
 from mxkernels.names import OURS, Recipe
 from mxkernels.stages import StageSpec, get_spec
+
+from .guarded import one_line
 
 ENTRY_POINT_GROUP = "mxbench.implementations"
 
@@ -90,8 +96,10 @@ class Implementation:
         """Why this implementation cannot run on ``device``, or None. A check that raises is a reason too."""
         try:
             return self.available(torch.device(device))
-        except Exception as e:  # noqa: BLE001 -- an availability check is third-party code: its failure is its reason
-            return f"availability check failed: {type(e).__name__}: {e}"
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 -- third-party code (an exit too): its failure is its reason
+            return f"availability check failed: {one_line(e)}"
 
     def bind(self, inputs: Sequence[torch.Tensor], params: Mapping[str, Any]) -> Callable[[], object]:
         """The zero-argument call to time on ``inputs`` (set-up done here, untimed)."""
@@ -116,9 +124,12 @@ class Registry:
     impls: dict[tuple[Recipe, str, str], Implementation] = field(default_factory=dict)
     load_errors: list[tuple[str, str]] = field(default_factory=list)
     """(origin, message) of registrations that failed (an entry point that does not load, say)."""
+    spec_of: Callable[[str, str], StageSpec] = get_spec
+    """(recipe, stage) -> its spec, or an ``InputError``: the table of declarations this registry holds
+    implementations of (the single-GPU step's by default; another pipeline passes its own)."""
 
     def add(self, impl: Implementation, *, replace: bool = False) -> Implementation:
-        get_spec(impl.recipe, impl.stage)  # the stage must exist
+        self.spec_of(impl.recipe, impl.stage)  # the stage must exist
         if not impl.name or "/" in impl.name:
             raise InputError(f"implementation name must be non-empty and free of '/', got {impl.name!r}")
         key = (Recipe(impl.recipe), impl.stage, impl.name)
@@ -169,8 +180,9 @@ class Registry:
 
 
 def load_entry_points(registry: Registry, group: str = ENTRY_POINT_GROUP) -> None:
-    """Call every ``register(registry)`` function the installed packages declare in ``group``. One that fails is
-    noted in ``registry.load_errors``, never fatal: the other implementations still run."""
+    """Call every ``register(registry)`` function the installed packages declare in ``group``. One that fails to
+    load or register (any exception, ``SystemExit`` included) is noted in ``registry.load_errors``: the other
+    implementations still run, and the commands report it as a failure."""
     for ep in importlib.metadata.entry_points(group=group):
         origin = f"entry point {ep.name} ({ep.value})"
         before = set(registry.impls)
@@ -180,8 +192,10 @@ def load_entry_points(registry: Registry, group: str = ENTRY_POINT_GROUP) -> Non
                 target(registry)
             for key in set(registry.impls) - before:  # say where each came from
                 registry.impls[key] = dataclasses.replace(registry.impls[key], origin=f"entry point {ep.name}")
-        except Exception as e:  # noqa: BLE001 -- a broken plugin must not take the harness down
-            registry.load_errors.append((origin, f"{type(e).__name__}: {e}"))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 -- a broken plugin (one exiting at import too) is reported, not fatal
+            registry.load_errors.append((origin, one_line(e)))
 
 
 def builtin_registry() -> Registry:
@@ -239,10 +253,14 @@ def load_callable(target: str, option: str = "--impl") -> Any:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise InputError(f"{option}: {target!r} must be module:function")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # a module in the current folder, as `python -m mxbench` would find it
     try:
         obj = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 -- any import failure of a user module is bad input, named
-        raise InputError(f"{option}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 -- any import failure of a user module (an exit too) is bad input
+        raise InputError(f"{option}: cannot import {module_name!r} ({one_line(e)})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise InputError(f"{option}: module {module_name!r} has no {attr!r}")
@@ -267,9 +285,34 @@ def parse_impl(text: str, recipe: str = Recipe.MXFP8, spec_of=get_spec) -> Imple
     return Implementation(r, stage, target.strip(), obj, _kernel_name(obj), origin="--impl")
 
 
+def resolve_impl(registry: Registry, text: str, recipe: str = Recipe.MXFP8) -> list[Implementation]:
+    """One ``--impl``: ``NAME`` (every stage of ``recipe`` that the registered implementation NAME implements),
+    ``STAGE=NAME`` (a registered implementation of STAGE) or ``STAGE=module:function`` (``parse_impl``)."""
+    stage, sep, target = text.partition("=")
+    if not sep:
+        found = [i for i in registry if i.name == text.strip() and i.recipe == Recipe(recipe)]
+        if not found:
+            names = ", ".join(n for n in registry.names() if n != OURS)
+            raise InputError(f"--impl: no {recipe} implementation named {text!r} is registered here (registered: "
+                             f"{names or 'none but mxkernels'}); or give STAGE=module:function")  # fmt: skip
+        return found
+    r, name = split_stage(stage.strip(), recipe)
+    if (r, name, target.strip()) in registry.impls:
+        return [registry.impls[r, name, target.strip()]]
+    if ":" not in target or target.strip().startswith(f"{OURS}:"):
+        names = ", ".join(i.name for i in registry.of(r, name))
+        raise InputError(f"--impl: {target.strip()!r} is no implementation of {r}/{name} registered here (it has: "
+                         f"{names}) and not module:function")  # fmt: skip
+    return [parse_impl(text, recipe)]
+
+
 def with_cli_impls(registry: Registry, texts: Iterable[str], recipe: str = Recipe.MXFP8) -> list[Implementation]:
-    """Add every ``--impl`` to ``registry`` (replacing one of the same name) and return them, in order."""
-    added = [registry.add(parse_impl(t, recipe), replace=True) for t in texts]
+    """Every ``--impl`` (``resolve_impl``) added to ``registry`` (a module:function one replacing one of the same
+    name) and returned, in order."""
+    added = []
+    for text in texts:
+        for impl in resolve_impl(registry, text, recipe):
+            added.append(registry.add(impl, replace=True))
     stages = [(i.recipe, i.stage) for i in added]
     twice = sorted({f"{r}/{s}" for r, s in stages if stages.count((r, s)) > 1})
     if twice:

@@ -49,8 +49,8 @@ run_step() {  # run_step GPU STEP
       --K 512 --N 256 --G 4 --M 4096 ;;
     baseline) step "$g" baseline 150 mxbench roofline --K 7168 --N 2048 --M 16384,32768 \
       --out "results/baselines/$CARD.json" ;;
-    tune_q) step "$g" tune_q 200 python scripts/tune_issue11_quantize.py --out "$TUNE/tune_q.json" ;;
-    tune_gemm) step "$g" tune_gemm 260 python scripts/tune_issue11_gemm.py --profile --out "$TUNE/tune_gemm.json" ;;
+    tune_q) step "$g" tune_q 200 python scripts/tune_fp8_and_fused_quantizers.py --out "$TUNE/tune_q.json" ;;
+    tune_gemm) step "$g" tune_gemm 260 python scripts/tune_fused_gemm.py --profile --out "$TUNE/tune_gemm.json" ;;
     *) echo "unknown step $2" >>"$OUT/summary.txt" ;;
   esac
 }

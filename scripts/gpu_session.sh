@@ -44,10 +44,12 @@ for s in "$@"; do
     regress) step regress 500 make regress ;;
     quick) step quick 200 mxbench roofline --K 7168 --N 2048 --M 131072 --samples 10 --out /tmp/quick.json ;;
     tune_gemm) step tune_gemm 300 env OUT="$TUNE" python scripts/tune_gemm.py ;;
-    tune_issue11) step tune_issue11 360 python scripts/tune_issue11_gemm.py --profile --out "$TUNE/tune_issue11_gemm.json" ;;
+    tune_fused_gemm) step tune_fused_gemm 360 python scripts/tune_fused_gemm.py --profile --out "$TUNE/tune_fused_gemm.json" ;;
     tune_layouts) step tune_layouts 240 env OUT="$TUNE" python scripts/tune_layouts.py ;;
     tune_quantize) step tune_quantize 240 env OUT="$TUNE" python scripts/tune_quantize.py ;;
-    tune_amax) step tune_amax 330 python scripts/tune_issue11_quantize.py --only amax --budget-s 280 --out "$TUNE/tune_issue11_quantize-amax.json" ;;
+    aa_spread) step aa_spread 580 python scripts/measure_aa_spread.py --out "$OUT/aa-spread" ;;
+    outside_slowdown) step outside_slowdown 580 python scripts/regress_outside_slowdown.py --out "$OUT/outside-slowdown" ;;
+    tune_amax) step tune_amax 330 python scripts/tune_fp8_and_fused_quantizers.py --only amax --budget-s 280 --out "$TUNE/tune_fp8_and_fused_quantizers-amax.json" ;;
     gputests_fp8) step gputests_fp8 200 python -m pytest -q -p no:cacheprovider -rfE --timeout 180 -m gpu tests/test_fp8_amax.py tests/test_fp8_rowwise.py tests/test_pipeline.py tests/test_check.py ;;
     *) echo "unknown step $s" ;;
   esac

@@ -42,7 +42,8 @@ def run(impls, recipe="mxfp8", mode="rceil", **shape):
     by_stage = {}
     for i in impls:
         by_stage.setdefault(i.stage, []).append(i)
-    return C.check_step(recipe, shape["M"], shape["N"], shape["K"], shape["G"], by_stage, mode=mode, device=DEVICE)
+    results = C.check_step(recipe, shape["M"], shape["N"], shape["K"], shape["G"], by_stage, mode=mode, device=DEVICE)
+    return C.merged(results)  # one row per implementation: its worst verdict over the scenarios
 
 
 # ---- the rules -------------------------------------------------------------------------------------------------
@@ -93,11 +94,13 @@ def test_every_stage_declares_a_contract_an_oracle_and_a_rule():
 # ---- mxkernels against the oracles ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("recipe", list(Recipe))
+@pytest.mark.parametrize("recipe", [Recipe.FP8_ROWWISE, Recipe.BF16])
 def test_mxkernels_passes_every_stage_on_adversarial_inputs(recipe):
+    """At small sizes (three experts: one empty, two unaligned). MXFP8: `mxbench check` at its defaults, in
+    test_cli_registry's clean-install test."""
     registry = builtin_registry()
     ours = [i for i in registry if i.recipe == recipe and i.name == "mxkernels"]
-    results = run(ours, recipe)
+    results = run(ours, recipe, M=256, N=64, K=128, G=3)
     assert {r.stage for r in results} == {s.name for s in specs_of(recipe)}
     assert [r for r in results if r.verdict != C.Verdict.PASS] == []
 
@@ -136,6 +139,31 @@ def test_the_unpadded_check_gives_the_gemms_fewer_rows_than_experts():
     assert [(r.stage, r.verdict) for r in results] == [("gemm_fwd", "PASS"), ("gemm_wgrad", "PASS")]
     stages = {s.name: s for s in step_stages("mxfp8", 32, 128, 64, 64, pad=False)}
     assert "pad_a" not in stages and stages["gemm_fwd"].shapes[0] == (32, 64)
+
+
+@pytest.mark.parametrize(
+    "M, G, pad, alignment, expected",
+    [
+        (512, 4, True, 32, [(512, 4, True), (3, 4, True)]),  # padded: G-1 tokens, whatever the alignment
+        (32, 64, False, 16, [(32, 64, False), (16, 64, False)]),  # unpadded: one aligned block, fewer than G
+        (32, 64, False, 32, [(32, 64, False)]),  # M is that block already
+        (512, 4, False, 32, [(512, 4, False)]),  # no aligned split has fewer rows than 4 experts
+    ],
+)
+def test_the_scenarios_of_the_padded_and_the_unpadded_step(M, G, pad, alignment, expected):
+    found = C.scenarios(M, G, pad, alignment)
+    assert [(s.M, s.G, s.pad) for s in found] == expected
+    assert all(("aligned, unpadded" in s.label()) != s.pad for s in found)
+
+
+def test_the_unpadded_check_refuses_unaligned_tokens_and_pad_stages_in_its_terms():
+    registry = builtin_registry()
+    gemm = {"gemm_fwd": [registry.get("mxfp8", "gemm_fwd", "mxkernels")]}
+    with pytest.raises(InputError, match=r"aligned token groups \(--no-pad\) need M a multiple of 32, got 40"):
+        C.check_step("mxfp8", 40, 128, 64, 4, gemm, pad=False)
+    pad = {"pad_a": [registry.get("mxfp8", "pad_a", "mxkernels")]}
+    with pytest.raises(InputError, match=r"has no stage pad_a in the step without padding \(--no-pad\)"):
+        C.check_step("mxfp8", 64, 128, 64, 4, pad, pad=False)
 
 
 # ---- outside implementations --------------------------------------------------------------------------------
@@ -277,3 +305,91 @@ def test_per_expert_sqnr_catches_garbage_in_an_empty_expert_under_a_loud_one():
     noisy = quiet.clone()
     noisy[0] *= 1.01  # 40 dB in the small expert
     assert "slice 0" in MinSQNR(60, per_slice=True).compare("grad_w", noisy, quiet).message
+
+
+# ---- oracles independent of the implementations -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe, backend_fn", [("mxfp8", "run_mxfp8"), ("fp8_rowwise", "run_fp8_rowwise")])
+def test_a_wrong_emulated_backend_fails_against_the_fp64_oracle(monkeypatch, recipe, backend_fn):
+    """The GEMM oracles are fp64 products of the dequantized operands, not a backend: the emulated backend (what
+    mxkernels runs on a CPU) planted 1% off fails every GEMM stage instead of passing against itself."""
+    from mxkernels import gemm_emulated
+
+    right = getattr(gemm_emulated, backend_fn)
+    monkeypatch.setattr(gemm_emulated, backend_fn, lambda *args: right(*args) * 1.01)
+    ours = [i for i in builtin_registry() if i.recipe == recipe and i.name == "mxkernels"]
+    gemms = [i for i in ours if i.stage.startswith("gemm")]
+    results = run(gemms, recipe, M=128, K=64, N=64)
+    assert [(r.stage, r.verdict) for r in results] == [(s, C.Verdict.FAIL) for s in ("gemm_fwd", "gemm_dgrad",
+                                                                                      "gemm_wgrad")]  # fmt: skip
+    assert all("SQNR" in r.detail for r in results)
+    monkeypatch.setattr(gemm_emulated, backend_fn, right)
+    assert {r.verdict for r in run(gemms, recipe, M=128, K=64, N=64)} == {C.Verdict.PASS}
+
+
+def test_the_fp64_gemm_oracle_matches_an_fp64_product_of_the_dequantized_operands():
+    """2D x 3D: out = dequant(a) @ dequant(w)^T per group, summed in fp64 and rounded once to bf16."""
+    from mxkernels.format import dequantize_reference, quantize_reference
+    from mxkernels.layouts import rearrange_3d_reference, rearrange_m_groups_reference
+
+    gen = torch.Generator().manual_seed(3)
+    a, w = torch.randn(40, 64, generator=gen), torch.randn(2, 16, 64, generator=gen)
+    offs = torch.tensor([7, 40], dtype=torch.int32)
+    (a_q, a_s), (w_q, w_s) = quantize_reference(a), quantize_reference(w)
+    (out,) = get_spec("mxfp8", "gemm_fwd").oracle(a_q, rearrange_m_groups_reference(a_s, offs), w_q,
+                                                   rearrange_3d_reference(w_s), offs)  # fmt: skip
+    da, dw = dequantize_reference(a_q, a_s).double(), dequantize_reference(w_q, w_s).double()
+    want = torch.cat([da[:7] @ dw[0].t(), da[7:] @ dw[1].t()]).to(torch.bfloat16)
+    assert torch.equal(out, want)
+
+
+def test_torchaos_3d_rearrange_adapter_returns_the_contracts_shape(monkeypatch):
+    """torchao returns each expert's blocked image flattened; the adapter views it in the contract's shape."""
+    import types
+
+    from mxkernels.layouts import rearrange_3d_reference
+
+    from mxbench import implementations
+
+    fake = types.SimpleNamespace(triton_mx_block_rearrange_per_group_3d=lambda s: rearrange_3d_reference(s).flatten(1))
+    monkeypatch.setattr(implementations, "_ao", lambda module, name: getattr(fake, name))
+    scales = torch.randint(0, 255, (2, 130, 6), dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    spec = get_spec("mxfp8", "rearrange_w")
+    assert spec.mismatches(implementations._ao_3d(scales), spec.oracle(scales), [scales]) == []
+
+
+def test_inputs_plant_special_blocks_along_every_blocking_dim():
+    """A zero block and a block of fp32 subnormals (scale 2**-127) along K and along M of a, along K and N of w."""
+    inputs, sizes = C.check_inputs("mxfp8", 512, 64, 64, 4, device="cpu")
+    a, w = inputs["a"].float(), inputs["w"].float()
+    first = sum(sizes[: next(g for g, s in enumerate(sizes) if s)])
+
+    def blocks(x):  # (rows, cols) -> (rows, cols/32, 32) along the last dim
+        return x.reshape(x.shape[0], -1, 32)
+
+    def has(x, special):
+        return bool(((blocks(x) == special).all(-1)).any())
+
+    zero, tiny = torch.zeros(32), torch.arange(1, 33) * 2.0**-133
+    for x in (a, a[first:].t().contiguous()[:, :64], w[0], w[0].t().contiguous(), w[-1], w[-1].t().contiguous()):
+        assert has(x, zero) and has(x, tiny)
+
+
+def test_check_stages_runs_any_table_of_specs_in_order():
+    """A pipeline of made-up declarations (as a new layer adds): each stage's inputs are the oracle's outputs of the
+    stages before it; implementations are registered against that table and checked by the same machinery."""
+    from helpers import fake_stage
+
+    double = fake_stage("forward", "double", "x2", "pad", inputs=("x",), outputs=("y",), fn=lambda x: (x * 2,))
+    square = fake_stage("forward", "square", "sq", "pad", inputs=("y",), outputs=("z",), fn=lambda y: (y * y,))
+    table = {s.spec.key: s.spec for s in (double, square)}
+    registry = Registry(spec_of=lambda recipe, name: table[Recipe(recipe), name])
+    right = registry.add(Implementation(Recipe.MXFP8, "square", "right", lambda y: (y * y,)))
+    wrong = registry.add(Implementation(Recipe.MXFP8, "square", "cubes", lambda y: (y * y * y,)))
+    env = {"x": torch.tensor([1.0, 2.0, 3.0])}
+    results = C.check_stages([double, square], env, {square.spec.key: [right, wrong]})
+    assert [(r.impl, r.verdict) for r in results] == [("right", C.Verdict.PASS), ("cubes", C.Verdict.FAIL)]
+    assert results[1].mismatch.index == (0,) and results[1].mismatch.expected == "4.0"  # on y = 2x, not x
+    with pytest.raises(KeyError):
+        registry.add(Implementation(Recipe.MXFP8, "quantize_a", "elsewhere", lambda a, *, mode: (a, a)))

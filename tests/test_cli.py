@@ -58,12 +58,15 @@ def test_the_command_line_loads_no_kernels_until_a_command_runs():
 
 
 def test_the_options_offer_what_the_harness_knows():
-    from mxbench import ep
+    from mxbench import ep, layer, roofline
     from mxbench.cli import common, report_commands
+    from mxbench.layer import command as layer_command
     from mxbench.render import FORMATS
     from mxbench.tables import TABLES
 
-    assert common.FORMATS == FORMATS and report_commands.TABLE_KINDS == (*TABLES, *ep.TABLE_KINDS)
+    assert common.FORMATS == FORMATS
+    assert report_commands.TABLE_KINDS == (*TABLES, *ep.TABLE_KINDS, *layer.TABLE_KINDS)
+    assert layer_command.DENOMINATORS == roofline.DENOMINATORS  # written out there: the CLI imports no kernels
 
 
 def test_presets_lists_every_model_with_its_shapes():
@@ -107,7 +110,7 @@ def test_roofline_preset_and_breakdown_M(no_gpu):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--preset", "nope"], "unknown preset 'nope'; valid presets: deepseek-v3"),
+        (["--preset", "nope"], "unknown preset 'nope'; valid presets: deepseek-v2-lite, deepseek-v3"),
         (["--K", 7000, "--N", 2048], "K must be a positive multiple of 32"),
         (["--K", 7168, "--N", 2050], "N must be a positive multiple of 32"),
         (["--K", 7168], "give --K and --N"),
@@ -286,12 +289,12 @@ def test_a_file_that_is_not_a_run_exits_2(tmp_path):
 
 
 def test_an_exception_that_is_not_an_input_error_is_a_bug_and_exits_1(stored, monkeypatch):
-    import mxbench.results
+    import mxbench.frame
 
     def broken(path):
         raise RuntimeError("a bug, not bad input")
 
-    monkeypatch.setattr(mxbench.results, "load_run", broken)
+    monkeypatch.setattr(mxbench.frame, "load_run", broken)  # how `table` reads its files and folders
     result = invoke("table", stored("a", synthetic_run()))
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
     assert "broken" in "".join(traceback.format_tb(result.exc_info[2]))  # its traceback reaches where it was raised

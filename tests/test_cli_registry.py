@@ -3,6 +3,7 @@ package registered by entry point after a real ``pip install``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import torch
 from click.testing import CliRunner
 from helpers import with_flipped_bits
 from mxkernels.names import Recipe
-from mxkernels.stages import all_specs
+from mxkernels.stages import all_specs, specs_of
 from test_cli import fake_gpu  # the fixture (a GPU run without a GPU), used by name
 
 from mxbench import registry
@@ -79,9 +80,12 @@ def test_check_passes_a_correct_plain_torch_implementation(plain):
 def test_check_fails_one_flipped_byte_and_names_it(plain):
     result = invoke("check", "--impl", "quantize_a=plain_quantizer:flipped", *SMALL)
     assert result.exit_code == 1, result.output
-    (line,) = [x for x in result.output.splitlines() if x.startswith("FAIL ")]
-    assert "a_q: 1 of" in line and "first at index (33, 65)" in line and "input a[33, 65] = " in line
-    assert "expected" in line and "got" in line
+    found = [x for x in result.output.splitlines() if x.startswith("FAIL ") and "M=512 G=2]" in x]
+    assert [x.split("]")[0] for x in found] == [f"FAIL quantize_a / plain_quantizer:flipped: [{m}, M=512 G=2"
+                                               for m in ("rceil", "floor")]  # fmt: skip
+    for line in found:
+        assert "a_q: 1 of" in line and "first at index (33, 65)" in line and "input a[33, 65] = " in line
+        assert "expected" in line and "got" in line
 
 
 def test_check_of_builtin_stages_on_a_cpu(plain):
@@ -120,7 +124,7 @@ def test_roofline_refuses_to_time_an_implementation_that_fails_its_check(fake_gp
     result = invoke("roofline", "--K", 256, "--N", 128, "--G", 2, "--M", 512,
                     "--impl", "quantize_a=plain_quantizer:flipped")  # fmt: skip
     assert result.exit_code == 1
-    assert "FAIL a_q: 1 of" in result.output and "not timed" in result.output
+    assert "FAIL [rceil, M=512 G=2] a_q: 1 of" in result.output and "not timed" in result.output
     assert "options" not in fake_gpu  # the sweep never started
 
 
@@ -137,3 +141,45 @@ def test_an_entry_point_package_installed_with_pip_shows_up_in_impls(tmp_path):
     assert done.returncode == 0, done.stderr
     (row,) = [line for line in done.stdout.splitlines() if "plain_quantizer" in line]
     assert "quantize_a" in row and " yes " in row and "entry point plain_quantizer" in row
+
+
+def test_a_plain_check_on_a_clean_cpu_install_exits_0(tmp_path):
+    """``mxbench check`` as a new user types it (defaults: both modes, both token splits, every implementation):
+    what cannot be judged here is skipped with its reason, nothing fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run([sys.executable, "-m", "mxbench", "check"], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    native, *table = done.stdout.splitlines()  # the native backend's verdict first: GEMM stages are checked
+    assert native.startswith("native mxfp8 on cpu: unavailable: ")
+    rows = [line.split()[:3] for line in table[2:]]
+    assert {verdict for _, _, verdict in rows} == {"PASS", "SKIP"}
+    ours = {stage for stage, name, verdict in rows if name == "mxkernels" and verdict == "PASS"}
+    assert ours == {s.name for s in specs_of("mxfp8")}  # every stage of ours, the fused-scale quantizers too
+    fused = [line for line in done.stdout.splitlines() if line.split()[1:3] == ["mxkernels:triton_fused", "SKIP"]]
+    assert len(fused) == 3 and all("checked on a GPU only" in line for line in fused)  # fwd, dgrad, wgrad
+
+
+def test_check_json_carries_the_native_verdict_when_it_checks_a_gemm():
+    """The line plain output prints first (the native backend's verdict) is the ``native`` field of the JSON; null
+    when no GEMM stage is checked."""
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"  # as check chooses it
+    args = ["check", "--name", "mxkernels", "--K", "64", "--N", "64", "--G", "2", "--M", "64", "--mode", "rceil"]
+    gemm = CliRunner().invoke(cli, [*args, "--stage", "gemm_fwd", "--format", "json"])
+    assert gemm.exit_code == 0, gemm.output
+    assert json.loads(gemm.output)["native"].startswith(f"native mxfp8 on {device}: ")
+    quantize = CliRunner().invoke(cli, [*args, "--stage", "quantize_a", "--format", "json"])
+    assert quantize.exit_code == 0 and json.loads(quantize.output)["native"] is None
+    assert CliRunner().invoke(cli, [*args, "--stage", "gemm_fwd"]).output.startswith(f"native mxfp8 on {device}: ")
+
+
+def test_check_no_pad_checks_every_stage_of_the_step_without_padding():
+    """``--no-pad`` without ``--stage``: the pad and unpad stages (not in that step) are left out, not refused."""
+    args = ["check", "--name", "mxkernels", "--K", "64", "--N", "64", "--G", "2", "--M", "64", "--mode", "rceil"]
+    result = CliRunner().invoke(cli, [*args, "--no-pad"])
+    assert result.exit_code == 0, result.output
+    stages = {line.split()[0] for line in result.output.splitlines()[3:]}
+    assert "gemm_wgrad" in stages and not {"pad_a", "unpad_out"} & stages
+    refused = CliRunner().invoke(cli, [*args, "--no-pad", "--stage", "pad_a"])
+    assert refused.exit_code == 2 and "without padding (--no-pad)" in refused.output

@@ -74,19 +74,19 @@ def test_slower_at_the_same_clock_stays_slower():
 
 
 def test_practical_threshold_depends_on_the_category():
-    # a tight 5% slowdown: beyond the 3% GEMM delta, inside the 7% quantize delta
+    # a tight 5% slowdown: beyond the 3% GEMM delta, inside the 7% rearrange delta
     base, new = samples(1000, 0.002), samples(1050, 0.002, seed=9)
     assert verdict(base, new).verdict == "SLOWER"
-    assert verdict(base, new, category="quantize", stage="quantize_a").verdict == "SAME"
+    assert verdict(base, new, category="rearrange", stage="rearrange_a").verdict == "SAME"
     loose = compare_runs(run(rec(base)), run(rec(new)), thresholds=Thresholds(deltas={"gemm": 0.10}))
     assert loose.matches[0].verdict == "SAME"
 
 
 def test_a_clear_change_under_the_absolute_floor_is_not_slower():
-    # 2.0 us -> 2.4 us is 20% but only 0.4 us: below the 1 us floor
-    m = verdict(samples(2.0, 0.002), samples(2.4, 0.002, seed=5), category="quantize", stage="quantize_a")
+    # 1.0 us -> 1.2 us is 20% but only 0.2 us: below the 0.25 us floor
+    m = verdict(samples(1.0, 0.002), samples(1.2, 0.002, seed=5), category="quantize", stage="quantize_a")
     assert m.verdict == "SAME" and "floor" in m.reason
-    assert verdict(samples(2.0, 0.002), samples(2.4, 0.002, seed=5)).verdict != "SLOWER"
+    assert verdict(samples(1.0, 0.002), samples(1.2, 0.002, seed=5)).verdict != "SLOWER"
 
 
 def test_too_few_samples_are_unsure():
@@ -110,8 +110,11 @@ def test_a_model_is_not_the_card_it_models():
     other_spec = Run(meta={"hardware": "h100-sxm", "measured": False}, records=model.records)
     with pytest.raises(CompareError):
         compare_runs(model, other_spec)
-    (m,) = compare_runs(model, model).matches
-    assert m.verdict == "SAME" and m.ci == (1.0, 1.0)
+    cmp = compare_runs(model, model)
+    (m,) = cmp.matches
+    assert m.verdict == "MODEL" and m.ci is None and "no interval" in m.reason  # no samples: no verdict either
+    assert cmp.exit_code == 0 and "1 MODEL" in cmp.summary()
+    assert compare.comparison_rows(cmp)[0]["95% CI"] == ""
 
 
 def test_matching_ignores_the_seed_and_pools_duplicate_keys():
@@ -129,6 +132,7 @@ def test_unmatched_and_broken_stages_are_listed():
     assert [k.stage for k in cmp.broken] == ["breaks"]
     assert cmp.exit_code == 1  # a stage that ran before and errors now fails like a regression
     assert [r["Verdict"] for r in compare.comparison_rows(cmp)] == ["SAME", "BROKEN"]
+    assert compare.comparison_rows(cmp)[1]["Why"] == "ran in base, only errors in new: boom"
 
 
 def test_the_bootstrap_is_seeded():
@@ -157,3 +161,63 @@ def test_hundreds_of_matches_compare_in_seconds():
     cmp = compare_runs(base, new)
     assert len(cmp.matches) == 320 and time.perf_counter() - start < 10.0
     assert not cmp.by_verdict("SLOWER")
+
+
+# ---- the gate's rules, settable ------------------------------------------------------------------------------
+
+
+def test_a_certain_five_percent_quantizer_regression_fails_and_a_band_is_settable():
+    base, new = samples(40, 0.002), samples(42, 0.002, seed=9)  # +5%, +2 us, tight
+    kw = {"category": "quantize", "stage": "quantize_a"}
+    assert verdict(base, new, **kw).verdict == "SLOWER"  # the 3% default (7% let it through)
+    loose = Thresholds.parse(["quantize=7"])
+    cmp = compare_runs(run(rec(base, **kw)), run(rec(new, **kw)), thresholds=loose)
+    assert cmp.matches[0].verdict == "SAME" and loose.deltas["gemm"] == 0.03  # the other bands keep defaults
+
+
+def test_a_twenty_percent_regression_of_a_4_us_kernel_fails_and_the_floor_is_settable():
+    base, new = samples(4.0, 0.002), samples(4.8, 0.002, seed=5)
+    kw = {"category": "rearrange", "stage": "rearrange_a"}
+    assert verdict(base, new, **kw).verdict == "SLOWER"  # 0.8 us: over the 0.25 us floor (1 us hid it)
+    cmp = compare_runs(run(rec(base, **kw)), run(rec(new, **kw)), thresholds=Thresholds.parse(floor_us=1.0))
+    assert cmp.matches[0].verdict == "SAME"
+
+
+def test_the_clock_rule_applies_to_compute_bound_stages_only():
+    """A memory-bound kernel 20% slower while the SM clock fell is still SLOWER: its time follows memory."""
+    kw = {"category": "quantize", "stage": "quantize_a"}
+    cmp = compare_runs(run(rec(samples(1000, 0.005), clock=1980.0, **kw)),
+                       run(rec(samples(1200, 0.005, 7), clock=1650.0, **kw)))  # fmt: skip
+    assert cmp.matches[0].verdict == "SLOWER" and cmp.matches[0].cycles_ratio is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("quantize", "CATEGORY=PCT"), ("quantize=0", "0 < PCT < 100"), ("gemmm=3", "unknown category 'gemmm'"),
+    ("pad=x", "CATEGORY=PCT"),
+])  # fmt: skip
+def test_bad_thresholds_are_input_errors(text, message):
+    with pytest.raises(compare.InputError, match=message):
+        Thresholds.parse([text])
+
+
+def test_all_sets_every_band():
+    assert set(Thresholds.parse(["all=2"]).deltas.values()) == {0.02}
+
+
+def test_compare_command_takes_the_bands_and_floor_and_states_its_rules(tmp_path):
+    from click.testing import CliRunner
+
+    from mxbench.cli import cli
+    from mxbench.results import save_run
+
+    kw = {"category": "quantize", "stage": "quantize_a"}
+    paths = [tmp_path / "base.json", tmp_path / "new.json"]
+    save_run(run(rec(samples(40, 0.002), **kw)), paths[0])
+    save_run(run(rec(samples(42, 0.002, seed=9), **kw)), paths[1])
+    invoke = lambda *args: CliRunner().invoke(cli, ["compare", *map(str, paths), *args])  # noqa: E731
+    assert invoke().exit_code == 1  # +5% of a quantizer: past the 3% band
+    assert invoke("--threshold", "quantize=7").exit_code == 0
+    bad = invoke("--threshold", "quantize=300")
+    assert bad.exit_code == 2 and "--threshold: 'quantize=300' must be CATEGORY=PCT" in bad.output
+    helped = CliRunner().invoke(cli, ["compare", "--help"]).output
+    assert "quantize 3%" in helped and "floor 0.25 us" in helped and "compute-bound" in helped

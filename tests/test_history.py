@@ -122,13 +122,14 @@ def test_a_stage_is_compared_with_the_last_commit_that_measured_it(tmp_path):
     assert gemm["2: bbbbbbb"] is None and gemm["3: ccccccc"].startswith("60.0 SLOWER")
 
 
-def test_history_refuses_several_cards_and_empty_filters(tmp_path):
+def test_history_follows_the_first_files_card_unless_told_and_refuses_empty_filters(tmp_path):
     paths = stored(tmp_path, {
         "h100": run_at("a" * 40, "2026-01-01T00:00:00+00:00"),
         "b200": run_at("b" * 40, "2026-01-02T00:00:00+00:00", card="NVIDIA B200"),
     })  # fmt: skip
-    with pytest.raises(InputError, match="a history follows one card; these files hold NVIDIA H100 80GB HBM3 "):
-        history(load_runs(paths))
+    h = history(load_runs(paths))  # the README's `history results/<card> results/baselines` mixes cards
+    assert h.card == "NVIDIA H100 80GB HBM3" and len(h.steps) == 1
+    assert [why for _, why in h.left_out] == ["another card (NVIDIA B200: --card picks it)"]
     assert len(history(load_runs(paths), card="nvidia b200").steps) == 1
     result = invoke("history", *paths, "--card", "NVIDIA B200", "--M", 5)
     assert result.exit_code == 2 and "no records with M=5; the history has M in 1024" in result.output
@@ -188,3 +189,40 @@ def test_history_of_the_committed_h200_runs(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.startswith("**History of NVIDIA H200**, by mxbench commit time, oldest first:")
     assert (tmp_path / "history.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_an_installed_implementations_runs_follow_its_commits_not_the_run_dates(tmp_path):
+    """A backfilled run (made last, of the oldest commit) of a kernel installed without its checkout: placed by the
+    commit time its run recorded, or by the checkout ``--checkout`` names; by run date only where neither is."""
+    repo = tmp_path / "theirs"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    commits = []
+    for i, date in enumerate(("2026-02-01T00:00:00+00:00", "2026-03-01T00:00:00+00:00")):
+        (repo / "kern.py").write_text(f"VERSION = {i}\n")
+        _git(repo, "add", "kern.py")
+        _git(repo, "commit", "-q", "-m", f"v{i}", date=date)
+        commits.append(_git(repo, "rev-parse", "HEAD"))
+
+    def impl(commit, time=None):
+        info = {"module": "kern_installed_elsewhere", "version": "1.0", "commit": commit}
+        return {"implementations": {"kern": {**info, **({"git_commit_time": time} if time else {})}}}
+
+    runs = {
+        "newer": run_at("a" * 40, "2026-03-02T00:00:00+00:00", gemm_us=60.0, seed=0, **impl(commits[1])),
+        "backfilled": run_at("a" * 40, "2026-04-01T00:00:00+00:00", seed=10, **impl(commits[0])),
+    }
+    paths = stored(tmp_path, runs)
+    by_date = history(load_runs(paths), by="kern")
+    assert [s.commit for s in by_date.steps] == [commits[1], commits[0]]  # the run dates: the wrong order
+    assert by_date.steps[0].time_source == "run date (commit not in this checkout)"
+    by_checkout = history(load_runs(paths), by="kern", checkout=repo)
+    assert [s.commit for s in by_checkout.steps] == commits and by_checkout.latest_failed
+    assert {s.time_source for s in by_checkout.steps} == {"commit time from git"}
+    recorded = stored(tmp_path, {
+        "newer": run_at("a" * 40, "2026-03-02T00:00:00+00:00", **impl(commits[1], "2026-03-01T00:00:00+00:00")),
+        "backfilled": run_at("a" * 40, "2026-04-01T00:00:00+00:00", **impl(commits[0], "2026-02-01T00:00:00+00:00")),
+    })  # fmt: skip
+    assert [s.commit for s in history(load_runs(recorded), by="kern").steps] == commits
+    result = invoke("history", *paths, "--by", "kern", "--checkout", repo, "--format", "csv")
+    assert result.exit_code == 0, result.output

@@ -6,7 +6,7 @@ from mxbench.presets import SHAPES_DIR, get_preset, load_presets
 
 NAMES = {
     "deepseek-v3", "kimi-k2", "llama4-scout", "llama4-maverick", "qwen3-235b-a22b", "qwen3-30b-a3b",
-    "gpt-oss-120b", "mixtral-8x7b",
+    "gpt-oss-120b", "mixtral-8x7b", "deepseek-v2-lite",
 }  # fmt: skip
 
 # (K, N, routed experts, experts per token), read from each model's config.json on its Hugging Face page.
@@ -19,6 +19,7 @@ PUBLISHED = {
     "qwen3-30b-a3b": (2048, 768, 128, 8),
     "gpt-oss-120b": (2880, 2880, 128, 4),
     "mixtral-8x7b": (4096, 14336, 8, 2),
+    "deepseek-v2-lite": (2048, 1408, 64, 6),
 }
 
 

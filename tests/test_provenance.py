@@ -107,8 +107,11 @@ def test_an_impl_module_in_a_git_repository_records_that_repositorys_commit(outs
     impl = registry.parse_impl("quantize_a=their_quantizer:quantize_a")
     options = SweepOptions(impls=(impl,))
     meta = run_metadata([Point(64, 64, 64, 2)], options, FakeGPU().instruments())["implementations"]
+    when = subprocess.run(["git", "-C", str(repo), "show", "-s", "--format=%cI", head], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
     assert meta["their_quantizer:quantize_a"] == {
         "module": "their_quantizer", "distribution": None, "version": None, "commit": head, "dirty": False,
+        "git_commit_time": when,  # what a history orders this implementation's runs by, wherever it is read
     }  # fmt: skip
     # ours: the distribution that provides mxkernels (this project, installed) and this checkout's commit
     ours = meta["mxkernels"]
@@ -127,7 +130,7 @@ def test_a_module_installed_in_site_packages_is_not_filed_under_an_enclosing_che
     monkeypatch.syspath_prepend(str(site))
     info = provenance.module_provenance("installed_kernel", {})
     assert info == {"module": "installed_kernel", "distribution": None, "version": None, "commit": None,
-                    "dirty": None}  # fmt: skip
+                    "dirty": None, "git_commit_time": None}  # fmt: skip
 
 
 def test_torchaos_adapters_are_filed_under_torchao():

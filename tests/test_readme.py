@@ -125,3 +125,49 @@ def test_the_notebook_example_runs_as_written(tmp_path, monkeypatch):
         exec(compile(python, "README.md", "exec"), {})  # noqa: S102 -- the README's own example, run as written
     assert printed.getvalue() == output
     assert (tmp_path / "breakdown-h200.png").read_bytes().startswith(b"\x89PNG")
+
+
+# ------------------------------------------------------------------------------ every CPU command, as written
+
+BASH_LINES = [line.split("  #")[0].strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL)
+              for line in block.splitlines() if line.startswith("mxbench ")]  # fmt: skip
+GPU_ONLY = {
+    "mxbench ep --nproc 2 --K 7168 --N 2048 --experts 8 --tokens 131072": "times NCCL all-to-alls",
+    "mxbench compare single.json sharded.json": "compares two GPU runs made just above it",
+    "mxbench compare results/baselines/nvidia-h200.json regress/run.json --format json > regress/verdict.json":
+        "compares what `make regress` measured on the GPU",
+}  # fmt: skip
+CWD = {"mxbench check --impl": REPO / "examples" / "plain_quantizer"}
+"""Where a command is typed, as the text before it says."""
+
+
+def test_every_readme_command_is_run_on_a_cpu_or_named_gpu_only():
+    inline = re.findall(r"`(mxbench history [^`]*)`", README)
+    assert inline and "mxbench history results/nvidia-h200 results/baselines" in inline
+    assert set(GPU_ONLY) <= set(BASH_LINES)  # nothing listed here that the README no longer says
+    assert len(set(BASH_LINES) - set(GPU_ONLY)) >= 8
+
+
+@pytest.mark.parametrize("line", [x for x in dict.fromkeys(BASH_LINES) if x not in GPU_ONLY and
+                                  not x.startswith("mxbench table ")] +  # the tables: run and compared above
+                         ["mxbench history results/nvidia-h200 results/baselines"])  # fmt: skip
+def test_each_cpu_command_of_the_readme_runs_as_written(line, tmp_path):
+    cwd = next((folder for prefix, folder in CWD.items() if line.startswith(prefix)), tmp_path)
+    if cwd == tmp_path:  # the committed runs readable, what a command writes kept in tmp_path
+        (tmp_path / "results").mkdir()
+        for child in (REPO / "results").iterdir():
+            (tmp_path / "results" / child.name).symlink_to(child)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run([sys.executable, "-m", *shlex.split(line)], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=cwd, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = re.search(re.escape(line) + r"\n```\n\n```\n(.*?)```", README, flags=re.DOTALL)
+    if shown:  # the output the README prints below it
+        assert done.stdout == shown.group(1)
+
+
+def test_the_readme_states_the_gates_rules_as_compare_does():
+    from mxbench.gate_rules import rules_text
+
+    assert rules_text() in README

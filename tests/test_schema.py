@@ -124,7 +124,8 @@ def test_schema_1_is_checked_before_it_is_migrated(tmp_path):
 def test_old_peers_runs_name_their_implementations_and_load_as_entries_of_unknown_code():
     run = load_run(REPO / "results/nvidia-h200/peers-deepseek-v3.json")
     assert set(run.meta["implementations"]) == {"mxkernels", "torchao", "torch.compile"}
-    assert all(set(e) == {"module", "distribution", "version", "commit", "dirty"} and not any(e.values())
+    fields = {"module", "distribution", "version", "commit", "dirty", "git_commit_time"}
+    assert all(set(e) == fields and not any(e.values())
                for e in run.meta["implementations"].values())  # fmt: skip
 
 

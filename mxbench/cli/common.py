@@ -187,10 +187,35 @@ def comparison_format(command):
     )(command)
 
 
+def threshold_options(command):
+    """--threshold CATEGORY=PCT and --floor-us: the gate's bands and floor (``compare``, ``regress``)."""
+    from ..gate_rules import DEFAULT_DELTAS, DEFAULT_FLOOR_US
+
+    bands = ", ".join(f"{c}={d * 100:g}" for c, d in DEFAULT_DELTAS.items())
+    command = click.option("--floor-us", type=float, help=f"Changes of at most this many microseconds are never "
+                           f"SLOWER or FASTER. [default: {DEFAULT_FLOOR_US:g}]")(command)  # fmt: skip
+    return click.option("--threshold", "thresholds", multiple=True, metavar="CATEGORY=PCT",
+                        help=f"The band of a stage category in percent (repeatable; all=PCT sets every band). "
+                        f"[default: {bands}]")(command)  # fmt: skip
+
+
+def gate_help(summary: str) -> str:
+    """A gate command's help: ``summary``, then the rules it applies (``gate_rules.rules_text``)."""
+    from ..gate_rules import rules_text
+
+    return f"{summary}\n\n{rules_text()}"
+
+
 EXIT_CODES_HELP = (
     "Exit codes: 0 no stage slower; 1 a stage SLOWER (or it ran in the baseline and only errors now); 2 unusable "
     "input: a file that is not a run, runs of different cards (without --force), no comparable stage, or stages "
     "of the baseline missing from the new run (without --allow-missing)."
+)
+REGRESS_EXIT_CODES_HELP = (
+    "Exit codes: 0 no stage slower; 1 a stage SLOWER again when re-measured (or it ran in the baseline and only "
+    "errors now), or an --impl failed its check, or a plugin did not load; 2 unusable input: a file that is not a "
+    "run, no GPU, an implementation the baseline recorded that is not registered here, no comparable stage, or "
+    "stages of the baseline missing from the new run (without --allow-missing)."
 )
 
 

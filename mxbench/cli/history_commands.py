@@ -19,13 +19,16 @@ from .common import FORMATS, filter_options
     help="Whose commit orders and labels the runs: mxbench, or an implementation the runs recorded "
     "(run.meta['implementations'], e.g. torchao); runs that did not record it are left out.",
 )
+@click.option("--checkout", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="With --by IMPLEMENTATION: its git checkout, whose commit times order the runs that did not record "
+              "them (an installed copy is no checkout).")  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown", show_default=True)
 @filter_options
 @click.option("--changed", is_flag=True, help="Only the stages that changed at some step.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the trends: median and IQR band per stage over commits, a panel per category.")  # fmt: skip
 @click.option("--fail-on-latest", is_flag=True, help="Exit 1 when the newest step is SLOWER than the one before.")
-def history(results, by, fmt, passes, Ms, recipes, card, changed, plot_file, fail_on_latest) -> None:
+def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot_file, fail_on_latest) -> None:
     """Per-stage medians over commits of the runs in RESULTS (files or folders) of one card.
 
     Runs are ordered by the commit's time (recorded by the run, else from git, else the run's date: the steps
@@ -38,7 +41,7 @@ def history(results, by, fmt, passes, Ms, recipes, card, changed, plot_file, fai
     from ..history import history_rows, latest_summary, step_rows
     from ..render import render
 
-    h = build(load_runs(results), by=by, card=card)
+    h = build(load_runs(results), by=by, card=card, checkout=checkout)
     filters = {"passes": passes, "M": Ms, "recipe": recipes}
     rows = history_rows(h, changed_only=changed, **filters)
     if fmt == "csv":

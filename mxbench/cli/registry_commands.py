@@ -40,7 +40,9 @@ def _registry(impl_texts, recipe):
 @click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function", help="Register this too.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
 def impls(stage, recipe, impl_texts, fmt) -> None:
-    """Stages x implementations, with availability on this machine and the reason when one cannot run."""
+    """Stages x implementations, with availability on this machine and the reason when one cannot run.
+
+    Exit 1 when a plugin (entry point) did not load (it is named on stderr), else 0; 2 on bad input."""
     _interpreter_on_cpu()
     from mxkernels.stages import PARAM_DOCS, all_specs
 
@@ -60,26 +62,31 @@ def impls(stage, recipe, impl_texts, fmt) -> None:
                          "Implementation": impl.name, "Kernel": impl.kernel,
                          "Available": "yes" if reason is None else f"no: {reason}", "From": impl.origin})  # fmt: skip
     if wanted:
-        spec = all_specs()[wanted]
-        click.echo(f"{spec.recipe}/{spec.name} ({spec.pass_}, {spec.category}): {spec.purpose}")
-        click.echo(f"  contract: {spec.signature()}; compared {spec.rule.describe()} with the oracle")
+        spec, prose = all_specs()[wanted], fmt == "csv"  # a CSV on stdout stays parseable: the contract to stderr
+        click.echo(f"{spec.recipe}/{spec.name} ({spec.pass_}, {spec.category}): {spec.purpose}", err=prose)
+        click.echo(f"  contract: {spec.signature()}; compared {spec.rule.describe()} with the oracle", err=prose)
         for what, ports in (("input", spec.inputs), ("output", spec.outputs)):
             for i, port in enumerate(ports):
-                click.echo(f"  {what} {i}: {port.name}: {port.doc}")
+                click.echo(f"  {what} {i}: {port.name}: {port.doc}", err=prose)
         for p in spec.params:
-            click.echo(f"  keyword {p}: {PARAM_DOCS[p]}")
-        click.echo("")
+            click.echo(f"  keyword {p}: {PARAM_DOCS[p]}", err=prose)
+        click.echo("", err=prose)
     click.echo(render(rows, fmt), nl=False)
     for origin, message in registry.load_errors:
         click.echo(f"not loaded: {origin}: {message}", err=True)
+    if registry.load_errors:
+        sys.exit(1)  # a plugin that does not load is a failure, not a footnote
 
 
-CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 2, "M": 512}
+CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 4, "M": 512}
+CHECK_FORMATS = (*FORMATS, "json")
 
 
 @click.command()
-@click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function",
-              help="Check this implementation (repeatable). With --impl, only these are checked unless --name.")
+@click.option("--impl", "impl_texts", multiple=True, metavar="[STAGE=]NAME|STAGE=module:function",
+              help="Check this implementation (repeatable): a registered NAME (alone: every stage it implements) or "
+              "module:function (a module in the current folder is found). With --impl, only these are checked "
+              "unless --name.")
 @click.option("--stage", "stages", type=CommaList(str), help="Only these stages (comma list). [default: all]")
 @click.option("--name", "names", type=CommaList(str), help="Only implementations with these names (comma list).")
 @click.option("--recipe", type=click.Choice(["mxfp8", "fp8_rowwise", "bf16"]), default="mxfp8", show_default=True)
@@ -87,28 +94,44 @@ CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 2, "M": 512}
 @click.option("--N", "N", type=int, help=f"Expert hidden dim. [default: {CHECK_DEFAULTS['N']}, or the preset's]")
 @click.option("--G", "G", type=click.IntRange(1, 512), help=f"Experts. [default: {CHECK_DEFAULTS['G']}]")
 @click.option("--M", "M", type=click.IntRange(min=1), default=CHECK_DEFAULTS["M"], show_default=True,
-              help="Tokens (group 0 is empty, the others uneven).")
+              help="Tokens (group 0 is empty, the others uneven); a second pass runs G-1 tokens (--no-pad: see there).")
 @click.option("--preset", help="K, N, G of a model preset.")
 @click.option("--pad/--no-pad", default=True, show_default=True,
               help="Token groups off the alignment, padded by the step; --no-pad: aligned groups (M a multiple of the "
-                   "alignment) and the step without padding, whose GEMMs get fewer rows than experts where M < G.")
-@click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True)
+                   "alignment) and the step without padding, whose GEMMs get fewer rows than experts where M < G (a "
+                   "second pass gives them one aligned block of tokens where that is fewer than the experts).")
+@click.option("--mode", "modes", type=CommaList(str), default="rceil,floor", show_default=True,
+              help="MX scale modes to check, a comma list of rceil and floor.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
-def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, mode, seed, fmt) -> None:
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="Seconds one implementation may take on one stage before it is an ERROR (the run goes on).")
+@click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="plain", show_default=True,
+              help="json: every result of every mode and scenario, with its findings, for machines.")
+@click.option("--verbose", "-v", is_flag=True, help="Print the full traceback of every ERROR.")
+def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, seed, timeout_s, fmt, verbose) -> None:
     """Run implementations on seeded inputs with adversarial blocks and compare each with the stage's oracle.
 
+    Every implementation gets copies of its stage's inputs at each scale mode and at two token splits (M tokens
+    with an empty group and uneven groups; G-1 tokens over G experts; with --no-pad, aligned groups of M tokens and
+    of one aligned block, the step unpadded); its row shows its worst verdict. An implementation that raises
+    (SystemExit included), writes to its inputs or runs past --timeout is an ERROR row; a plugin (entry point)
+    that does not load is reported and fails the run. A check of a GEMM stage prints first what the native
+    backend decided on this device, and why.
+
     Exit 0 when every checked implementation passes (or deviates only in its declared way), 1 when one fails or
-    raises, 2 on bad input (and when nothing could be checked here).
+    raises or a plugin did not load, 2 on bad input (and when nothing could be checked here).
     """
     _interpreter_on_cpu()
     from mxkernels.names import Category
     from mxkernels.stages import get_spec
 
-    from ..check import check_step, exit_code, native_line
+    from ..check import check_step, exit_code, json_report, merged, native_line, stages_checked
     from ..registry import split_stage
     from ..render import render
 
+    bad = [m for m in modes if m not in ("rceil", "floor")]
+    if bad or not modes:
+        raise click.BadParameter(f"{','.join(bad) or 'nothing'}: give rceil, floor or rceil,floor", param_hint="--mode")
     if preset is None:
         K, N = K or CHECK_DEFAULTS["K"], N or CHECK_DEFAULTS["N"]
         G = G or CHECK_DEFAULTS["G"]
@@ -123,13 +146,37 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, mode, seed
     by_stage: dict[str, list] = {}
     for impl in chosen:
         by_stage.setdefault(impl.stage, []).append(impl)
+    if not pad:  # the step without padding has no pad or unpad stages: left out unless asked for by name
+        in_step = stages_checked(recipe, M, N, K, G, pad=False)
+        by_stage = {s: found for s, found in by_stage.items() if s in in_step or selected_stages or added}
+    # The native backend's verdict (for MXFP8 on SM100 its probe at first use), before the GEMM rows that follow from
+    # it: first line of the plain and markdown output, stderr beside a CSV (stdout stays parseable), a field of JSON.
+    native = None
     if any(get_spec(recipe, stage).category == Category.GEMM for stage in by_stage):
-        click.echo(native_line(recipe, _device()))  # the probe's verdict, before the rows that follow from it
-    results = check_step(recipe, M, N, K, G, by_stage, mode=mode, device=_device(), seed=seed, pad=pad)
-    rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": r.detail}
-            for r in results]  # fmt: skip
+        native = native_line(recipe, _device())
+        if fmt != "json":
+            click.echo(native, err=fmt == "csv")
+    modes = list(dict.fromkeys(modes))
+    results = check_step(recipe, M, N, K, G, by_stage, modes=modes, device=_device(), seed=seed, timeout_s=timeout_s,
+                         pad=pad)  # fmt: skip
+    load_errors = registry.load_errors
+    if fmt == "json":
+        click.echo(json_report(results, load_errors, native), nl=False)
+        sys.exit(exit_code(results, load_errors))
+    rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": _first_line(r.detail)}
+            for r in merged(results)]  # fmt: skip
     click.echo(render(rows, fmt), nl=False)
-    for r in results:
+    for origin, message in load_errors:
+        click.echo(f"ERROR plugin {origin} did not load: {message}")
+    for r in merged(results):
         if r.verdict in ("FAIL", "ERROR", "DEVIATES"):
-            click.echo(f"{r.verdict} {r.stage} / {r.impl}: {r.finding()}")
-    sys.exit(exit_code(results))
+            for line in r.findings():
+                click.echo(f"{r.verdict} {r.stage} / {r.impl}: {line}")
+            if verbose and r.trace:
+                click.echo(r.trace.rstrip())
+    sys.exit(exit_code(results, load_errors))
+
+
+def _first_line(detail: str, width: int = 160) -> str:
+    """A table cell: the detail cut to ``width`` characters (the findings below the table have it all)."""
+    return detail if len(detail) <= width else detail[: width - 3] + "..."

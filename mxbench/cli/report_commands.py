@@ -16,8 +16,10 @@ from .common import (
     comparison_format,
     echo_comparison,
     filter_options,
+    gate_help,
     hardware_spec,
     project_option,
+    threshold_options,
 )
 
 TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS, *LAYER_TABLE_KINDS)
@@ -53,7 +55,7 @@ def presets(fmt: str) -> None:
 
 
 @click.command("table")
-@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown", show_default=True)
 @click.option("--kind", type=click.Choice(TABLE_KINDS), default="breakdown", show_default=True)
 @filter_options
@@ -65,18 +67,27 @@ def presets(fmt: str) -> None:
 )
 @project_option
 def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominator, project) -> None:
-    """Render stored results as tables (ready to paste into docs).
+    """Render stored results (files, or folders of them) as tables (ready to paste into docs).
 
     A filter value that matches nothing in any file is refused (exit 2) with what the files hold; with several
     files, each shows what it has of the values asked for, and a file with none of them is left out."""
-    from ..frame import frame_of, held_filters, select
+    from ..frame import frame_of, held_filters, load_runs, select
     from ..projection import projection_table
-    from ..results import load_run
     from ..tables import check_kind, table
 
-    runs = [(path, load_run(path)) for path in results]
-    for path, run in runs:
-        check_kind(run, kind, str(path))
+    from mxkernels.errors import InputError
+
+    runs, named = [], {p.resolve() for p in results if p.is_file()}
+    for path, run in load_runs(results):  # files, and the runs in folders (as `history` and `mxbench.load` read them)
+        try:
+            check_kind(run, kind, str(path))
+        except InputError:
+            if path.resolve() in named:
+                raise  # a file named on the command line must be of the kind asked for
+            continue  # a folder's run of another kind (a peers run beside the rooflines)
+        runs.append((path, run))
+    if not runs:
+        raise click.BadParameter(f"no run in {', '.join(map(str, results))} has a {kind} table", param_hint="--kind")
     if kind == "ep-scaling":  # one table over all the runs: each is one EP degree
         from ..ep.scaling import scaling_table
 
@@ -163,20 +174,22 @@ def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: st
 # --------------------------------------------------------------------------------------------------- compare
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=EXIT_CODES_HELP, help=gate_help(
+    "Per stage: new/base ratio of medians with a bootstrap CI and a verdict (FASTER / SAME / SLOWER / UNSURE); "
+    "says which implementations' code differs between the runs."))  # fmt: skip
 @click.argument("base", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("new", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @comparison_format
 @click.option("--force", is_flag=True, help="Compare runs of different cards anyway.")
 @click.option("--allow-missing", is_flag=True, help="Compare what both runs hold when NEW lacks stages BASE has.")
-def compare(base: Path, new: Path, fmt: str, force: bool, allow_missing: bool) -> None:
-    """Per stage: new/base ratio of medians with a bootstrap CI and a verdict (FASTER / SAME / SLOWER / UNSURE);
-    says which implementations' code differs between the runs."""
-    from ..compare import compare_runs
+@threshold_options
+def compare(base: Path, new: Path, fmt: str, force: bool, allow_missing: bool, thresholds, floor_us) -> None:
+    from ..compare import Thresholds, compare_runs
     from ..gate import check_usable
     from ..results import load_run
 
-    cmp = compare_runs(load_run(base), load_run(new), force=force)
+    bands = Thresholds.parse(thresholds, floor_us)
+    cmp = compare_runs(load_run(base), load_run(new), force=force, thresholds=bands)
     check_usable(cmp, str(base), str(new), allow_missing=allow_missing)
     echo_comparison(cmp, fmt, str(base), str(new))
     sys.exit(cmp.exit_code)

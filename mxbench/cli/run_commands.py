@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .common import (
-    EXIT_CODES_HELP,
+    REGRESS_EXIT_CODES_HELP,
     FORMATS,
     BadInput,
     CommaList,
@@ -23,11 +23,11 @@ from .common import (
     peer_table,
     project_option,
     shape_args,
+    threshold_options,
 )
+from .impl_options import checked, impl_option, recorded_impls, refuse_absent, resolve
 
 DEFAULT_MS = "16384,32768,65536,131072"
-CHECK_M = 256
-"""Tokens per expert of the check an ``--impl`` passes before it is timed: small, so it costs seconds."""
 RESULTS_DIR = Path("results")
 
 
@@ -196,14 +196,7 @@ def _check_watts_known(watts: Sequence[float]) -> None:
     "same run: MXFP8 quantizers that write the GEMM's blocked scales (no rearrange stages); FP8 rowwise quantizers "
     "whose first pass over a tensor also folds the column amaxes its transposed copy is scaled by (one read fewer).",
 )
-@click.option(
-    "--impl",
-    "impl_texts",
-    multiple=True,
-    metavar="STAGE=module:function",
-    help="Run this implementation of STAGE (or RECIPE/STAGE) in place of mxkernels' in the whole step; repeatable. "
-    "It is checked against the stage's oracle first (`mxbench check`) and not timed if it fails.",
-)
+@impl_option
 @project_option
 def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
              plot_file, hardware, denominator, warm_l2, samples, fuse_scales, impl_texts, project):  # fmt: skip
@@ -230,8 +223,9 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     out = out or RESULTS_DIR / (_card_dir() if gpu else f"model-{spec.key}") / f"roofline-{label}-{_stamp()}.json"
     _check_outputs(out, plot_file)
     limits, controller = _power_limits(power_percent, power_watts, gpu)
-    impls = _checked_impls(impl_texts, recipes, K, N, G, mode)
     points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits, fuse_scales)
+    impls = _impls(impl_texts, recipes, points)
+    impls = checked(impls, K, N, G, mode)
     if gpu:
         run = _measure(points, hardware, denominator, out, controller, warm_l2, samples, impls)
         if run is None:  # another rank of a sharded sweep: rank 0 writes and prints (mxbench.shard)
@@ -286,35 +280,11 @@ def _model(points, spec, hardware: str, power_requested):
     return model_run(points, spec=spec, hardware=hardware, command=command_line())
 
 
-def _checked_impls(texts: Sequence[str], recipes: Sequence[str], K: int, N: int, G: int, mode: str) -> tuple:
-    """The ``--impl`` implementations, each checked against its stage's oracle on this machine first (at a small M,
-    the run's K, N, G). A failing check exits 1 with its finding; one that cannot run here is bad input."""
-    if not texts:
-        return ()
-    from ..check import Verdict, check_step
-    from ..registry import default_registry, with_cli_impls
-
-    impls = with_cli_impls(default_registry(), texts, recipes[0] if recipes else "mxfp8")
-    keys = [(i.recipe, i.stage) for i in impls]
-    twice = sorted({f"{r}/{s}" for r, s in keys if keys.count((r, s)) > 1})
-    if twice:
-        raise BadInput(f"--impl: one implementation per stage in a step; given twice: {', '.join(twice)}")
-    import torch
-
-    from ..shard import is_other_rank, local_device
-
-    device = f"cuda:{local_device()}" if torch.cuda.is_available() else "cpu"
-    for recipe in dict.fromkeys(i.recipe for i in impls):
-        mine = {i.stage: [i] for i in impls if i.recipe == recipe}
-        for r in check_step(recipe, CHECK_M * G, N, K, G, mine, mode=mode, device=device):
-            if not is_other_rank():  # a sharded sweep reports its checks once
-                click.echo(f"check {r.recipe}/{r.stage} [{r.impl}]: {r.verdict} {r.finding()}", err=True)
-            if r.verdict == Verdict.SKIP:
-                raise BadInput(f"--impl {r.impl} cannot run here: {r.detail}")
-            if r.verdict not in (Verdict.PASS, Verdict.DEVIATES):
-                click.echo(f"--impl {r.impl} failed its check against the {r.stage} oracle: not timed", err=True)
-                sys.exit(1)
-    return tuple(impls)
+def _impls(texts: Sequence[str], recipes: Sequence[str], points) -> list:
+    """The ``--impl`` implementations of a run of ``points``, each for a stage the run has."""
+    impls = resolve(texts, recipes)
+    refuse_absent(impls, points)
+    return impls
 
 
 def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2: bool, samples: int, impls=()):
@@ -369,7 +339,7 @@ def ceilings(out_dir: Path) -> None:
 # -------------------------------------------------------------------------------------------------- regress
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=REGRESS_EXIT_CODES_HELP)
 @click.option(
     "--baseline",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -384,15 +354,28 @@ def ceilings(out_dir: Path) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also save the fresh measurement (every round pooled) as a results file, e.g. a CI artifact.",
 )
-def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Path | None) -> None:
-    """Re-measure the baseline's points on this card; exit 1 only on a confirmed regression."""
+@impl_option
+@threshold_options
+def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Path | None, impl_texts, thresholds,
+            floor_us) -> None:  # fmt: skip
+    """Re-measure the baseline's points on this card, with the implementations it recorded (by registered name)
+    unless --impl names others; exit 1 only on a confirmed regression. The gate's rules: `mxbench compare --help`."""
+    from ..compare import Thresholds
     from ..outputs import check_results_file
     from ..results import load_run, save_run
+
+    bands = Thresholds.parse(thresholds, floor_us)
 
     base = load_run(baseline)  # a broken baseline is bad input, GPU or not
     if out is not None:
         check_results_file(out, "--out")
+    points = list(dict.fromkeys(r.point for r in base.records))
+    recipes = list(dict.fromkeys(p.recipe for p in points))
+    impls = recorded_impls(base, _impls(impl_texts, recipes, points))
     _require_gpu("regress re-measures the baseline on a GPU")
+    if impls:
+        first = next(p for p in points if p.recipe == impls[0].recipe)
+        impls = checked(impls, first.K, first.N, first.G, first.mode)
     from ..gate import check_usable
     from ..instruments import Instruments
     from ..measure import SweepOptions
@@ -404,7 +387,8 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
     device = local_device()
     options = SweepOptions(cold_l2=timing.get("cold_l2", True), use_graph=timing.get("use_graph", True),
                            samples=timing.get("samples", 25), hardware=base.meta.get("hardware"),
-                           backend=base.meta.get("backend"), command=command_line(), device=device)  # fmt: skip
+                           backend=base.meta.get("backend"), command=command_line(), device=device,
+                           impls=tuple(impls))  # fmt: skip
     instruments = Instruments.real(device, RESULTS_DIR)
 
     def measure(points):
@@ -415,11 +399,11 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
 
     try:
         if launched():  # every round's points split over the ranks; rank 0 reports
-            result = sharded_regress(base, options=options, instruments=instruments, rounds=rounds)
+            result = sharded_regress(base, options=options, instruments=instruments, rounds=rounds, thresholds=bands)
             if result is None:
                 return
         else:
-            result = run_regress(base, measure, rounds=rounds)
+            result = run_regress(base, measure, rounds=rounds, thresholds=bands)
     except KeyboardInterrupt:
         click.echo("interrupted: nothing compared", err=True)
         sys.exit(130)
@@ -450,14 +434,19 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
     help="Results file. [default: results/<card>/peers-<preset or KxN>-<date>.json]",
 )
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
-def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt) -> None:
-    """Our quantize / rearrange / pad kernels beside torchao's Triton kernels and torch.compile of the references."""
+@impl_option
+def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt, impl_texts) -> None:
+    """Our quantize / rearrange / pad kernels beside torchao's Triton kernels and torch.compile of the references
+    (with --impl: beside the implementations named instead)."""
     from ..outputs import check_results_file
+    from ..points import plan_points
 
     K, N, G, label = shape_args(K, N, G, preset)
     if out is not None:
         check_results_file(out, "--out")
+    impls = _impls(impl_texts, ["mxfp8"], plan_points([M], N, K, G, ["mxfp8"], mode, groups, seed, [None], False))
     _require_gpu("peers are timed on a GPU")
+    impls = checked(impls, K, N, G, mode)
     from ..measure import SweepOptions
     from ..peers import run_peers
     from ..shard import launched, local_device, sharded_peers
@@ -467,9 +456,21 @@ def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt) ->
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,
                            hardware=_detected_spec(), command=command_line(), device=local_device())  # fmt: skip
     measure = sharded_peers if launched() else run_peers  # under torchrun: None on ranks other than 0
-    run = measure(M, N, K, G, mode=mode, groups=groups, seed=seed, options=options)
+    run = measure(M, N, K, G, mode=mode, groups=groups, seed=seed, options=options, registry=_peer_registry(impls))
     if run is None:
         return
     click.echo(peer_table(run, fmt), nl=False)
     click.echo(f"results: {out}")
     _exit_if_partial(run)
+
+
+def _peer_registry(impls: Sequence):
+    """The implementations ``peers`` times: every registered one, or with --impl mxkernels' and those named."""
+    from ..registry import OURS, Registry, default_registry
+
+    if not impls:
+        return None
+    chosen = Registry()
+    for impl in [i for i in default_registry() if i.name == OURS] + list(impls):
+        chosen.add(impl, replace=True)
+    return chosen

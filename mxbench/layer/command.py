@@ -21,7 +21,10 @@ from ..cli.run_commands import (
     _has_gpu,
     _stamp,
 )
-from ..roofline import DENOMINATORS
+
+DENOMINATORS = ("datasheet", "measured")
+"""``roofline.DENOMINATORS``, written out: importing roofline here would import mxkernels with the CLI, before
+``check`` and ``impls`` can choose Triton's interpreter for a CPU (``registry_commands._interpreter_on_cpu``)."""
 
 DEFAULT_TOKENS, DEFAULT_EXPERTS = 131072, 8
 

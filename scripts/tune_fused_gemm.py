@@ -1,8 +1,8 @@
-"""Issue 11, target 2: the MXFP8 grouped GEMMs of "triton_fused" against bf16 ``torch._grouped_mm`` and "triton_dequant".
+"""The MXFP8 grouped GEMMs of "triton_fused" against bf16 ``torch._grouped_mm`` and "triton_dequant".
 
-    python scripts/tune_issue11_gemm.py --out $OUT/tune_gemm.json          # ~3-4 minutes on an H100 / H200
-    python scripts/tune_issue11_gemm.py --profile                          # + torch.profiler of each case's best
-    python scripts/tune_issue11_gemm.py --ncu-target fwd                   # one launch per candidate, for ncu
+    python scripts/tune_fused_gemm.py --out $OUT/tune_gemm.json          # ~3-4 minutes on an H100 / H200
+    python scripts/tune_fused_gemm.py --profile                          # + torch.profiler of each case's best
+    python scripts/tune_fused_gemm.py --ncu-target fwd                   # one launch per candidate, for ncu
 
 At DeepSeek-V3 shapes (K = 7168, N = 2048, G = 8 balanced groups, M = 131072 tokens), for each GEMM of the training
 step -- fwd (M, K) x (G, K, N), dgrad (M, N) x (G, N, K), wgrad (N, M) x (M, K) -> (G, N, K) -- it times:
@@ -240,7 +240,7 @@ def profile(rows: list, cases: list[str]) -> dict:
     print(
         f"#   ncu --clock-control none -k '{kernel}' --launch-skip 1 --launch-count 1 --section SpeedOfLight "
         "--section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats "
-        "--section WarpStateStats --section Occupancy python scripts/tune_issue11_gemm.py --ncu-target fwd"
+        "--section WarpStateStats --section Occupancy python scripts/tune_fused_gemm.py --ncu-target fwd"
     )
     print(
         "#   (issue-slot use and warp stalls say whether the CUDA cores' dequantization or the tensor pipe bounds it)"
@@ -267,7 +267,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> int:
-    session = start("tune_issue11_gemm", __doc__.split("\n\n")[0], ",".join(CASES), "cases, comma list",
+    session = start("tune_fused_gemm", __doc__.split("\n\n")[0], ",".join(CASES), "cases, comma list",
                     16384, 2048, add_arguments)  # fmt: skip
     args = session.args
     GG.FUSED_WITHHELD = None  # withheld from users on GPUs, not from the script that measures it
@@ -294,7 +294,7 @@ def main() -> int:
     if args.profile:
         summary["profile"] = profile(rows, cases)
     print_table(rows)
-    session.finish("tune_issue11_gemm", rows, skipped, summary)
+    session.finish("tune_fused_gemm", rows, skipped, summary)
     return 0
 
 

@@ -1,7 +1,8 @@
-"""Issue 11's quantizers on a CUDA GPU, in one run: FP8 rowwise, MXFP8 quantize_3d along N, and the fused-scale MXFP8
+"""Quantizers on a CUDA GPU, in one run: FP8 rowwise, MXFP8 quantize_3d along N, and the fused-scale MXFP8
 quantizers, each checked bit-exact and timed beside its old default and the streaming roof.
 
-    python scripts/tune_issue11_quantize.py [--out PATH] [--budget-s 170] [--samples 10] [--only fp8,along_n,fused,amax]
+    python scripts/tune_fp8_and_fused_quantizers.py [--out PATH] [--budget-s 170] [--samples 10]
+        [--only fp8,along_n,fused,amax]
 
 DeepSeek-V3 sizes (M = 131072 tokens in G = 8 balanced groups, K = 7168, N = 2048, bf16, RCEIL), plus Llama 4
 Scout's weights (16, 8192, 5120) for quantize_3d along N. First the roof: the Triton streaming kernels of
@@ -17,7 +18,7 @@ the strips kernel three times (its last-arriver pass 2 races if anything does) a
 groups that are empty or off 16-row boundaries. The "amax" group: the FP8 rowwise quantizers of ``fp8_amax`` (a
 tensor's first quantizer folding the column amaxes per group, its second scaling from them), beside the unfused
 quantizers they replace. Last, the table and the JSON (``--out``, default
-``$OUT/tune_issue11_quantize.json``, ``$OUT`` default ./out).
+``$OUT/tune_fp8_and_fused_quantizers.json``, ``$OUT`` default ./out).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from mxbench.timing import time_fn
 
 M, K, N, G = 131072, 7168, 2048, 8
 SCOUT = (16, 8192, 5120)  # Llama 4 Scout's expert weights (G, N, K)
-SCRIPT = "tune_issue11_quantize"
+SCRIPT = "tune_fp8_and_fused_quantizers"
 BF16 = torch.bfloat16
 
 
