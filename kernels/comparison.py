@@ -70,13 +70,19 @@ def _check_like(name: str, got: object, expected: torch.Tensor) -> Mismatch | No
 
 @dataclass(frozen=True)
 class BitExact:
-    """Every compared element equal bit for bit (NaN payloads and signed zeros included); layout may differ."""
+    """Every compared element equal bit for bit (NaN payloads and signed zeros included); layout may differ.
+    ``any_nan``: a NaN matches any NaN (an arithmetic result's NaN payload is the hardware's, not the contract's)."""
+
+    any_nan: bool = False
 
     def compare(self, name: str, got: object, expected: torch.Tensor) -> Mismatch | None:
         wrong = _check_like(name, got, expected)
         if wrong is not None:
             return wrong
-        differ = (_bits(got) != _bits(expected).to(got.device)).reshape(-1)
+        differ = _bits(got) != _bits(expected).to(got.device)
+        if self.any_nan and got.is_floating_point():
+            differ &= ~(torch.isnan(got) & torch.isnan(expected.to(got.device)))
+        differ = differ.reshape(-1)
         if not bool(differ.any()):
             return None
         flat = int(differ.nonzero()[0])

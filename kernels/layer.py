@@ -171,6 +171,9 @@ def layer_stages(
     recipe = check_recipe(recipe)
     check_fuse(recipe, fuse)
     s = shape
+    if fuse and not s.fuse_up:
+        raise InputError("the fused SwiGLU stages read and write the fused gate/up layout (E, 2N, K): fuse needs the "
+                         "gate and up projections as one GEMM")  # fmt: skip
     if recipe != Recipe.BF16 and backend is None:
         backend = grouped_gemm.default_backend(recipe)
     if fuse and recipe == Recipe.FP8_ROWWISE and max(s.K, 2 * s.N) > fp8_amax.MAX_COLS:

@@ -21,7 +21,7 @@ from . import fp8_amax, moe_router, moe_rows, swiglu
 from .comparison import BitExact, MinSQNR
 from .names import Category, Pass, Recipe
 from .quantize_blocked import quantize_dim0_blocked_reference
-from .stages import Port, StageSpec
+from .stages import Port, StageSpec, _rows_until_last_offset
 
 F, DI, DW = Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT
 _NEAR_DB = 60.0  # one fp32 evaluation rounded once to bf16 in another order (an FMA, exp's last bit): rare 1-ulp flips
@@ -188,14 +188,16 @@ _TOP = _p("top", "fp32 (T, k) each token's top-k scores")
 _OFFS = _p("offs", "int32 (E,) slot ends of the padded expert groups")
 
 
-def _spec(recipe, name, pass_, category, purpose, ins, outs, oracle, rule, impl, kernel, params=()) -> StageSpec:
+def _spec(recipe, name, pass_, category, purpose, ins, outs, oracle, rule, impl, kernel, params=(),
+          regions=None) -> StageSpec:  # fmt: skip
     return StageSpec(recipe, name, pass_, category, purpose, tuple(ins), tuple(outs), oracle, rule, impl, kernel,
-                     tuple(params))  # fmt: skip
+                     tuple(params), regions or {})  # fmt: skip
 
 
 def _common() -> list[StageSpec]:
     B, R, G, A, C, P = Recipe.BF16, Category.ROUTING, Category.GEMM, Category.ACTIVATION, Category.COMBINE, Category.PERMUTE
     near, exact, gemm = MinSQNR(_NEAR_DB), BitExact(), MinSQNR(_GEMM_DB)
+    scaled = BitExact(any_nan=True)  # a weighted gather: one fp32 product rounded once; NaN payloads are the hardware's
     h13 = _p("h", "bf16 (rows, 2N) gate | up projections")
     h1, h3 = _p("h1", "bf16 (rows, N) gate projection"), _p("h3", "bf16 (rows, N) up projection")
     act = _p("act", "bf16 (rows, N) silu(h1) * h3")
@@ -215,7 +217,7 @@ def _common() -> list[StageSpec]:
               moe_router.route_tokens_reference, exact, moe_router.route_tokens, "argsort + scatter",
               ("num_experts", "alignment", "rows", "weighted_rows")),
         _spec(B, "permute", F, P, "Gather tokens into padded expert groups (scored when scores come first)",
-              (_X, _ROW_SRC, _ROW_W), (_p("xs", "bf16 (rows, K); padding rows zero"),), _permute_reference, exact,
+              (_X, _ROW_SRC, _ROW_W), (_p("xs", "bf16 (rows, K); padding rows zero"),), _permute_reference, scaled,
               _permute, "gather_weighted", ("weighted",)),
         _spec(B, "swiglu", F, A, "SwiGLU of the fused gate/up output", (h13,), (act,), _swiglu_reference, near,
               _swiglu, "swiglu"),
@@ -234,7 +236,7 @@ def _common() -> list[StageSpec]:
               exact, _add, "torch.add"),
         _spec(B, "combine_grad", DI, C, "Gradient of the combine: dy into the padded expert slots",
               (_p("dy", "bf16 (T, K)"), _ROW_SRC, _ROW_W), (_p("grad_out", "bf16 (rows, K)"),), _permute_reference,
-              exact, _permute, "gather_weighted", ("weighted",)),
+              scaled, _permute, "gather_weighted", ("weighted",)),
         _spec(B, "combine_score_grad", DI, C, "Gradient of the scores that weighted the combine",
               (_p("out", "bf16 (rows, K)"), _DEST, _p("dy", "bf16 (T, K)"), _COPY_TOKEN),
               (_p("grad_top", "fp32 (T*k,)"),), _score_grad_reference, near, _score_grad, "row_dot"),
@@ -282,24 +284,26 @@ def _fused(recipe: Recipe) -> list[StageSpec]:
         params = ()
     rule = MinSQNR(_FUSED_DB)
     h13 = _p("h", "bf16 (rows, 2N) gate | up projections")
+    # the quantized rows past offs[-1] (in no group) are left unwritten, as the chain's quantizer leaves them
+    unwritten = lambda n: {f"{n}_q": _rows_until_last_offset}
     k = "moe_fused"
     rows = lambda name, what: (_p(name, what), _ROW_SRC, _ROW_W, _OFFS)
     return [
         _spec(recipe, "permute_quantize", F, Category.PERMUTE, "Permute + pad + quantize in one pass",
               rows("x", "bf16 (T, K)"), (_p("xs", "bf16 (rows, K)"), *quantized("xs")),
               _fused_chain(recipe, _permute_reference), rule, _fused_impl(recipe, "permute"), f"{k}.gather_quantize",
-              (*params, "weighted")),
+              (*params, "weighted"), unwritten("xs")),
         _spec(recipe, "swiglu_quantize", F, Category.ACTIVATION, "SwiGLU writing the down projection's operand",
               (h13, _OFFS), (_p("act", "bf16 (rows, N)"), *quantized("act")), _fused_chain(recipe, _swiglu_reference),
-              rule, _fused_impl(recipe, "swiglu"), f"{k}.swiglu_quantize", params),
+              rule, _fused_impl(recipe, "swiglu"), f"{k}.swiglu_quantize", params, unwritten("act")),
         _spec(recipe, "combine_grad_quantize", DI, Category.COMBINE, "Combine gradient into slots + quantize",
               rows("dy", "bf16 (T, K)"), (_p("grad_out", "bf16 (rows, K)"), *quantized("grad_out")),
               _fused_chain(recipe, _permute_reference), rule, _fused_impl(recipe, "combine_grad"),
-              f"{k}.gather_quantize", (*params, "weighted")),
+              f"{k}.gather_quantize", (*params, "weighted"), unwritten("grad_out")),
         _spec(recipe, "swiglu_grad_quantize", DI, Category.ACTIVATION, "SwiGLU backward writing the up "
               "projection's gradient operand", (_p("grad_act", "bf16 (rows, N)"), h13, _OFFS),
               (_p("grad_h", "bf16 (rows, 2N)"), *quantized("grad_h")), _fused_chain(recipe, _swiglu_grad_reference),
-              rule, _fused_impl(recipe, "swiglu_grad"), f"{k}.swiglu_backward_quantize", params),
+              rule, _fused_impl(recipe, "swiglu_grad"), f"{k}.swiglu_backward_quantize", params, unwritten("grad_h")),
     ]  # fmt: skip
 
 

@@ -55,16 +55,24 @@ def router_gate_reference(x, wr):
 
 
 def router_topk(logits: torch.Tensor, *, top_k: int, score_func: str) -> tuple[torch.Tensor, ...]:
-    """(scores (T, E) fp32, top (T, top_k) fp32, experts (T, top_k) int32): each token's top_k experts."""
+    """(scores (T, E) fp32, top (T, top_k) fp32, experts (T, top_k) int32): each token's top_k experts, best
+    first, ties to the lower expert index (a NaN score ranks above every number, as in torch's sort)."""
     scores = _scores(check_tensor("logits", logits, ndim=2), score_func)
-    top, experts = torch.topk(scores, top_k, dim=1)
-    return scores, top, experts.to(INDEX_DTYPE)
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :top_k]
+    return scores, scores.gather(1, order), order.to(INDEX_DTYPE)
 
 
 def router_topk_reference(logits, *, top_k, score_func):
+    """The same choice by counting: an expert's rank is the number of experts that beat it (a higher score, or the
+    same score and a lower index); the experts of ranks 0..top_k-1 in rank order."""
     scores = _scores(logits, score_func)
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :top_k]
-    return scores, scores.gather(1, order), order.to(INDEX_DTYPE)
+    key = torch.where(torch.isnan(scores), torch.inf, scores)  # NaN first, as torch's descending sort puts it
+    E = scores.shape[1]
+    lower = torch.arange(E, device=scores.device).unsqueeze(1) < torch.arange(E, device=scores.device).unsqueeze(0)
+    beats = (key.unsqueeze(2) > key.unsqueeze(1)) | ((key.unsqueeze(2) == key.unsqueeze(1)) & lower)  # [t, e', e]
+    rank = beats.sum(1)
+    experts = (rank.unsqueeze(1) == torch.arange(top_k, device=scores.device).view(1, -1, 1)).int().argmax(2)
+    return scores, scores.gather(1, experts), experts.to(INDEX_DTYPE)
 
 
 def router_forced(logits: torch.Tensor, assign: torch.Tensor, *, score_func: str) -> tuple[torch.Tensor, ...]:

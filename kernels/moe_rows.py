@@ -94,8 +94,9 @@ def gather_tile(x_ptr, index_ptr, weight_ptr, rows, row_ok, cols, col_ok, D,
             acc = acc + v
         out = to_bf16_bits(acc)
         if TOPK == 1:
-            # 0 * weight may be -0 or NaN: a padding row is +0 whatever its weight.
-            out = tl.where(ok[:, None], out, 0)
+            # 0 * weight may be -0 or NaN (a NaN router score): a padding row, and the columns past D that a
+            # blocked quantizer's tile reads as zeros, are +0 whatever the weight.
+            out = tl.where(ok[:, None] & col_ok[None, :], out, 0)
     return out
 
 

@@ -76,8 +76,9 @@ def _with(block: torch.Tensor, index: int, value: float) -> torch.Tensor:
     return out
 
 
-def special_blocks(finite_only: bool) -> list[torch.Tensor]:
-    """The adversarial MX blocks (32 values each), fp32."""
+def special_blocks(finite_only: bool, max_abs: float = float("inf")) -> list[torch.Tensor]:
+    """The adversarial MX blocks (32 values each), fp32; those with a finite value past ``max_abs`` left out (a
+    layer's products of products overflow on them, and a GEMM's sum of infinities is not the contract's)."""
     ramp = torch.linspace(-3.0, 3.0, BLOCK_SIZE)
     # Scale 2**3 in both modes (amax 3584 = 448 * 2**3); the rest, k * 2**-7 = k/8 * 2**-9 after scaling, are
     # e4m3 subnormals (multiples of 2**-9 below 2**-6) with halfway cases, and the smallest normals.
@@ -90,16 +91,17 @@ def special_blocks(finite_only: bool) -> list[torch.Tensor]:
         torch.tensor([1e30, 1e-30] * (BLOCK_SIZE // 2)),  # huge and tiny: the tiny ones flush to zero
         subnormal_out * torch.tensor([1.0, -1.0] * (BLOCK_SIZE // 2)),  # outputs in e4m3's subnormal range
     ]
+    blocks = [b for b in blocks if float(b.abs().max()) <= max_abs]
     if not finite_only:
         blocks += [_with(ramp, 3, float("nan")), _with(ramp, 7, float("inf")), _with(ramp, 0, float("-inf"))]
     return blocks
 
 
-def plant(x: torch.Tensor, row: int, rows: int, finite_only: bool) -> None:
+def plant(x: torch.Tensor, row: int, rows: int, finite_only: bool, max_abs: float = float("inf")) -> None:
     """Adversarial blocks in the 2D ``x`` (in place), in the ``rows`` rows from ``row`` (one group's tokens, or
     one expert's weights): along the last dim in its first rows, and along the first dim (32 rows from the next
     multiple of 32 past them, one block per column), where the rows allow it."""
-    specials = special_blocks(finite_only)
+    specials = special_blocks(finite_only, max_abs)
     per_row = x.shape[1] // BLOCK_SIZE
     cells = [(row + i // per_row, (i % per_row) * BLOCK_SIZE) for i in range(len(specials))]
     for (r, c), block in zip(cells, specials):

@@ -108,7 +108,11 @@ CHECK_FORMATS = (*FORMATS, "json")
 @click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="plain", show_default=True,
               help="json: every result of every mode and scenario, with its findings, for machines.")
 @click.option("--verbose", "-v", is_flag=True, help="Print the full traceback of every ERROR.")
-def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, seed, timeout_s, fmt, verbose) -> None:
+@click.option("--layer", is_flag=True, help="The MoE layer's own stages instead (router, permute, SwiGLU, combine, "
+              "shared experts, the recipe's fused stages) in a layer of M/8 tokens, K, N, G experts, top-2: mxkernels' "
+              "and any --impl STAGE=module:function of a layer stage (`mxbench layer`'s).")
+def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, seed, timeout_s, fmt, verbose,
+          layer) -> None:  # fmt: skip
     """Run implementations on seeded inputs with adversarial blocks and compare each with the stage's oracle.
 
     Every implementation gets copies of its stage's inputs at each scale mode and at two token splits (M tokens
@@ -125,9 +129,8 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     from mxkernels.names import Category
     from mxkernels.stages import get_spec
 
-    from ..check import check_step, exit_code, json_report, merged, native_line, stages_checked
+    from ..check import check_step, exit_code, json_report, native_line, stages_checked
     from ..registry import split_stage
-    from ..render import render
 
     bad = [m for m in modes if m not in ("rceil", "floor")]
     if bad or not modes:
@@ -136,6 +139,9 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
         K, N = K or CHECK_DEFAULTS["K"], N or CHECK_DEFAULTS["N"]
         G = G or CHECK_DEFAULTS["G"]
     K, N, G, _ = shape_args(K, N, G, preset)
+    if layer:
+        sys.exit(_check_layer(impl_texts, stages, recipe, K, N, G, M, list(dict.fromkeys(modes)), seed, timeout_s,
+                              fmt, verbose))  # fmt: skip
     registry, added = _registry(impl_texts, recipe)
     selected_stages = {split_stage(s, recipe)[1] for s in stages} if stages else None
     if added and not names:
@@ -163,6 +169,15 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     if fmt == "json":
         click.echo(json_report(results, load_errors, native), nl=False)
         sys.exit(exit_code(results, load_errors))
+    sys.exit(_report(results, load_errors, fmt, verbose))
+
+
+def _report(results, load_errors, fmt: str, verbose: bool) -> int:
+    """The table of ``results`` (one row per implementation, its worst verdict), each finding below it; the exit
+    code."""
+    from ..check import exit_code, merged
+    from ..render import render
+
     rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": _first_line(r.detail)}
             for r in merged(results)]  # fmt: skip
     click.echo(render(rows, fmt), nl=False)
@@ -174,7 +189,27 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
                 click.echo(f"{r.verdict} {r.stage} / {r.impl}: {line}")
             if verbose and r.trace:
                 click.echo(r.trace.rstrip())
-    sys.exit(exit_code(results, load_errors))
+    return exit_code(results, load_errors)
+
+
+def _check_layer(impl_texts, stages, recipe, K, N, G, M, modes, seed, timeout_s, fmt, verbose) -> int:
+    """``check --layer``: the layer's own stages (``mxbench.layer.check``)."""
+    from ..check import exit_code, json_report
+    from ..layer.check import check_layer, layer_impls, layer_registry, parse_layer_impl
+
+    added = [parse_layer_impl(text) for text in impl_texts]
+    chosen = layer_impls(added or layer_registry(), recipe)
+    if stages:
+        chosen = {key: found for key, found in chosen.items() if key[1] in set(stages)}
+        missing = set(stages) - {key[1] for key in chosen}
+        if missing:
+            raise click.BadParameter(f"no layer stage {', '.join(sorted(missing))} for {recipe}", param_hint="--stage")
+    results = check_layer(recipe, K, N, G, max(1, M // 8), chosen, modes=modes, device=_device(), seed=seed,
+                          timeout_s=timeout_s)  # fmt: skip
+    if fmt == "json":
+        click.echo(json_report(results), nl=False)
+        return exit_code(results)
+    return _report(results, [], fmt, verbose)
 
 
 def _first_line(detail: str, width: int = 160) -> str:

@@ -104,6 +104,9 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
     recipes = [check_recipe(r).value for r in dict.fromkeys(recipes)]
     if fuse and not any(r in FUSED_RECIPES for r in recipes):
         check_fuse(recipes[0], True)
+    if fuse and separate:
+        raise click.BadParameter("the fused SwiGLU stages write the fused gate/up layout: drop --separate-gate-up",
+                                 param_hint="--fuse")  # fmt: skip
     gpu = _has_gpu()
     if project is not None and not gpu:
         raise click.BadParameter("a projection carries measured efficiencies over; without a GPU the model over "

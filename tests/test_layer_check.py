@@ -1,0 +1,81 @@
+"""``mxbench check --layer``: the MoE layer's own stages against their oracles, with planted wrong implementations
+seen to fail (each by the scenario that catches it) and mxkernels' passing."""
+
+import pytest
+from click.testing import CliRunner
+
+from mxbench.cli import cli
+
+WRONG = '''
+import torch
+from mxkernels.moe_rows import combine_rows_reference, gather_weighted_reference
+from mxkernels.moe_router import route_tokens_reference, router_topk_reference
+
+
+def unweighted_combine(y, dest, top, *, weighted):
+    return (combine_rows_reference(y, dest, None, top.shape[1]),)  # forgets the scores
+
+
+def unpadded_route(experts, top, *, num_experts, alignment, rows, weighted_rows):
+    return route_tokens_reference(experts, top, num_experts=num_experts, alignment=1, rows=rows,
+                                  weighted_rows=weighted_rows)  # groups not padded to the GEMM's alignment
+
+
+def padding_from_row_zero(x, row_src, row_w, *, weighted):
+    # a padding row copies token 0 (src clamped) instead of zeros
+    return (gather_weighted_reference(x, row_src.clamp(min=0), row_w if weighted else None),)
+
+
+def topk_ties_high(logits, *, top_k, score_func):
+    # ties to the higher expert index: differs where a planted block makes every score of a token equal
+    scores, top, experts = router_topk_reference(logits.flip(1), top_k=top_k, score_func=score_func)
+    E = logits.shape[1]
+    return scores.flip(1), top, (E - 1 - experts).to(torch.int32)
+'''
+
+
+@pytest.fixture
+def wrong(tmp_path, monkeypatch):
+    (tmp_path / "wrong_layer.py").write_text(WRONG)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def check(*args):
+    return CliRunner().invoke(cli, ["check", "--layer", "--M", "256", "--mode", "rceil", *args])
+
+
+def test_mxkernels_passes_every_layer_stage_of_bf16():
+    result = check("--recipe", "bf16")
+    assert result.exit_code == 0, result.output
+    for stage in ("router_gate", "router_topk", "router_forced", "route_tokens", "permute", "swiglu", "swiglu_split",
+                  "combine", "shared_up", "shared_down", "combine_grad", "combine_score_grad", "swiglu_grad",
+                  "swiglu_grad_split", "add_grads", "permute_grad", "permute_score_grad", "router_grad",
+                  "router_gate_grad", "shared_down_grad", "shared_up_grad"):  # fmt: skip
+        assert f"\n{stage} " in "\n" + result.output, stage
+
+
+def test_the_fused_stages_pass_with_nan_router_scores():
+    """A NaN planted in the tokens makes a token's router scores NaN: the fused permute once let NaN * 0 into the
+    blocked scales' padding columns (kernels/moe_rows.gather_tile now masks them); the check caught it."""
+    # K = 96: three scale blocks a row, so the blocked scales have a padding column the tiles read as zeros
+    result = check("--recipe", "mxfp8", "--stage", "permute_quantize,combine_grad_quantize", "--K", "96", "--N", "64")
+    assert result.exit_code == 0, result.output
+    assert "permute_quantize" in result.output and "FAIL" not in result.output
+
+
+@pytest.mark.parametrize("impl, stage, finding", [
+    ("combine=wrong_layer:unweighted_combine", "combine", "y: SQNR"),
+    ("route_tokens=wrong_layer:unpadded_route", "route_tokens", "offs:"),
+    ("permute=wrong_layer:padding_from_row_zero", "permute", "xs:"),
+    ("router_topk=wrong_layer:topk_ties_high", "router_topk", "experts:"),
+])  # fmt: skip
+def test_a_wrong_layer_stage_exits_1_with_its_finding(wrong, impl, stage, finding):
+    result = check("--recipe", "bf16", "--impl", impl)
+    assert result.exit_code == 1, result.output
+    assert f"FAIL {stage} / {impl.split('=')[1]}" in result.output and finding in result.output
+
+
+def test_an_unknown_layer_stage_is_bad_input(wrong):
+    result = check("--recipe", "bf16", "--impl", "no_such_stage=wrong_layer:unweighted_combine")
+    assert result.exit_code == 2 and "no stage" in result.output
