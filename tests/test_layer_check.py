@@ -79,3 +79,20 @@ def test_a_wrong_layer_stage_exits_1_with_its_finding(wrong, impl, stage, findin
 def test_an_unknown_layer_stage_is_bad_input(wrong):
     result = check("--recipe", "bf16", "--impl", "no_such_stage=wrong_layer:unweighted_combine")
     assert result.exit_code == 2 and "no stage" in result.output
+
+
+def test_layer_impl_is_checked_before_any_timing(wrong, tmp_path):
+    """`mxbench layer --impl`: a wrong implementation of a layer stage exits 1 with its finding before any work; a
+    correct one (the reference of the stage, as an outside module would give it) is accepted."""
+    (tmp_path / "right_layer.py").write_text(
+        "from mxkernels.moe_rows import combine_rows_reference\n\n"
+        "def combine(y, dest, top, *, weighted):\n"
+        "    return (combine_rows_reference(y, dest, top.reshape(-1) if weighted else None, top.shape[1]),)\n"
+    )
+    base = ["layer", "--K", "64", "--N", "64", "--tokens", "64", "--experts", "4", "--top-k", "2", "--recipe", "bf16",
+            "--score-after"]  # fmt: skip
+    bad = CliRunner().invoke(cli, [*base, "--impl", "combine=wrong_layer:unweighted_combine", "--out",
+                                   str(tmp_path / "bad.json")])  # fmt: skip
+    assert bad.exit_code == 1 and "FAIL against the oracle" in bad.output and not (tmp_path / "bad.json").exists()
+    good = CliRunner().invoke(cli, [*base, "--impl", "combine=right_layer:combine", "--out", str(tmp_path / "ok.json")])
+    assert good.exit_code == 0, good.output

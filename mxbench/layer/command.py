@@ -7,6 +7,7 @@ the file says the run is partial).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -91,8 +92,10 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
               help="Results JSON. [default: results/<card>/layer-<shape>-<date>.json]")
 @click.option("--plot-file", type=click.Path(path_type=Path), help="Also draw the figure (.png).")
 @click.option("--project", type=click.Choice(["b200"]), help="Also print the B200 projection of the measured run.")
+@click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function",
+              help="Time another implementation of a layer stage (`mxbench check --layer` passes it first).")
 def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_func, score_after, separate, recipes, routing, fuse,
-          mode, backend, seed, samples, hardware, denominator, out, plot_file, project) -> None:  # fmt: skip
+          mode, backend, seed, samples, hardware, denominator, out, plot_file, project, impl_texts) -> None:  # fmt: skip
     """Time the MoE layer forward + backward per stage and as one graph, with each recipe's accuracy (SQNR against
     an fp32 run); without a GPU, print and save the analytic model."""
     from mxkernels.layer import check_fuse, layer_stages
@@ -120,6 +123,7 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
     from .measure import layer_points
 
     points = layer_points(shape, recipes, mode=mode, seed=seed, fuse=fuse)
+    impls = _checked_impls(impl_texts, recipes, shape)
     for p in points:  # every point planned before any work: a shape a recipe cannot run is bad input (exit 2)
         layer_stages(p.recipe, shape, mode=p.mode, fuse=p.fuse_scales, backend=None if p.recipe == "bf16" else "native")
     if gpu:
@@ -128,7 +132,7 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
         from .measure import run_layer
 
         options = SweepOptions(samples=samples, out=out, results_dir=RESULTS_DIR, hardware=hardware, backend=backend,
-                               denominator=denominator, command=command_line())  # fmt: skip
+                               denominator=denominator, command=command_line(), impls=impls)  # fmt: skip
         run = run_layer(shape, points, options, Instruments.real(0, RESULTS_DIR), label=label)
     else:
         from ..results import save_run
@@ -149,3 +153,23 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
         for path in plot_all(run, plot_file if plot_file.suffix else plot_file / f"layer-{label}.png"):
             click.echo(f"figure: {path}")
     _exit_if_partial(run)
+
+
+def _checked_impls(texts, recipes, shape) -> tuple:
+    """The ``--impl`` implementations of layer stages, each checked against its oracle first (``check --layer`` at
+    a small layer of this K, N and experts); a failing one exits 1 with its finding."""
+    if not texts:
+        return ()
+    from ..check import Verdict, merged
+    from ..cli.registry_commands import _device
+    from .check import check_layer, layer_impls, parse_layer_impl
+
+    impls = tuple(parse_layer_impl(text) for text in texts)
+    for recipe in recipes:
+        results = check_layer(recipe, shape.K, min(shape.N, 256), min(shape.E, 8), 32, layer_impls(impls, recipe),
+                              device=_device())  # fmt: skip
+        for r in merged(results):
+            if r.verdict not in (Verdict.PASS, Verdict.SKIP):
+                click.echo(f"--impl {r.stage}={r.impl}: {r.verdict} against the oracle: {r.finding()}", err=True)
+                sys.exit(1)
+    return impls

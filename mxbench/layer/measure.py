@@ -70,8 +70,9 @@ class LayerTimer(StageTimer):
 
     def _stages(self, point: Point):
         backend = None if point.recipe == Recipe.BF16 else self.options.backend
+        impls = {i.stage: i for i in self.options.impls if i.recipe in (Recipe.BF16, point.recipe)}  # common: bf16's
         return layer_stages(point.recipe, self.shape, mode=point.mode, backend=backend, fuse=point.fuse_scales,
-                            impls=self.options.impls_for(point.recipe) or None)  # fmt: skip
+                            impls=impls or None)  # fmt: skip
 
     def measure(self, point: Point) -> list[Record]:
         try:
