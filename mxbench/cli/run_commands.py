@@ -371,7 +371,11 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
         check_results_file(out, "--out")
     points = list(dict.fromkeys(r.point for r in base.records))
     recipes = list(dict.fromkeys(p.recipe for p in points))
-    impls = recorded_impls(base, _impls(impl_texts, recipes, points))
+    layer = base.meta.get("kind") == "layer"  # a `mxbench layer` run: its layer re-measured (mxkernels' stages)
+    if layer and impl_texts:
+        raise click.BadParameter("a layer baseline is re-measured with mxkernels' stages; `mxbench layer --impl` "
+                                 "times another implementation", param_hint="--impl")  # fmt: skip
+    impls = [] if layer else recorded_impls(base, _impls(impl_texts, recipes, points))
     _require_gpu("regress re-measures the baseline on a GPU")
     if impls:
         first = next(p for p in points if p.recipe == impls[0].recipe)
@@ -392,13 +396,18 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
     instruments = Instruments.real(device, RESULTS_DIR)
 
     def measure(points):
-        run = run_sweep(points, options=options, instruments=instruments)
+        if layer:
+            from ..layer.measure import run_layer, shape_of
+
+            run = run_layer(shape_of(base.meta), points, options, instruments, label=base.meta["layer"].get("label", ""))
+        else:
+            run = run_sweep(points, options=options, instruments=instruments)
         if run.meta.get("interrupted"):  # the sweep kept its points; a verdict on part of a round would mislead
             raise KeyboardInterrupt
         return run
 
     try:
-        if launched():  # every round's points split over the ranks; rank 0 reports
+        if launched() and not layer:  # every round's points split over the ranks; rank 0 reports
             result = sharded_regress(base, options=options, instruments=instruments, rounds=rounds, thresholds=bands)
             if result is None:
                 return

@@ -61,6 +61,13 @@ def layer_meta(shape: LayerShape, label: str = "") -> dict:
                          + ("in the recipe (one-group grouped GEMMs)" if s.shared_in_recipe else "dense bf16")}}  # fmt: skip
 
 
+def shape_of(meta: dict) -> LayerShape:
+    """The layer a run measured, from its metadata (``layer_meta``)."""
+    m = meta["layer"]
+    return LayerShape(m["tokens"], m["K"], m["N"], m["experts"], m["top_k"], m["shared_experts"], m["score_func"],
+                      m["score_before_experts"], m["routing"], m["fused_gate_up"], m.get("shared_in_recipe", False))
+
+
 class LayerTimer(StageTimer):
     """``StageTimer`` for the layer: its stages, its one-graph forward + backward, its accuracy."""
 
