@@ -200,3 +200,42 @@ def test_a_measured_layer_projects_each_mxfp8_gemm_at_its_bf16_twin(tmp_path):
     bf16 = df[(df["recipe"] == "bf16") & (df["category"] == "gemm")].set_index("stage")
     assert mx.loc["up.gemm_fwd", "carried_pct"] == pytest.approx(bf16.loc["up.gemm_fwd", "carried_pct"])
     assert mx.loc["up.gemm_fwd", "carried_pct"] != pytest.approx(bf16.loc["router_gate", "carried_pct"])
+
+
+def test_regress_re_measures_a_layer_baseline_as_its_layer(tmp_path, monkeypatch):
+    """`mxbench regress` of a `mxbench layer` baseline re-measures that layer (its shape read back from the run's
+    metadata), not roofline points: the same numbers pass, a stage 1.5x slower fails."""
+    from dataclasses import replace as dc_replace
+
+    import mxbench.instruments
+    import mxbench.layer.measure as layer_measure
+    from mxbench.cli import run_commands
+    from mxbench.hardware import get_spec
+    from mxbench.layer.measure import layer_points, model_layer_run
+    from mxbench.results import save_run
+
+    shape = LayerShape(T=256, K=64, N=64, E=4, top_k=2, shared=1, routing="skewed")
+    base = model_layer_run(shape, layer_points(shape, ["mxfp8"], mode="rceil", seed=0, fuse=False),
+                           spec=get_spec("h100-sxm"), hardware="h100-sxm", command="test", label="tiny")  # fmt: skip
+    base.records = [dc_replace(r, measured=True, model_us=None,
+                               samples_us=[r.model_us * (1 + 0.001 * i) for i in range(5)]) for r in base.records]
+    base.meta.update(measured=True, card="NVIDIA H100 80GB HBM3", timing={"samples": 5})
+    save_run(base, tmp_path / "base.json")
+    seen, slow = {}, {"factor": 1.0}
+
+    def fake_run_layer(shape_, points, options, instruments, *, label="", progress=True):
+        seen.update(shape=shape_, points=list(points), label=label)
+        run = type(base)(meta=dict(base.meta), records=[dc_replace(r, samples_us=[
+            u * (slow["factor"] if r.stage == "permute" else 1.0) for u in r.samples_us]) for r in base.records])
+        return run
+
+    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(mxbench.instruments.Instruments, "real", classmethod(lambda cls, *a, **k: None))
+    monkeypatch.setattr(layer_measure, "run_layer", fake_run_layer)
+    same = CliRunner().invoke(cli, ["regress", "--baseline", str(tmp_path / "base.json"), "--rounds", "1"])
+    assert same.exit_code == 0, same.output
+    assert seen["shape"] == shape and seen["label"] == "tiny" and {p.recipe for p in seen["points"]} == {"bf16", "mxfp8"}
+    slow["factor"] = 1.5
+    slower = CliRunner().invoke(cli, ["regress", "--baseline", str(tmp_path / "base.json"), "--rounds", "1"])
+    assert slower.exit_code == 1, slower.output
+    assert "permute" in slower.output and "SLOWER" in slower.output
