@@ -26,8 +26,7 @@ import torch.distributed as dist
 from .autograd import run_saved_stages, save_for_stages
 from .ep_comm import exchange_counts
 from .ep_stages import EPShape, check_layer, ep_step_stages
-from .names import Pass
-from .pipeline import Stage, run_stages
+from .pipeline import Stage, run_stages, split_passes
 from .runtime import InputError
 from .stages import StageImpl
 from .token_permute import route
@@ -68,11 +67,6 @@ def plan_routing(experts: torch.Tensor, *, experts_per_rank: int, K: int, N: int
 def _frozen(rows: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(v) for v in row) for row in rows)
 
-
-def split_passes(stages: Sequence[Stage]) -> tuple[list[Stage], list[Stage]]:
-    """(forward stages, backward stages) of a step, each in execution order."""
-    forward = [s for s in stages if s.pass_name == Pass.FORWARD]
-    return forward, [s for s in stages if s.pass_name != Pass.FORWARD]
 
 
 class EPExpertProjection(torch.autograd.Function):

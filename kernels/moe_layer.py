@@ -23,8 +23,8 @@ import torch
 from .autograd import run_saved_stages, save_for_stages
 from .layer import LayerShape, Routing, layer_stages
 from .moe_router import ScoreFunc
-from .names import Pass, Recipe
-from .pipeline import Stage, run_stages
+from .names import Recipe
+from .pipeline import Stage, run_stages, split_passes
 from .runtime import InputError
 
 OUTLIER_FRACTION = 0.01  # channels of x scaled up, as activations of trained models have a few outlier channels
@@ -83,10 +83,6 @@ def weights_of(inputs: Mapping[str, torch.Tensor], shape: LayerShape) -> dict[st
 
 # ---- the layer with autograd ------------------------------------------------------------------------------------
 
-
-def split_passes(stages: Sequence[Stage]) -> tuple[list[Stage], list[Stage]]:
-    forward = [s for s in stages if s.pass_name == Pass.FORWARD]
-    return forward, [s for s in stages if s.pass_name != Pass.FORWARD]
 
 
 class _StagedLayer(torch.autograd.Function):

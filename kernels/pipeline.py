@@ -386,6 +386,13 @@ def _cumsum(sizes):
         yield total
 
 
+def split_passes(stages: Sequence[Stage]) -> tuple[list[Stage], list[Stage]]:
+    """(forward stages, backward stages) of a step, each in execution order: what an autograd function runs in its
+    forward and its backward (the EP projection's and the MoE layer's)."""
+    forward = [s for s in stages if s.pass_name == Pass.FORWARD]
+    return forward, [s for s in stages if s.pass_name != Pass.FORWARD]
+
+
 def run_stages(stages: Sequence[Stage], env: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Run ``stages`` in order on the named tensors in ``env`` (updated in place and returned)."""
     for stage in stages:
@@ -417,5 +424,5 @@ def _bind(stage: Stage, env: dict[str, torch.Tensor]) -> Callable[[], object]:
 
 __all__ = [
     "OURS", "PASSES", "RECIPES", "Stage", "bind_stage", "build_step", "check_recipe", "group_ends", "make_inputs",
-    "needs_padding", "plan_step", "run_stages", "step_stages", "with_impls",
+    "needs_padding", "plan_step", "run_stages", "split_passes", "step_stages", "with_impls",
 ]  # fmt: skip
