@@ -219,6 +219,7 @@ def trends(h: History, **filters) -> pd.DataFrame:
              if r.ok and not r.samples_us]  # fmt: skip
     samples = pd.concat([samples, pd.DataFrame(model)], ignore_index=True) if model else samples
     samples["step"] = samples["step"].astype(int)
+    samples["us"] = samples["us"].astype(float)  # object when only model rows were concatenated to no samples
     if any(v is not None for v in filters.values()):  # a value that matches nothing: "the history has M in ..."
         samples = select(samples.assign(file="the history"), **filters)
     samples["power_limit_w"] = samples["power_limit_w"].astype(float).fillna(-1.0)  # a key pandas does not drop

@@ -226,3 +226,20 @@ def test_an_installed_implementations_runs_follow_its_commits_not_the_run_dates(
     assert [s.commit for s in history(load_runs(recorded), by="kern").steps] == commits
     result = invoke("history", *paths, "--by", "kern", "--checkout", repo, "--format", "csv")
     assert result.exit_code == 0, result.output
+
+
+def test_history_of_model_runs_shows_their_model_times(tmp_path):
+    """Two model runs (a machine without a GPU makes them): their model times per step, no crash (the pooled times
+    were an object column when no run had samples)."""
+    from click.testing import CliRunner
+
+    from mxbench.cli import cli
+
+    for i in range(2):
+        made = CliRunner().invoke(cli, ["roofline", "--K", "256", "--N", "128", "--M", "1024", "--recipe", "mxfp8",
+                                        "--out", str(tmp_path / f"model-{i}.json")])  # fmt: skip
+        assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(cli, ["history", str(tmp_path / "model-0.json"), str(tmp_path / "model-1.json")])
+    assert result.exit_code == 0, result.output
+    assert "History of b200 (model, not measured)" in result.output
+    assert "one step" in result.output  # both runs are of this checkout's commit: pooled into one step
