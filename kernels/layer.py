@@ -81,6 +81,11 @@ class LayerShape:
             raise InputError(f"experts must be between 1 and {MAX_GROUPS}, got {self.E!r}")
         if not isinstance(self.top_k, int) or not 1 <= self.top_k <= self.E:
             raise InputError(f"top-k must be between 1 and the {self.E} experts, got {self.top_k!r}")
+        for name in ("K", "N"):
+            if getattr(self, name) > 2**20:
+                raise InputError(f"{name} must be at most 2**20, got {getattr(self, name)}")
+        if self.T * self.top_k > 2**31 - 1:
+            raise InputError(f"tokens x top-k must be below 2**31 (int32 row indices), got {self.T * self.top_k}")
         if not isinstance(self.shared, int) or self.shared < 0:
             raise InputError(f"shared experts must be a non-negative integer, got {self.shared!r}")
         object.__setattr__(self, "score_func", ScoreFunc(self.score_func))

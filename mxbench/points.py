@@ -28,10 +28,18 @@ FUSED_RECIPES = (Recipe.MXFP8, Recipe.FP8_ROWWISE)
 SKEW_METHOD = f"dirichlet(alpha={SKEW_ALPHA}) from numpy.random.default_rng(seed), largest-remainder rounding"
 
 
+MAX_DIM = 2**20
+"""The widest N or K taken: wider than any model's, and far inside the int64 offsets of every kernel."""
+MAX_TOKENS = 2**31 - 1
+"""The most token rows (M): group ends travel as int32 (``offs``)."""
+
+
 def check_shape(N: int, K: int, G: int) -> None:
     for name, value in (("N", N), ("K", K)):
         if value <= 0 or value % BLOCK:
             raise InputError(f"{name} must be a positive multiple of {BLOCK}, got {value}")
+        if value > MAX_DIM:
+            raise InputError(f"{name} must be at most {MAX_DIM} (2**20), got {value}")
     _check_groups(G)
 
 
@@ -61,6 +69,8 @@ def plan_points(
     check_shape(N, K, G)
     if not Ms or any(not isinstance(M, int) or M <= 0 for M in Ms):
         raise InputError(f"M must be one or more positive integers, got {list(Ms)}")
+    if max(Ms) > MAX_TOKENS:
+        raise InputError(f"M must be at most {MAX_TOKENS} (group ends are int32), got {max(Ms)}")
     if not recipes or any(r not in RECIPES for r in recipes):
         raise InputError(f"recipe must be one or more of {', '.join(RECIPES)}; got {list(recipes)}")
     if mode not in MODES:

@@ -56,9 +56,15 @@ class CommaList(click.ParamType):
         if isinstance(value, (list, tuple)):
             return list(value)
         try:
-            return [self.item(v.strip()) for v in str(value).split(",") if v.strip()]
+            items = [self.item(v.strip()) for v in str(value).split(",") if v.strip()]
         except ValueError:
             self.fail(f"{value!r} is not a comma-separated list of {self.item.__name__} values", param, ctx)
+        unique = list(dict.fromkeys(items))
+        if len(unique) < len(items):  # a point or a recipe is measured once: say so rather than fold it silently
+            repeated = ", ".join(str(v) for v in unique if items.count(v) > 1)
+            where = param.get_error_hint(ctx) if param is not None else "the list"
+            click.echo(f"note: {where} gives {repeated} more than once: taken once", err=True)
+        return unique
 
 
 class Seed(click.IntRange):

@@ -1,0 +1,41 @@
+"""Numbers past what the kernels honour are refused before any work, and a list that repeats a value measures it
+once and says so (issue 26's bounds and duplicates, for the shapes and lists every command shares)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from mxbench.cli import cli
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--K", str(2**40), "--N", "2048"], "K must be at most 1048576"),
+    (["--K", "7168", "--N", str(2**21)], "N must be at most 1048576"),
+    (["--K", "7168", "--N", "2048", "--M", "99999999999999999999"], "group ends are int32"),
+])  # fmt: skip
+def test_roofline_refuses_sizes_past_the_kernels_bounds(args, message, tmp_path):
+    out = tmp_path / "run.json"
+    result = CliRunner().invoke(cli, ["roofline", *args, "--out", str(out)])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not out.exists()
+
+
+def test_layer_refuses_more_routed_rows_than_int32_indexes(tmp_path):
+    result = CliRunner().invoke(cli, ["layer", "--K", "64", "--N", "64", "--tokens", str(2**24), "--experts", "256",
+                                      "--top-k", "200", "--out", str(tmp_path / "x.json")])  # fmt: skip
+    assert result.exit_code == 2 and "below 2**31" in result.output, result.output
+
+
+def test_a_repeated_value_is_measured_once_with_a_note(tmp_path):
+    out = tmp_path / "run.json"
+    result = CliRunner().invoke(cli, ["roofline", "--K", "256", "--N", "128", "--M", "1024,1024,2048", "--recipe",
+                                      "mxfp8,mxfp8", "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "'--M' gives 1024 more than once: taken once" in result.output
+    assert "'--recipe' gives mxfp8 more than once" in result.output
+    points = {(r["point"]["M"], r["point"]["recipe"]) for r in json.loads(out.read_text())["records"]}
+    assert points == {(1024, "mxfp8"), (2048, "mxfp8"), (1024, "bf16"), (2048, "bf16")}
+    stages = [r for r in json.loads(out.read_text())["records"] if r["point"]["M"] == 1024 and r["stage"] == "gemm_fwd"
+              and r["point"]["recipe"] == "mxfp8"]  # fmt: skip
+    assert len(stages) == 1
