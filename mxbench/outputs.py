@@ -21,15 +21,23 @@ RESULTS_SUFFIX = ".json"
 def _existing_ancestor(path: Path) -> Path:
     """The nearest of ``path`` and its parents that exists (``path`` itself when it does)."""
     path = Path(os.path.abspath(path))
-    while not path.exists() and path != path.parent:
+    while not _exists(path) and path != path.parent:
         path = path.parent
     return path
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name past the file system's limit: it cannot exist
+        return False
 
 
 def check_folder(folder: Path, option: str, shown: Path | None = None) -> None:
     """``folder`` exists as a writable folder or can be created: its nearest existing ancestor is a folder that
     takes new files. ``shown``: the path the user gave, for the message (default ``folder``)."""
     shown = folder if shown is None else shown
+    _check_names(folder, option)
     found = _existing_ancestor(folder)
     if not found.is_dir():
         raise InputError(f"{option} {shown}: {found} is a file, not a folder; choose a path in a folder")
@@ -41,7 +49,24 @@ def check_folder(folder: Path, option: str, shown: Path | None = None) -> None:
     os.unlink(probe)
 
 
+def _check_names(path: Path, option: str) -> None:
+    """Every name along ``path`` within the file system's limit (NAME_MAX bytes), and the whole path within PATH_MAX:
+    a name past it fails only when the file is opened, after the work."""
+    found = _existing_ancestor(path)
+    try:
+        name_max, path_max = os.pathconf(found, "PC_NAME_MAX"), os.pathconf(found, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in Path(os.path.abspath(path)).parts:
+        if len(os.fsencode(part)) > name_max:
+            raise InputError(f"{option} {path}: the name {part[:40]}... is {len(os.fsencode(part))} bytes, past the "
+                             f"file system's limit of {name_max}; choose a shorter name")  # fmt: skip
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        raise InputError(f"{option}: the path is past the file system's limit of {path_max} bytes; choose a shorter one")
+
+
 def _check_file(path: Path, option: str) -> None:
+    _check_names(path, option)
     if path.is_dir():
         raise InputError(f"{option} {path}: is a folder; give a file name")
     if path.exists() and not os.access(path, os.W_OK):
@@ -65,6 +90,7 @@ def check_figure_target(path: Path, option: str, suffixes: Iterable[str]) -> Non
     figure), either of them writable. A name with any other suffix ("x.jpg") is refused, not made a folder."""
     path = Path(path)
     suffixes = tuple(suffixes)
+    _check_names(path, option)
     if path.is_dir():
         check_folder(path, option)
     elif path.suffix.lower() in suffixes:

@@ -39,3 +39,17 @@ def test_a_repeated_value_is_measured_once_with_a_note(tmp_path):
     stages = [r for r in json.loads(out.read_text())["records"] if r["point"]["M"] == 1024 and r["stage"] == "gemm_fwd"
               and r["point"]["recipe"] == "mxfp8"]  # fmt: skip
     assert len(stages) == 1
+
+
+def test_an_output_name_past_the_file_systems_limit_is_refused_before_any_work(tmp_path):
+    out = tmp_path / ("r" * 300 + ".json")
+    result = CliRunner().invoke(cli, ["roofline", "--K", "256", "--N", "128", "--M", "1024", "--out", str(out)])
+    assert result.exit_code == 2 and "past the file system's limit" in result.output, result.output
+    plot = CliRunner().invoke(cli, ["layer", "--K", "64", "--N", "64", "--out", str(tmp_path / "ok.json"),
+                                    "--plot-file", str(tmp_path / ("p" * 300 + ".png"))])  # fmt: skip
+    assert plot.exit_code == 2 and "--plot-file" in plot.output and not (tmp_path / "ok.json").exists()
+
+
+def test_history_plot_to_an_unwritable_place_is_refused_before_any_work():
+    result = CliRunner().invoke(cli, ["history", "results/nvidia-h200", "--plot", "/proc/h.png"])
+    assert result.exit_code == 2 and "--plot /proc/h.png" in result.output, result.output

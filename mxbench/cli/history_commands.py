@@ -41,6 +41,11 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
     from ..history import history_rows, latest_summary, step_rows
     from ..render import render
 
+    if plot_file is not None:  # checked before any work: a figure path that cannot be written is bad input
+        from ..outputs import check_figure_target
+        from ..plots import IMAGE_SUFFIXES
+
+        check_figure_target(plot_file, "--plot", IMAGE_SUFFIXES)
     h = build(load_runs(results), by=by, card=card, checkout=checkout)
     filters = {"passes": passes, "M": Ms, "recipe": recipes}
     rows = history_rows(h, changed_only=changed, **filters)
