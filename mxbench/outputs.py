@@ -62,7 +62,8 @@ def _check_names(path: Path, option: str) -> None:
             raise InputError(f"{option} {path}: the name {part[:40]}... is {len(os.fsencode(part))} bytes, past the "
                              f"file system's limit of {name_max}; choose a shorter name")  # fmt: skip
     if len(os.fsencode(os.path.abspath(path))) >= path_max:
-        raise InputError(f"{option}: the path is past the file system's limit of {path_max} bytes; choose a shorter one")
+        raise InputError(f"{option}: the path is past the file system's limit of {path_max} bytes; choose a shorter "
+                         "one")
 
 
 def _check_file(path: Path, option: str) -> None:
