@@ -152,8 +152,8 @@ def _absorb(passes: dict[Pass, list[Stage]], pass_: Pass, prefix: str) -> tuple[
 
 
 class _Builder:
-    def __init__(self, recipe: Recipe, shape: LayerShape):
-        self.recipe, self.s, self.stages = recipe, shape, []
+    def __init__(self):
+        self.stages: list[Stage] = []
 
     def add(self, name, shapes, cost, inputs, outputs, params=None, recipe=Recipe.BF16) -> None:
         self.stages.append(bind_stage(get_layer_spec(recipe, name), shapes, cost, inputs, outputs, params))
@@ -184,7 +184,7 @@ def layer_stages(
     if fuse and recipe == Recipe.FP8_ROWWISE and max(s.K, 2 * s.N) > fp8_amax.MAX_COLS:
         raise InputError(f"--fuse with fp8_rowwise holds rows of up to {fp8_amax.MAX_COLS} elements whole; "
                          f"K={s.K}, 2N={2 * s.N}")  # fmt: skip
-    b = _Builder(recipe, s)
+    b = _Builder()
     T, K, N, E, k, S = s.T, s.K, s.N, s.E, s.top_k, s.copies
     rows, align = s.rows(recipe), padding_alignment(recipe)
     fwd, bwd = Pass.FORWARD, Pass.BACKWARD_INPUT

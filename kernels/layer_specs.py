@@ -155,24 +155,20 @@ def _fused_chain(recipe: Recipe, producer):
 
 def _fused_impl(recipe: Recipe, kind: str):
     """mxkernels' fused kernel of ``kind`` for ``recipe`` (``moe_fused``), in the stage's calling contract."""
+    producer = {"permute": "gather", "combine_grad": "gather", "swiglu": "swiglu",
+                "swiglu_grad": "swiglu_backward"}[kind]  # fmt: skip
+    mx = recipe == Recipe.MXFP8
 
     def call(*args, mode="rceil", weighted=None):
         from . import moe_fused
 
-        if kind in ("permute", "combine_grad"):
+        fn = getattr(moe_fused, f"{producer}_quantize_{'mxfp8' if mx else 'fp8'}")
+        scale_mode = (mode,) if mx else ()  # FP8 rowwise scales have no mode
+        if producer == "gather":
             x, row_src, row_w, offs = args
-            w = row_w if weighted else None
-            fn = moe_fused.gather_quantize_mxfp8 if recipe == Recipe.MXFP8 else moe_fused.gather_quantize_fp8
-            return fn(x, row_src, w, offs, mode) if recipe == Recipe.MXFP8 else fn(x, row_src, w, offs)
-        if kind == "swiglu":
-            h, offs = args
-            if recipe == Recipe.MXFP8:
-                return moe_fused.swiglu_quantize_mxfp8(*swiglu.split_halves(h), offs, mode)
-            return moe_fused.swiglu_quantize_fp8(*swiglu.split_halves(h), offs)
-        g, h, offs = args
-        if recipe == Recipe.MXFP8:
-            return moe_fused.swiglu_backward_quantize_mxfp8(g, *swiglu.split_halves(h), offs, mode)
-        return moe_fused.swiglu_backward_quantize_fp8(g, *swiglu.split_halves(h), offs)
+            return fn(x, row_src, row_w if weighted else None, offs, *scale_mode)
+        *grad_act, h, offs = args  # SwiGLU (h, offs) or its backward (grad_act, h, offs)
+        return fn(*grad_act, *swiglu.split_halves(h), offs, *scale_mode)
 
     return call
 
