@@ -48,10 +48,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import gemm_dequant, gemm_emulated, gemm_fused, gemm_native, gemm_triton
+from . import gemm_dequant, gemm_emulated, gemm_fp8_rowwise, gemm_fused, gemm_native, gemm_triton
 from .cost import Cost
 from .format import BLOCK_SIZE, DATA_DTYPE, ScaleMode
 from .fp8_rowwise import quantize_fp8_rowwise, quantize_fp8_rowwise_3d, quantize_fp8_rowwise_k_groups
+from .gemm_fp8_rowwise import Fp8Config
 from .gemm_fused import FusedConfig
 from .gemm_triton import TileConfig
 from .layouts import (
@@ -78,11 +79,13 @@ from .runtime import (
 RECIPES = ("mxfp8", "fp8_rowwise", "bf16")
 BACKENDS = {
     "bf16": ("native", "emulated"),
-    "fp8_rowwise": ("native", "emulated"),
+    "fp8_rowwise": ("native", "triton", "emulated"),
     "mxfp8": ("native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated"),
 }
-# The launch configuration type of each backend that takes ``config=``.
-CONFIG_TYPES = {"triton": TileConfig, "triton_fp8": TileConfig, "triton_fused": FusedConfig}
+# The launch configuration type of each backend that takes ``config=``, by recipe (a backend's name means one kernel
+# family within a recipe: "triton" is ``gemm_triton`` for MXFP8 and ``gemm_fp8_rowwise`` for FP8 rowwise).
+CONFIG_TYPES = {"mxfp8": {"triton": TileConfig, "triton_fp8": TileConfig, "triton_fused": FusedConfig},
+                "fp8_rowwise": {"triton": Fp8Config}}  # fmt: skip
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -119,6 +122,8 @@ def backend_unavailable(recipe: str, backend: str, device: torch.device) -> str 
         return f"the Triton MXFP8 backends need fp8 tensor cores (compute capability >= 8.9), this GPU is {cap}"
     if backend == "triton_fused":
         return FUSED_WITHHELD
+    if recipe == "fp8_rowwise" and cap < (9, 0):
+        return f"the Triton FP8 rowwise grouped GEMM reads its operands through TMA (compute capability >= 9.0), this GPU is {cap}"
     return None
 
 
@@ -131,6 +136,9 @@ FUSED_WITHHELD = (
 
 def _preference(recipe: str, device: torch.device) -> tuple[str, ...]:
     cap = _capability(device)
+    if recipe == "fp8_rowwise":
+        # On CPU the Triton kernel runs in the interpreter, for tests; the emulation is the fast one there.
+        return ("emulated", "native", "triton") if cap is None else BACKENDS[recipe]
     if recipe != "mxfp8":
         return BACKENDS[recipe]
     if cap is None:
@@ -215,13 +223,14 @@ def _check_same_device(a_q: torch.Tensor, **tensors: torch.Tensor) -> None:
         check_same_device(name, x, a_q, "a_q")
 
 
-def _check_launch_config(config: object, backend: str) -> None:
+def _check_launch_config(config: object, recipe: str, backend: str) -> None:
     """``config`` must be None or the backend's launch configuration type; backends without one ignore any."""
-    if backend in CONFIG_TYPES:
-        check_config("config", config, CONFIG_TYPES[backend], f" for backend {backend!r}")
-    elif config is not None and not isinstance(config, tuple(CONFIG_TYPES.values())):
-        raise InputError(f"config must be a launch configuration ({TileConfig.__name__} or {FusedConfig.__name__}) "
-                         f"or None, got {config!r}")  # fmt: skip
+    types = CONFIG_TYPES[recipe]
+    if backend in types:
+        check_config("config", config, types[backend], f" for backend {backend!r} of recipe {recipe!r}")
+    elif config is not None and not isinstance(config, (TileConfig, FusedConfig, Fp8Config)):
+        raise InputError(f"config must be a launch configuration ({TileConfig.__name__}, {FusedConfig.__name__} or "
+                         f"{Fp8Config.__name__}) or None, got {config!r}")  # fmt: skip
 
 
 def _check_out_dtype(out_dtype: object, backend: str) -> torch.dtype:
@@ -273,7 +282,7 @@ def mxfp8_scaled_grouped_mm(
         check_shape("b_sb", b_sb, k_groups_shape(K, M // BLOCK_SIZE, G))
     backend = _resolve_backend("mxfp8", backend, a_q.device)
     out_dtype = _check_out_dtype(out_dtype, backend)
-    _check_launch_config(config, backend)
+    _check_launch_config(config, "mxfp8", backend)
 
     if backend == "native":
         return gemm_native.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype)
@@ -296,13 +305,16 @@ def fp8_rowwise_scaled_grouped_mm(
     backend: str | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     use_fast_accum: bool = False,
+    config: Fp8Config | None = None,
 ) -> torch.Tensor:
     """FP8 rowwise grouped GEMM on quantized TN operands with fp32 scales (``fp8_rowwise`` produces them).
 
     2D x 3D: a_q (M, K), a_scale (M,), b_q (G, N, K), b_scale (G, N) -> (M, N).
     2D x 2D: a_q (N, M), a_scale (G, N), b_q (K, M), b_scale (G, K) -> (G, N, K) (per-group scales). "native"
-    (``torch._scaled_grouped_mm``, SM90/SM100) has shape rules of its own (``gemm_native``) and writes bf16 only.
-    ``use_fast_accum``: the native kernel's fast (less precise) accumulation.
+    (``torch._scaled_grouped_mm``, SM90/SM100) has shape rules of its own (``gemm_native``) and writes bf16 only;
+    "triton" (``gemm_fp8_rowwise``, SM90+: TMA) needs the contraction's row stride a multiple of 16 bytes.
+    ``use_fast_accum``: the native kernel's fast (less precise) accumulation. ``config``: "triton"'s launch (None:
+    ``gemm_fp8_rowwise.default_config``).
     """
     case, M, N, K, G = _check_quantized(a_q, b_q, offs)
     if case == "2d3d":
@@ -315,9 +327,12 @@ def fp8_rowwise_scaled_grouped_mm(
     _check_same_device(a_q, a_scale=a_scale, b_scale=b_scale)
     backend = _resolve_backend("fp8_rowwise", backend, a_q.device)
     out_dtype = _check_out_dtype(out_dtype, backend)
+    _check_launch_config(config, "fp8_rowwise", backend)
 
     if backend == "emulated":
         return gemm_emulated.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype)
+    if backend == "triton":
+        return gemm_fp8_rowwise.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, config)
     return gemm_native.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, use_fast_accum)
 
 

@@ -251,7 +251,7 @@ def test_registered_but_withheld_on_gpus(monkeypatch):
     assert GG.backend_unavailable("mxfp8", "triton_fused", torch.device("cuda")) == GG.FUSED_WITHHELD
     with pytest.raises(RuntimeError, match="withheld"):
         GG._resolve_backend("mxfp8", "triton_fused", torch.device("cuda"))
-    assert "triton_fused" in GG.BACKENDS["mxfp8"] and GG.CONFIG_TYPES["triton_fused"] is FusedConfig
+    assert "triton_fused" in GG.BACKENDS["mxfp8"] and GG.CONFIG_TYPES["mxfp8"]["triton_fused"] is FusedConfig
 
 
 # ---- cross-compilation: what the kernels become on SM90 -----------------------------------------------------------

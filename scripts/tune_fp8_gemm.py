@@ -1,0 +1,155 @@
+"""Our FP8 rowwise grouped GEMMs ("triton", ``gemm_fp8_rowwise``) against torch's ``_scaled_grouped_mm`` ("native").
+
+    python scripts/tune_fp8_gemm.py --out $OUT/tune_fp8_gemm.json      # ~4 minutes on an H100
+
+For each model (DeepSeek-V3: K 7168, N 2048; Llama 4 Scout: K 5120, N 8192; G = 8 balanced groups, M = 131072
+tokens) and each GEMM of the FP8 rowwise step -- fwd (M, K) x (G, N, K), dgrad (M, N) x (G, K, N), wgrad (N, M) x
+(K, M) -> (G, N, K) -- it times "native" (the denominator of every ratio), a dense ``torch._scaled_mm`` of the
+same FLOPs (rowwise scales: the dense ceiling at this shape), and each candidate ``Fp8Config`` of ours (``CANDIDATES``,
+the first of a case is the default). Each candidate is first checked against "emulated" on a small ragged case
+with an empty group (SQNR in dB), then at the full size against "emulated" too: under ``MIN_SQNR_DB``, an empty
+group's output not all zeros, or an exception, it is reported and skipped. Every time is ``mxbench.timing.time_fn``
+(cold-L2 CUDA-graph replays after warm-up calls).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+import traceback
+
+# tuning first: it makes mxkernels and mxbench importable from a checkout where they are not installed.
+# isort: off
+from tuning import start
+
+import torch
+from mxkernels import grouped_gemm as GG
+from mxkernels.gemm_fp8_rowwise import Fp8Config
+from mxbench.timing import time_fn
+
+# isort: on
+
+MODELS = {"deepseek-v3": (7168, 2048), "llama4-scout": (5120, 8192)}
+M, G = 131072, 8
+MIN_SQNR_DB = 30.0
+CANDIDATES = {
+    "2d3d": [
+        Fp8Config(128, 256, 128, num_warps=8, num_stages=3),
+        Fp8Config(128, 256, 128, num_warps=8, num_stages=4),
+        Fp8Config(128, 256, 64, num_warps=8, num_stages=5),
+        Fp8Config(256, 128, 128, num_warps=8, num_stages=3),
+        Fp8Config(128, 128, 128, num_warps=8, num_stages=5),
+        Fp8Config(128, 128, 128, num_warps=4, num_stages=5),
+        Fp8Config(128, 256, 128, num_warps=8, num_stages=3, group_m=1),
+    ],
+    "2d2d": [
+        Fp8Config(128, 256, 128, num_warps=8, num_stages=3),
+        Fp8Config(128, 256, 128, num_warps=8, num_stages=4),
+        Fp8Config(128, 256, 64, num_warps=8, num_stages=5),
+        Fp8Config(256, 128, 128, num_warps=8, num_stages=3),
+        Fp8Config(128, 128, 128, num_warps=8, num_stages=5),
+        Fp8Config(128, 128, 128, num_warps=4, num_stages=5),
+    ],
+}
+PASSES = {"fwd": "2d3d", "dgrad": "2d3d", "wgrad": "2d2d"}
+
+
+def _operands(pass_: str, K: int, N: int, sizes: list[int], seed: int):
+    """FP8 rowwise operands (a_q, a_scale, b_q, b_scale) and offs of one pass, from bf16 ``_grouped_mm`` operands."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rows = sum(sizes)
+    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    rand = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)
+    if pass_ == "fwd":
+        a, b = rand(rows, K).bfloat16(), (rand(len(sizes), N, K) * K**-0.5).bfloat16().transpose(-2, -1)
+    elif pass_ == "dgrad":
+        a, b = rand(rows, N).bfloat16(), (rand(len(sizes), K, N) * N**-0.5).bfloat16().transpose(-2, -1)
+    else:
+        a, b = (rand(rows, N) * 1e-2).bfloat16().t(), rand(rows, K).bfloat16()
+    return GG._quantize_fp8_rowwise(a, b, offs), offs
+
+
+def _sqnr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    return (10 * torch.log10(ref.pow(2).sum() / (x - ref).pow(2).sum())).item()
+
+
+def _check(pass_: str, K: int, N: int, sizes: list[int], config: Fp8Config | None, backend: str) -> float:
+    """SQNR (dB) of ``backend`` against "emulated"; raises where an empty group's output is not all zeros."""
+    ops, offs = _operands(pass_, K, N, sizes, seed=11)
+    ref = GG.fp8_rowwise_scaled_grouped_mm(*ops, offs, backend="emulated")
+    kwargs = {"config": config} if backend == "triton" else {}
+    out = GG.fp8_rowwise_scaled_grouped_mm(*ops, offs, backend=backend, **kwargs)
+    if PASSES[pass_] == "2d2d":
+        for g, size in enumerate(sizes):
+            if size == 0 and bool((out[g] != 0).any()):
+                raise AssertionError(f"group {g} is empty but its output is not all zeros")
+        return _sqnr_db(out, ref)
+    return _sqnr_db(out[: sum(sizes)], ref[: sum(sizes)])
+
+
+def _us(fn) -> float:
+    return time_fn(fn, samples=8, warmup=2, target_replay_ms=20.0).median_us
+
+
+def _dense_fp8_us(rows: int, n: int, k: int) -> float:
+    """A dense ``torch._scaled_mm`` (rowwise scales, bf16 out) of (rows, k) x (k, n)."""
+    a = torch.randn(rows, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+    sa, sb = torch.ones(rows, 1, device="cuda"), torch.ones(1, n, device="cuda")
+    return _us(lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))
+
+
+def main() -> int:
+    session = start("tune_fp8_gemm", __doc__.splitlines()[0], "all", "models, comma list, or all", 1 << 14, 1 << 14)
+    only = list(MODELS) if session.args.only == "all" else session.args.only.split(",")
+    rows_out, skipped = [], []
+    for model in only:
+        K, N = MODELS[model]
+        for pass_, case in PASSES.items():
+            flops = 2 * M * N * K
+            shape = {"fwd": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[pass_]
+            (a_q, sa, b_q, sb), offs = _operands(pass_, K, N, [M // G] * G, seed=0)
+            native_us = _us(lambda: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="native"))
+            dense_us = _dense_fp8_us(*shape)
+            base = {"model": model, "pass": pass_, "M": M, "N": N, "K": K, "G": G}
+            for name, us in (("native", native_us), ("dense_scaled_mm", dense_us)):
+                rows_out.append({**base, "backend": name, "config": None, "us": us, "tflops": flops / us / 1e6})
+                print(f"{model:13s} {pass_:5s} {name:16s} {us:9.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
+            for config in CANDIDATES[case]:
+                if time.monotonic() - session.t0 > session.args.budget_s:
+                    skipped.append({**base, "config": dataclasses.asdict(config)})
+                    continue
+                row = {**base, "backend": "triton", "config": dataclasses.asdict(config)}
+                try:
+                    row["sqnr_small_db"] = _check(pass_, K % 2048 + 448, N % 1024 + 320, [608, 0, 800, 640], config,
+                                                  "triton")  # fmt: skip
+                    fn = lambda c=config: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="triton",
+                                                                            config=c)  # fmt: skip
+                    out, ref = fn(), GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="native")
+                    row["sqnr_vs_native_db"] = _sqnr_db(out, ref)
+                    if min(row["sqnr_small_db"], row["sqnr_vs_native_db"]) < MIN_SQNR_DB:
+                        raise AssertionError(f"SQNR {row['sqnr_small_db']:.1f} / {row['sqnr_vs_native_db']:.1f} dB")
+                    del out, ref
+                    row["us"] = _us(fn)
+                    row["tflops"] = flops / row["us"] / 1e6
+                    row["vs_native"] = native_us / row["us"]
+                    row["of_dense"] = dense_us / row["us"]
+                    print(f"{model:13s} {pass_:5s} triton {config.block_m}x{config.block_n}x{config.block_k} "
+                          f"w{config.num_warps} s{config.num_stages} g{config.group_m}: {row['us']:9.1f} us "
+                          f"{row['tflops']:7.1f} TFLOP/s  {row['vs_native']:.3f}x native  {row['of_dense']:.3f} of dense",
+                          flush=True)  # fmt: skip
+                except Exception as e:  # noqa: BLE001 -- a candidate that fails is reported, not fatal
+                    row["error"] = f"{type(e).__name__}: {e}"
+                    print(f"{model} {pass_} {config}: FAILED {row['error'][:300]}", flush=True)
+                    traceback.print_exc(limit=2)
+                rows_out.append(row)
+            del a_q, sa, b_q, sb
+            torch.cuda.empty_cache()
+    session.finish("tune_fp8_gemm", rows_out, skipped, {})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
