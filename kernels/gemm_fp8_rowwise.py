@@ -54,7 +54,7 @@ def _scaled_store(acc, out_ptr, out_rows, cols, row_ok, col_ok, sa, sb, ROW_STRI
 def _fp8_2d3d_kernel(
     a_desc, b_desc, sa_ptr, sb_ptr, offs_ptr, out_ptr, M, N, K, G, PROGRAMS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr,
-    GROUP_M: tl.constexpr, STAGES: tl.constexpr,
+    GROUP_M: tl.constexpr, STAGES: tl.constexpr, PROMOTE: tl.constexpr,
 ):  # fmt: skip
     """out (M, N) = (A (M, K) @ B_g (N, K)^T) * sa[:, None] * sb[g][None, :] per row group g (module doc)."""
     starts, sizes = group_bounds(offs_ptr, G, M, BLOCK_G)
@@ -70,7 +70,7 @@ def _fp8_2d3d_kernel(
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             a = a_desc.load([row0, k0])
             b = b_desc.load([g * N + n0, k0])
-            acc = tl.dot(a, b.T, acc)
+            acc = tl.dot(a, b.T, acc, max_num_imprecise_acc=PROMOTE)
         row_ok = r < rows_left
         col_ok = n0 + c < N
         sa = tl.load(sa_ptr + row0 + r, mask=row_ok, other=0.0)
@@ -82,7 +82,7 @@ def _fp8_2d3d_kernel(
 def _fp8_2d2d_kernel(
     x_desc, y_desc, x_ptr, y_ptr, sx_ptr, sy_ptr, offs_ptr, out_ptr, M, X_ROWS, Y_ROWS, G, PROGRAMS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr,
-    GROUP_M: tl.constexpr, STAGES: tl.constexpr,
+    GROUP_M: tl.constexpr, STAGES: tl.constexpr, PROMOTE: tl.constexpr,
 ):  # fmt: skip
     """out[g] (X_ROWS, Y_ROWS) = (X[:, group g] @ Y[:, group g]^T) * sx[g][:, None] * sy[g][None, :].
 
@@ -109,7 +109,7 @@ def _fp8_2d2d_kernel(
         for k0 in tl.range(0, full, BLOCK_K, num_stages=STAGES):
             x = x_desc.load([m0, start + k0])
             y = y_desc.load([n0, start + k0])
-            acc = tl.dot(x, y.T, acc)
+            acc = tl.dot(x, y.T, acc, max_num_imprecise_acc=PROMOTE)
         x_rows = tl.minimum(m0 + r, X_ROWS - 1)
         y_rows = tl.minimum(n0 + c, Y_ROWS - 1)
         for k0 in range(full, size, BLOCK_K):  # the last partial step: never the next group's columns
@@ -117,7 +117,7 @@ def _fp8_2d2d_kernel(
             k_ok = (k0 + kk < size)[None, :]
             x = tl.load(x_ptr + x_rows.to(tl.int64)[:, None] * M + k[None, :], mask=k_ok, other=0.0)
             y = tl.load(y_ptr + y_rows.to(tl.int64)[:, None] * M + k[None, :], mask=k_ok, other=0.0)
-            acc = tl.dot(x, y.T, acc)
+            acc = tl.dot(x, y.T, acc, max_num_imprecise_acc=PROMOTE)
         row_ok = m0 + r < X_ROWS
         col_ok = n0 + c < Y_ROWS
         sx = tl.load(sx_ptr + g * X_ROWS + m0 + r, mask=row_ok, other=0.0)
@@ -151,6 +151,11 @@ class Fp8Config:
     # Cap on the grid (None: one program per SM). Tests use a small one so a program walks several tiles and groups.
     max_programs: int | None = None
     maxnreg: int | None = None
+    # Contraction elements the tensor core sums in its own accumulator before they are added into the fp32 one
+    # (``tl.dot``'s max_num_imprecise_acc; None: Triton's SM90 default, never). Hopper's fp8 wgmma accumulator keeps
+    # fewer mantissa bits than fp32, so a long contraction summed there loses precision that torch's kernel (two-level
+    # accumulation) keeps; a promotion every block_k elements costs block_m * block_n fp32 adds a step.
+    promote: int | None = 128
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -161,12 +166,14 @@ class Fp8Config:
             check_int(f"Fp8Config.{name}", getattr(self, name), 1)
         if self.max_programs is not None:
             check_int("Fp8Config.max_programs", self.max_programs, 1)
+        if self.promote is not None:
+            check_int("Fp8Config.promote", self.promote, 1, self.block_k)
 
 
 # Per case until the tuning script's measurements say otherwise (docs/perf-log.md).
 _DEFAULT_CONFIGS = {"2d3d": Fp8Config(), "2d2d": Fp8Config()}
 # The interpreter runs small tiles in a few programs, so that each walks several tiles and groups.
-_INTERPRETER_CONFIG = Fp8Config(32, 32, block_k=32, num_warps=4, num_stages=1, group_m=2, max_programs=3)
+_INTERPRETER_CONFIG = Fp8Config(32, 32, block_k=32, num_warps=4, num_stages=1, group_m=2, max_programs=3, promote=32)
 
 
 def default_config(case: str) -> Fp8Config:
@@ -180,7 +187,7 @@ def _launch(kernel, tiles: int, args: tuple, G: int, config: Fp8Config, device: 
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     programs = max(min(tiles, sms, config.max_programs or tiles), 1)
     launch = {"BLOCK_K": config.block_k, "BLOCK_G": triton.next_power_of_2(G), "GROUP_M": config.group_m,
-              "STAGES": config.num_stages, **tile_launch(config)}  # fmt: skip
+              "STAGES": config.num_stages, "PROMOTE": config.promote, **tile_launch(config)}  # fmt: skip
     # The program count is a plain argument, not a constexpr: a call at another size reuses the compiled kernel.
     kernel[(programs,)](*args, G, programs, **launch)
 

@@ -162,7 +162,7 @@ def test_sm90_build_uses_e4m3_wgmma_and_tma(case):
                "X_ROWS": "i32", "Y_ROWS": "i32", "G": "i32", "PROGRAMS": "i32"}  # fmt: skip
         kernel = "_fp8_2d2d_kernel"
     constexprs = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "BLOCK_G": 8, "GROUP_M": c.group_m,
-                  "STAGES": c.num_stages}  # fmt: skip
+                  "STAGES": c.num_stages, "PROMOTE": c.promote}  # fmt: skip
     sig.update(dict.fromkeys(constexprs, "constexpr"))
     ptx = compile_ptx("mxkernels.gemm_fp8_rowwise", kernel, sig, constexprs, 90, aligned=("out_ptr",),
                       options={"num_warps": c.num_warps, "num_stages": c.num_stages})  # fmt: skip

@@ -196,10 +196,12 @@ def _check_watts_known(watts: Sequence[float]) -> None:
     "same run: MXFP8 quantizers that write the GEMM's blocked scales (no rearrange stages); FP8 rowwise quantizers "
     "whose first pass over a tensor also folds the column amaxes its transposed copy is scaled by (one read fewer).",
 )
+@click.option("--backend", help="Grouped-GEMM backend of the run's one recipe besides bf16 (mxkernels.grouped_gemm.BACKENDS lists "
+              "them): e.g. fp8_rowwise native (torch._scaled_grouped_mm) or triton (ours). [default: the device's best]")
 @impl_option
 @project_option
 def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
-             plot_file, hardware, denominator, warm_l2, samples, fuse_scales, impl_texts, project):  # fmt: skip
+             plot_file, hardware, denominator, warm_l2, samples, fuse_scales, backend, impl_texts, project):  # fmt: skip
     """Time every stage of every pass over a sweep of M (or, without a GPU, print and save the analytic model).
 
     Exit codes: 0 done, 1 an --impl failed its check, 2 bad input (nothing ran), 130 interrupted by Ctrl-C (the
@@ -220,6 +222,8 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     spec = hardware_spec(hardware) if hardware else None
     if not gpu and denominator == "measured":
         raise click.BadParameter("measured ceilings need a GPU; use datasheet", param_hint="--denominator")
+    if backend is not None:
+        _check_backend(backend, recipes, gpu)
     out = out or RESULTS_DIR / (_card_dir() if gpu else f"model-{spec.key}") / f"roofline-{label}-{_stamp()}.json"
     _check_outputs(out, plot_file)
     limits, controller = _power_limits(power_percent, power_watts, gpu)
@@ -227,7 +231,7 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     impls = _impls(impl_texts, recipes, points)
     impls = checked(impls, K, N, G, mode)
     if gpu:
-        run = _measure(points, hardware, denominator, out, controller, warm_l2, samples, impls)
+        run = _measure(points, hardware, denominator, out, controller, warm_l2, samples, impls, backend)
         if run is None:  # another rank of a sharded sweep: rank 0 writes and prints (mxbench.shard)
             return
     else:
@@ -287,7 +291,24 @@ def _impls(texts: Sequence[str], recipes: Sequence[str], points) -> list:
     return impls
 
 
-def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2: bool, samples: int, impls=()):
+def _check_backend(backend: str, recipes: Sequence[str], gpu: bool) -> None:
+    """``--backend`` names one backend of the run's one recipe besides bf16 (bad input otherwise, before any work)."""
+    from mxkernels.grouped_gemm import BACKENDS
+
+    others = [r for r in recipes if r != "bf16"]
+    if len(others) != 1:
+        raise click.BadParameter(f"it sets the GEMM backend of one recipe besides bf16; this run has {others or 'none'}",
+                                 param_hint="--backend")  # fmt: skip
+    if backend not in BACKENDS[others[0]]:
+        raise click.BadParameter(f"{others[0]}'s backends are {', '.join(BACKENDS[others[0]])}; got {backend!r}",
+                                 param_hint="--backend")  # fmt: skip
+    if not gpu:
+        raise click.BadParameter("backends are timed on a GPU; the model without one prices no backend",
+                                 param_hint="--backend")  # fmt: skip
+
+
+def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2: bool, samples: int, impls=(),
+             backend: str | None = None):  # fmt: skip
     from ..instruments import Instruments
     from ..measure import SweepOptions
     from ..shard import launched, local_device, sharded_sweep
@@ -295,7 +316,8 @@ def _measure(points, hardware, denominator: str, out: Path, controller, warm_l2:
 
     device = local_device()
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR, hardware=hardware,
-                           denominator=denominator, command=command_line(), impls=impls, device=device)  # fmt: skip
+                           denominator=denominator, command=command_line(), impls=impls, device=device,
+                           backend=backend)  # fmt: skip
     instruments = Instruments.real(device, RESULTS_DIR, power=controller)
     if denominator == "measured" and not instruments.ceilings(_card_name()):
         raise click.BadParameter("no measured ceilings stored for this card: run `mxbench ceilings` first",
