@@ -148,6 +148,10 @@ class Fp8Config:
     # Row tiles per band of the tile order (``gemm_fused._band_tile``): programs running at once share a few row and
     # column panels in L2.
     group_m: int = 8
+    # Persistent programs per SM (the grid is min(tiles, SMs * this)): two where registers and shared memory let
+    # them share an SM, so that one program's fp32 promotion adds (which ptxas serializes behind its own wgmma)
+    # overlap the other's tensor-core work.
+    programs_per_sm: int = 1
     # Cap on the grid (None: one program per SM). Tests use a small one so a program walks several tiles and groups.
     max_programs: int | None = None
     maxnreg: int | None = None
@@ -162,7 +166,7 @@ class Fp8Config:
             check_power_of_two(f"Fp8Config.{name}", getattr(self, name), lo=16)
         if self.num_warps not in (4, 8):
             raise InputError(f"Fp8Config.num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps!r}")
-        for name in ("num_stages", "group_m"):
+        for name in ("num_stages", "group_m", "programs_per_sm"):
             check_int(f"Fp8Config.{name}", getattr(self, name), 1)
         if self.max_programs is not None:
             check_int("Fp8Config.max_programs", self.max_programs, 1)
@@ -185,7 +189,7 @@ def default_config(case: str) -> Fp8Config:
 
 def _launch(kernel, tiles: int, args: tuple, G: int, config: Fp8Config, device: torch.device) -> None:
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    programs = max(min(tiles, sms, config.max_programs or tiles), 1)
+    programs = max(min(tiles, sms * config.programs_per_sm, config.max_programs or tiles), 1)
     launch = {"BLOCK_K": config.block_k, "BLOCK_G": triton.next_power_of_2(G), "GROUP_M": config.group_m,
               "STAGES": config.num_stages, "PROMOTE": config.promote, **tile_launch(config)}  # fmt: skip
     # The program count is a plain argument, not a constexpr: a call at another size reuses the compiled kernel.

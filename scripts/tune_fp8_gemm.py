@@ -34,25 +34,19 @@ MODELS = {"deepseek-v3": (7168, 2048), "llama4-scout": (5120, 8192)}
 M, G = 131072, 8
 MIN_SQNR_DB = 30.0
 _T = (128, 256, 128)  # the tile that won the first sweep (docs/perf-log.md)
-CANDIDATES = {
-    "2d3d": [
-        Fp8Config(*_T, num_warps=8, num_stages=3),
-        Fp8Config(*_T, num_warps=8, num_stages=4),
-        Fp8Config(*_T, num_warps=8, num_stages=3, promote=64),
-        Fp8Config(128, 256, 64, num_warps=8, num_stages=5, promote=64),
-        Fp8Config(256, 128, 128, num_warps=8, num_stages=3),
-        Fp8Config(*_T, num_warps=8, num_stages=3, promote=None),
-        Fp8Config(*_T, num_warps=8, num_stages=4, promote=None),
-    ],
-    "2d2d": [
-        Fp8Config(*_T, num_warps=8, num_stages=3),
-        Fp8Config(*_T, num_warps=8, num_stages=4),
-        Fp8Config(*_T, num_warps=8, num_stages=3, promote=64),
-        Fp8Config(128, 256, 64, num_warps=8, num_stages=5, promote=64),
-        Fp8Config(*_T, num_warps=8, num_stages=3, promote=None),
-        Fp8Config(*_T, num_warps=8, num_stages=4, promote=None),
-    ],
-}
+_PRECISE = [  # promotion every 128 elements, as torch's kernel: tiles whose registers leave room for two programs
+    Fp8Config(64, 128, 128, num_warps=4, num_stages=4, programs_per_sm=2),
+    Fp8Config(64, 128, 128, num_warps=4, num_stages=3, programs_per_sm=2),
+    Fp8Config(64, 256, 128, num_warps=4, num_stages=3, programs_per_sm=1),
+    Fp8Config(128, 128, 128, num_warps=8, num_stages=3, programs_per_sm=2, maxnreg=128),
+    Fp8Config(128, 128, 128, num_warps=8, num_stages=4),
+    Fp8Config(256, 128, 128, num_warps=8, num_stages=3),
+]
+_FAST = [  # the tensor core's own accumulator throughout (torch's use_fast_accum)
+    Fp8Config(128, 256, 128, num_warps=8, num_stages=3, promote=None),
+    Fp8Config(128, 256, 128, num_warps=8, num_stages=4, promote=None),
+]
+CANDIDATES = {"2d3d": _PRECISE + _FAST, "2d2d": _PRECISE + _FAST}
 PASSES = {"fwd": "2d3d", "dgrad": "2d3d", "wgrad": "2d2d"}
 
 
@@ -113,11 +107,13 @@ def main() -> int:
             shape = {"fwd": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[pass_]
             (a_q, sa, b_q, sb), offs = _operands(pass_, K, N, [M // G] * G, seed=0)
             native_us = _us(lambda: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="native"))
+            fast_us = _us(lambda: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="native",
+                                                                  use_fast_accum=True))  # fmt: skip
             dense_us = _dense_fp8_us(*shape)
             base = {"model": model, "pass": pass_, "M": M, "N": N, "K": K, "G": G}
             native_sqnr = _check(pass_, K % 2048 + 448, N % 1024 + 320, [608, 0, 800, 640], None, "native")
             print(f"{model:13s} {pass_:5s} native SQNR {native_sqnr:.2f} dB (small case)")
-            for name, us in (("native", native_us), ("dense_scaled_mm", dense_us)):
+            for name, us in (("native", native_us), ("native_fast_accum", fast_us), ("dense_scaled_mm", dense_us)):
                 rows_out.append({**base, "backend": name, "config": None, "us": us, "tflops": flops / us / 1e6})
                 print(f"{model:13s} {pass_:5s} {name:16s} {us:9.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
             for config in CANDIDATES[case]:
@@ -140,7 +136,8 @@ def main() -> int:
                     row["vs_native"] = native_us / row["us"]
                     row["of_dense"] = dense_us / row["us"]
                     print(f"{model:13s} {pass_:5s} triton {config.block_m}x{config.block_n}x{config.block_k} "
-                          f"w{config.num_warps} s{config.num_stages} g{config.group_m} p{config.promote}: {row['us']:9.1f} us "
+                          f"w{config.num_warps} s{config.num_stages} g{config.group_m} p{config.promote} x{config.programs_per_sm} "
+                          f"r{config.maxnreg}: {row['us']:9.1f} us "
                           f"{row['tflops']:7.1f} TFLOP/s  {row['vs_native']:.3f}x native  {row['of_dense']:.3f} of dense",
                           flush=True)  # fmt: skip
                 except Exception as e:  # noqa: BLE001 -- a candidate that fails is reported, not fatal
