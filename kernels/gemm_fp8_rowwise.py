@@ -174,8 +174,21 @@ class Fp8Config:
             check_int("Fp8Config.promote", self.promote, 1, self.block_k)
 
 
-# Per case until the tuning script's measurements say otherwise (docs/perf-log.md).
-_DEFAULT_CONFIGS = {"2d3d": Fp8Config(), "2d2d": Fp8Config()}
+# The defaults per case: the fastest of scripts/tune_fp8_gemm.py's candidates that sum as torch's kernel does
+# (promotion every 128 elements: its outputs equal torch's bit for bit), at DeepSeek-V3 and Llama 4 Scout shapes on an
+# H100 (docs/perf-log.md). ptxas serializes each promotion behind its wgmma (warning C7517), and 128 x 256 tiles spill
+# with a second accumulator, so these run at 0.86-1.17x torch's kernel, not faster.
+_DEFAULT_CONFIGS = {
+    "2d3d": Fp8Config(256, 128, 128, num_warps=8, num_stages=3),
+    "2d2d": Fp8Config(128, 128, 128, num_warps=8, num_stages=4),
+}
+# Fast accumulation (the tensor core's own accumulator throughout, as torch's use_fast_accum=True): 1.26-1.48x torch's
+# default kernel and 1.05-1.23x its fast one at the same shapes, with a lower SQNR (docs/perf-log.md). Opt-in only:
+# pass ``config=FAST_CONFIGS[case]``.
+FAST_CONFIGS = {
+    "2d3d": Fp8Config(128, 256, 128, num_warps=8, num_stages=4, promote=None),
+    "2d2d": Fp8Config(128, 256, 128, num_warps=8, num_stages=3, promote=None),
+}
 # The interpreter runs small tiles in a few programs, so that each walks several tiles and groups.
 _INTERPRETER_CONFIG = Fp8Config(32, 32, block_k=32, num_warps=4, num_stages=1, group_m=2, max_programs=3, promote=32)
 

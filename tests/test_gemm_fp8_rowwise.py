@@ -148,9 +148,10 @@ def test_cpu_default_stays_the_emulation():
 # ---- the SM90 build ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("configs", [F._DEFAULT_CONFIGS, F.FAST_CONFIGS], ids=["default", "fast"])
 @pytest.mark.parametrize("case", ["2d3d", "2d2d"])
-def test_sm90_build_uses_e4m3_wgmma_and_tma(case):
-    c = F._DEFAULT_CONFIGS[case]
+def test_sm90_build_uses_e4m3_wgmma_and_tma(case, configs):
+    c = configs[case]
     desc = lambda rows: f"tensordesc<fp8e4nv[{rows}, {c.block_k}]>"
     if case == "2d3d":
         sig = {"a_desc": desc(c.block_m), "b_desc": desc(c.block_n), "sa_ptr": "*fp32", "sb_ptr": "*fp32",
