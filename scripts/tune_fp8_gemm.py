@@ -1,6 +1,7 @@
 """Our FP8 rowwise grouped GEMMs ("triton", ``gemm_fp8_rowwise``) against torch's ``_scaled_grouped_mm`` ("native").
 
-    python scripts/tune_fp8_gemm.py --out $OUT/tune_fp8_gemm.json      # ~4 minutes on an H100
+    python scripts/tune_fp8_gemm.py --out $OUT/tune_fp8_gemm.json      # ~2 minutes on an H100
+    python scripts/tune_fp8_gemm.py --table RUN.json [RUN.json ...]    # markdown: each pass's best of ours vs torch's
 
 For each model (DeepSeek-V3: K 7168, N 2048; Llama 4 Scout: K 5120, N 8192; G = 8 balanced groups, M = 131072
 tokens) and each GEMM of the FP8 rowwise step -- fwd (M, K) x (G, N, K), dgrad (M, N) x (G, K, N), wgrad (N, M) x
@@ -15,6 +16,7 @@ group's output not all zeros, or an exception, it is reported and skipped. Every
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 import traceback
@@ -96,7 +98,40 @@ def _dense_fp8_us(rows: int, n: int, k: int) -> float:
     return _us(lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))
 
 
+def table(paths: list[str]) -> str:
+    """Markdown of stored runs: per model and pass, torch's kernel (default and fast accumulation), the dense
+    ``_scaled_mm``, and our fastest candidate of each accumulation (precise: promotion every 128 elements, torch's
+    sums; fast: none), with TFLOP/s, the ratio to torch's default and the SQNR against "emulated" (small case)."""
+    lines = ["| card | model | pass | torch | torch fast acc | dense _scaled_mm | ours, precise (config) | ours, fast "
+             "(config) | precise / torch | fast / torch | fast / torch fast |", "|" + "---|" * 11]
+    for path in paths:
+        with open(path) as f:
+            run = json.load(f)
+        rows = run["rows"]
+        for model, pass_ in dict.fromkeys((r["model"], r["pass"]) for r in rows):
+            mine = [r for r in rows if r["model"] == model and r["pass"] == pass_]
+            by = {r["backend"]: r for r in mine if r["backend"] != "triton"}
+            if "native_fast_accum" not in by:
+                continue  # runs before both accumulations were timed
+            ours = [r for r in mine if r["backend"] == "triton" and "us" in r]
+            best = {}
+            for mode, precise in (("precise", True), ("fast", False)):
+                cands = [r for r in ours if (r["config"]["promote"] is not None) == precise]
+                best[mode] = min(cands, key=lambda r: r["us"]) if cands else None
+            cfg = lambda r: "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages} x{programs_per_sm}".format(**r["config"])
+            tf = lambda r: f"{r['tflops']:.0f}" if r else "-"
+            ratio = lambda r, base: f"{base['us'] / r['us']:.2f}x" if r else "-"
+            p, fa = best["precise"], best["fast"]
+            lines.append(f"| {run['device']} | {model} | {pass_} | {tf(by['native'])} | {tf(by['native_fast_accum'])} | "
+                         f"{tf(by['dense_scaled_mm'])} | {tf(p)} ({cfg(p) if p else '-'}) | {tf(fa)} ({cfg(fa) if fa else '-'}) "
+                         f"| {ratio(p, by['native'])} | {ratio(fa, by['native'])} | {ratio(fa, by['native_fast_accum'])} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--table":
+        print(table(sys.argv[2:]))
+        return 0
     session = start("tune_fp8_gemm", __doc__.splitlines()[0], "all", "models, comma list, or all", 1 << 14, 1 << 14)
     only = list(MODELS) if session.args.only == "all" else session.args.only.split(",")
     rows_out, skipped = [], []
