@@ -61,14 +61,15 @@ def dgrad_reference(dy, w, strategy: str, mode: str = "rceil"):
     return forward_reference(dy, w.T, strategy, mode)
 
 
-def wgrad_reference(dy, x, strategy: str, wgrad, mode: str = "rceil"):
-    """grad_w (N, K) = dy^T x in fp64 (module doc): under mxfp8_a2a the rows as they arrived (MXFP8 along their
-    width, dequantized), then the wgrad precision's GEMM."""
+def wgrad_reference(dy, x, strategy: str, wgrad, mode: str = "rceil", *, crossed: tuple[bool, bool] = (True, True)):
+    """grad_w (N, K) = dy^T x in fp64 (module doc): under mxfp8_a2a the operands that ``crossed`` an all-to-all in
+    MXFP8 (dy, x) as they arrived (1x32 along their width, dequantized: exact in fp32), then the wgrad precision's
+    GEMM."""
     from .ep_wgrad import Wgrad, resolve_wgrad  # the option's meaning only, no kernels
 
     _check(strategy)
     if strategy == "mxfp8_a2a":
-        dy, x = _mx(dy, mode), _mx(x, mode)
+        dy, x = (_mx(t, mode).float() if q else t for t, q in zip((dy, x), crossed, strict=True))
     if strategy == "bf16" or resolve_wgrad(strategy, wgrad) == Wgrad.BF16:
         return dy.double().T @ x.double()
     return _mx(_pad_tokens(dy).T, mode) @ _mx(_pad_tokens(x).T, mode).T

@@ -118,17 +118,6 @@ def test_layer_reference_is_a_per_token_product():
     assert torch.equal(grad_w[2], dense.bfloat16())
 
 
-@pytest.fixture
-def world_of_one():
-    """A gloo group of this process alone: EP degree 1 (the all-to-alls copy locally)."""
-    if not os.environ.get("TRITON_INTERPRET"):
-        # this path runs the kernels on CPU tensors; a GPU box checks it through the worker subprocesses below
-        pytest.skip("the in-process gloo path needs the Triton interpreter (CPU tensors)")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield Context(0, 1, 0, "gloo", torch.device("cpu"), dist.group.WORLD)
-    dist.destroy_process_group()
-
-
 OPTIONS = ep_check.EPOptions(K=64, N=96, E=3, T=40, top_k=2, groups="skewed", seed=3)
 
 
