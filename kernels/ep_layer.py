@@ -105,8 +105,10 @@ def ep_layer_specs() -> dict[tuple[Recipe, str], StageSpec]:
     }
     specs = [sort_scores] + [replace(get_layer_spec(B, layer), name=name, purpose=purpose)
                              for name, (layer, purpose) in renamed.items()]  # fmt: skip
-    for name, step, what in (("quantize_xs", "quantize_a", "sorted token copies"),
-                             ("quantize_dys", "quantize_grad_out", "sorted output gradient copies")):
+    for name, step, what in (
+        ("quantize_xs", "quantize_a", "sorted token copies"),
+        ("quantize_dys", "quantize_grad_out", "sorted output gradient copies"),
+    ):
         specs.append(replace(get_spec(Recipe.MXFP8, step), name=name,
                              purpose=f"Quantize the {what} 1x32 along K before their all-to-all"))  # fmt: skip
     return {s.key: s for s in specs}
@@ -255,7 +257,9 @@ def _to_experts(b: _LayerBuilder, payload: Recipe, rows: _Rows, names: tuple[str
     align, E = padding_alignment(rows.recipe), s.E
     if q:
         widths = (width, width // BLOCK_SIZE)
-        cost = sum((padding.pad_cost(s.R, w, E, align, 1) for w in widths[1:]), padding.pad_cost(s.R, width, E, align, 1))
+        cost = sum(
+            (padding.pad_cost(s.R, w, E, align, 1) for w in widths[1:]), padding.pad_cost(s.R, width, E, align, 1)
+        )
         b.add(payload, f"{pad}_mx", [(s.R, w) for w in widths], cost, (*permuted, "offs"), (*dst, "offs_p"),
               {"alignment": align})  # fmt: skip
     else:
@@ -325,14 +329,15 @@ def _weight_gradients(b: _LayerBuilder, L: EPLayerShape, strategy: str, wgrad: W
             b.add(Recipe.MXFP8, name, [(rows.Rp, s.K)], dequantize_cost(rows.Rp, s.K, s.E), (q, blocked, rows.offs),
                   (dst,))  # fmt: skip
     w = wgrad_recipe(strategy, wgrad)
-    for role, n, k, names in (("up", 2 * s.N, s.K, {"a": xs, "grad_out": "grad_h", "grad_w": "grad_w13"}),
-                              ("down", s.K, s.N, {"a": "act", "grad_out": grad_out, "grad_w": "grad_w2"})):
+    for role, n, k, names in (
+        ("up", 2 * s.N, s.K, {"a": xs, "grad_out": "grad_h", "grad_w": "grad_w13"}),
+        ("down", s.K, s.N, {"a": "act", "grad_out": grad_out, "grad_w": "grad_w2"}),
+    ):
         names = {**names, "offs": rows.offs}
         b.stages += _projection(w, role, rows.Rp, n, k, s.E, names, b.mode, b.backend, False)[Pass.BACKWARD_WEIGHT]
     G = L.experts
     b.add(B, "router_gate_grad", [(s.T, G), (s.T, s.K)], moe_router.router_gate_grad_cost(s.T, s.K, G, 1),
           ("grad_logits", "x", "wr", "grad_x_routed"), ("grad_x", "grad_wr"))  # fmt: skip
-
 
 
 # ---- routing and autograd ---------------------------------------------------------------------------------------

@@ -431,7 +431,7 @@ def _mx_pass(b: _Builder, mp: _MxPass, pad: bool) -> None:
 
 def _mxfp8_a2a_strategy(b: _Builder) -> None:
     """MXFP8 rows through sort, dispatch and permute (and the mirror of the combine in the backward)."""
-    s, MX, BF = b.s, Recipe.MXFP8, Recipe.BF16
+    s, MX = b.s, Recipe.MXFP8
     pad = needs_padding(MX, s.group_sizes)
     Rp = padding.padded_rows(s.R, s.E, padding_alignment(MX)) if pad else s.R
     p, offs = ("_p", "offs_p") if pad else ("", "offs")

@@ -50,7 +50,7 @@ def wgrad_recipe(strategy: str, wgrad: Wgrad) -> Recipe:
 
 def rebind(stages: Sequence[Stage], names: Mapping[str, str]) -> list[Stage]:
     """``stages`` reading and writing ``names[t]`` for each tensor t named there (others unchanged)."""
-    name = lambda n: None if n is None else names.get(n, n)  # noqa: E731 -- one mapping, used twice
+    name = lambda n: None if n is None else names.get(n, n)
     return [replace(s, inputs=tuple(map(name, s.inputs)), outputs=tuple(map(name, s.outputs))) for s in stages]
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from helpers import FakeTiming
 from mxkernels import ep_comm, ep_reference, ep_stages, token_permute
 from mxkernels.comparison import sqnr_db

@@ -150,7 +150,9 @@ def test_the_other_wgrad_precision_fails_the_weight_gradients_check(world_of_one
     from mxkernels import ep_layer_reference
 
     real = ep_layer_reference.ep_moe_layer_reference
-    monkeypatch.setattr(ep_layer_reference, "ep_moe_layer_reference", lambda *a, **k: real(*a, **{**k, "wgrad": "bf16"}))
+    monkeypatch.setattr(
+        ep_layer_reference, "ep_moe_layer_reference", lambda *a, **k: real(*a, **{**k, "wgrad": "bf16"})
+    )
     _, layer_checks = ep_check.check_strategy(world_of_one, "mxfp8", options(wgrad=Wgrad.RECIPE))
     assert {c.output for c in layer_checks if not c.ok} == {"grad_w13", "grad_w2"}
 

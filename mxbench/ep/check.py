@@ -4,11 +4,13 @@
    of the stages before it, as ``mxbench check`` does); each implementation's outputs are compared with its spec's
    oracle by the spec's rule (bit for bit, or an SQNR floor for GEMMs). All-to-all oracles are built from
    ``all_gather`` alone. The first mismatch of a stage names where.
-2. Layer: one forward + backward of the EP layer (``mxkernels.ep``) on every rank; rank 0 gathers every rank's
-   inputs, outputs and gradients and compares y, grad_x and grad_w with the single-process reference of the same
-   layer (``mxkernels.ep_reference``: bf16 math for bf16, the emulated MXFP8 math for the MXFP8 strategies) by
-   SQNR. The MXFP8 strategies' SQNR against the *bf16* reference is printed beside it: their quantization error,
-   information, not a verdict.
+2. Layer: one forward + backward of the distributed module (``workload``: the expert projection of
+   ``mxkernels.ep``, or with ``--layer`` the whole MoE layer of ``mxkernels.ep_layer``) on every rank; rank 0
+   gathers every rank's inputs, outputs and gradients and compares y, grad_x and each weight gradient with the
+   single-process reference of the same strategy and wgrad precision (``mxkernels.ep_reference`` /
+   ``ep_layer_reference``: bf16 math for bf16, the emulated MXFP8 math for the MXFP8 strategies) by SQNR. The SQNR
+   against another reference is printed beside it (the projection's bf16 one; an fp32 run of the single-GPU
+   layer's oracle): the quantization error, information, not a verdict.
 
 Exit code (``run_check``): 0 when every stage matches its oracle and every layer output clears ``LAYER_FLOOR_DB``,
 1 otherwise; every rank returns the same code.
@@ -20,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from mxkernels.ep_wgrad import Wgrad
+from mxkernels.ep_wgrad import Wgrad, resolve_wgrad
 from mxkernels.pipeline import Stage, with_impls
 
 from .dist import Context, any_rank, gather
@@ -143,7 +145,7 @@ def run_check(ctx: Context, strategies: Sequence[str], o: EPOptions, impls: Sequ
             echo(render([_layer_row(c) for c in layer_checks], "plain"))
             stages_ok = len({c.stage for c in stage_checks}) - len({c.stage for c in bad})
             echo(f"{strategy}: {stages_ok} of {len({c.stage for c in stage_checks})} stages match their oracle "
-                 f"on all {ctx.world} ranks")  # fmt: skip
+                 f"on all {ctx.world} ranks (wgrad {resolve_wgrad(strategy, o.wgrad).value})")  # fmt: skip
             for c in bad:
                 echo(f"  {c.verdict} {strategy}/{c.stage} on rank {c.rank}: {c.detail}")
     return 1 if any_rank(ctx, failed) else 0

@@ -19,17 +19,17 @@ from typing import Any
 import torch
 from mxkernels.cost import Cost
 from mxkernels.ep import exchange_split_counts
-from mxkernels.ep_wgrad import resolve_wgrad
 from mxkernels.ep_comm import exchange_counts_cost
+from mxkernels.ep_wgrad import resolve_wgrad
 from mxkernels.names import END_TO_END_STAGE, Category, Pass
 from mxkernels.pipeline import run_stages
 from mxkernels.token_permute import route
 
 from ..results import Point, Record
 from .check import EPOptions, rank_inputs, strategy_stages
-from .workload import workload
 from .dist import Context, gather
 from .rank_timing import across_ranks, time_on_ranks
+from .workload import workload
 
 ROUTING_NOTE = "routing: not in the captured step (the split counts reach the host once per step)"
 

@@ -84,9 +84,8 @@ class Projection:
         out = []
         for name in names:
             got = torch.cat([r[name] for r in ranks])
-            want = lambda d: d[name] if name == "grad_w" else torch.cat(d[name])  # noqa: E731
-            out.append(Compared(name, sqnr_db(got, want(ref)), None if bf16 is None else sqnr_db(got, want(bf16)),
-                                "bf16 reference"))  # fmt: skip
+            vs = None if bf16 is None else sqnr_db(got, _joined(bf16[name]))
+            out.append(Compared(name, sqnr_db(got, _joined(ref[name])), vs, "bf16 reference"))
         return out
 
 
@@ -131,8 +130,9 @@ class Layer:
         for name in ("y", "grad_x", "grad_wr", "grad_w13", "grad_w2"):
             parts = [r[name] for r in ranks]
             got = torch.stack(parts).double().sum(0) if name == "grad_wr" else torch.cat(parts)
-            want = torch.cat(ref[name]) if isinstance(ref[name], list) else ref[name]
-            out.append(Compared(name, sqnr_db(got, want), sqnr_db(got, fp32[name]), "fp32 single-GPU layer"))
+            out.append(
+                Compared(name, sqnr_db(got, _joined(ref[name])), sqnr_db(got, fp32[name]), "fp32 single-GPU layer")
+            )
         return out
 
     def _fp32_layer(self, ranks, weights, o) -> dict[str, torch.Tensor]:
@@ -148,6 +148,11 @@ class Layer:
         got = layer_outputs(None, inputs, shape)
         got["grad_w13"] = torch.cat([got.pop("grad_w1"), got.pop("grad_w3")], dim=1)
         return got
+
+
+def _joined(value: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """A reference's output of every rank as one tensor (per-rank lists concatenated; weight gradients as they are)."""
+    return value if isinstance(value, torch.Tensor) else torch.cat(list(value))
 
 
 def workload(o) -> Projection | Layer:
