@@ -216,6 +216,34 @@ def test_records_carry_the_part_and_the_wgrad_precision_that_ran(world_of_one, m
     assert meta["part"] == "layer" and meta["wgrad"] == {strategy: recorded} and meta["shared_experts"] == 0
 
 
+def test_a_layer_run_renders_labelled_tables_and_figure_and_never_joins_a_projection_run(world_of_one, monkeypatch,
+                                                                                          tmp_path):  # fmt: skip
+    from mxkernels.errors import InputError
+
+    from mxbench.ep import tables
+    from mxbench.ep.figure import plot_ep
+    from mxbench.ep.metadata import ep_metadata, rank_info
+    from mxbench.ep.scaling import scaling_rows
+    from mxbench.ep.worker import layer_meta
+    from mxbench.results import Run
+
+    monkeypatch.setattr(measure, "time_on_ranks", fake_time_on_ranks)
+    o = options(score_before=False)
+    records = measure.measure_strategy(world_of_one, "mxfp8_a2a", o, graph=True, samples=3)
+    sizes = {"tokens_per_rank": o.T, "K": o.K, "N": o.N, "experts_per_rank": o.E, "top_k": o.top_k}
+    meta = ep_metadata(world_of_one, [rank_info(world_of_one)], {**sizes, **layer_meta(["mxfp8_a2a"], o)},
+                       {"groups": "skewed", "seed": 3}, ["mxfp8_a2a"], {"samples": 3}, "mxbench ep --layer")  # fmt: skip
+    run = Run(meta, records)
+    header = tables.ep_table(run, "ep-summary", "plain")
+    assert "whole MoE layer (sigmoid scores after the experts, no shared experts)" in header
+    assert "wgrad precision: mxfp8_a2a bf16" in header
+    assert {"router_gate", "swiglu", "unsort_combine", "fwd+bwd"} <= {r["Stage"] for r in tables.ep_rows(run)}
+    assert plot_ep(run, tmp_path / "layer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    projection = Run({**meta, "layer": sizes, "world_size": 2}, records)  # stored before --layer: no "part"
+    with pytest.raises(InputError, match="whole MoE layer.* vs cpu, expert projection"):
+        scaling_rows([run, projection])
+
+
 # ---- bad input ---------------------------------------------------------------------------------------------------
 
 

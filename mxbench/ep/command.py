@@ -51,6 +51,9 @@ def _layer(K, N, preset, whole: bool, top_k, score_func) -> tuple[int, int, str,
             raise click.UsageError("give either --preset or --K/--N, not both")
         p = get_preset(preset)
         if whole and p.layer is not None:
+            if p.layer.shared_experts:  # said, not refused: the routed experts are what EP spreads over the ranks
+                click.echo(f"note: the EP layer leaves out {preset}'s {p.layer.shared_experts} shared expert(s)",
+                           err=True)  # fmt: skip
             return p.K, p.N, preset, top_k or p.layer.top_k, score_func or p.layer.score_func
         return p.K, p.N, preset, top_k or 1, score_func or "sigmoid"
     if K is None or N is None:
