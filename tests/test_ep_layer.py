@@ -7,6 +7,7 @@ bad input refused before any worker starts.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from test_ep import fake_time_on_ranks, mxbench_ep
 
 from mxbench.ep import check as ep_check
 from mxbench.ep import launch, measure
-from mxbench.ep.workload import LayerOptions
+from mxbench.ep.workload import LayerOptions, workload
 
 HERE = Path(__file__).parent
 TINY = ["--layer", "--K", "64", "--N", "32", "--experts", "2", "--tokens", "32"]
@@ -101,6 +102,28 @@ def test_the_projection_takes_the_wgrad_option_too(strategy, wgrad, precision):
     ep = shape().ep
     stages = {st.name: st for st in ep_stages.ep_step_stages(strategy, ep, wgrad=wgrad)}
     assert stages["gemm_wgrad"].cost.precision == precision
+
+
+@pytest.mark.parametrize(("strategy", "wgrad"), [("mxfp8", Wgrad.BF16), ("mxfp8_a2a", Wgrad.RECIPE)])
+def test_the_projection_with_the_other_wgrad_matches_its_reference_and_not_the_default_one(world_of_one, strategy,
+                                                                                         wgrad):  # fmt: skip
+    o = ep_check.EPOptions(K=64, N=96, E=3, T=40, top_k=2, groups="skewed", seed=3, wgrad=wgrad)
+    stage_checks, layer_checks = ep_check.check_strategy(world_of_one, strategy, o)
+    assert [c for c in stage_checks if c.verdict != "PASS"] == [] and all(c.ok for c in layer_checks)
+    wrong = ep_check.compare_layer(strategy, [_rank_results(world_of_one, o, strategy)], replace(o, wgrad=None))
+    if strategy == "mxfp8":  # against the default's reference only grad_w differs
+        assert [c.output for c in wrong if not c.ok] == ["grad_w"]
+    else:  # both of mxfp8_a2a's wgrad operands arrive as MXFP8 rows, and e4m3 values quantized again with another
+        # power-of-two scale stay exact (but below the new block's normal range): both choices give the same grad_w.
+        # The layer's wgrads have a bf16 operand each (grad_h, act), which tells the two apart there.
+        assert all(c.ok for c in wrong)
+
+
+def _rank_results(ctx, o, strategy):
+    inputs = ep_check.rank_inputs(ctx, o)
+    plan = workload(o).plan(ctx, inputs, o)
+    results = ep_check.run_module(ctx, o, inputs, plan, ep_check.strategy_stages(ctx, strategy, plan, o, ()))
+    return {k: v.detach() for k, v in {**inputs, **results}.items()}
 
 
 # ---- the reference ----------------------------------------------------------------------------------------------
