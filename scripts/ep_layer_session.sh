@@ -17,11 +17,10 @@
 # timing fails is rerun once with --timing events.
 #
 # Memory per GPU (mxfp8, the longest stage list, balanced top-1): timing stage by stage holds every intermediate of
-# one eager step: ~20 (T, K) bf16 tensors of 1.9 GiB (x, the sorted, received and permuted copies, the down
-# projection's output through the combine, their gradients), (T, 2N) / (T, N) activations and their gradients
-# (~4 GiB), the fp8 copies (~5 GiB) and the weights and their gradients (~1.5 GiB): ~48 GiB, plus what one MXFP8 GEMM
-# allocates inside (<= 5 GiB) and NCCL's buffers: under 60 of 80 GiB. They are freed before the fwd+bwd step is timed
-# (~30 GiB with its saved tensors); no reference runs in a measured run. Skewed routing: the hottest rank receives
+# one eager step: the stages' declared bytes written sum to 36 GiB (bf16 30, mxfp8_a2a 33; mostly (T, K) bf16 copies
+# of 1.75 GiB: sorted, received, permuted, the down projection's output through the combine, their gradients), plus
+# x, dy and the weights (~4.5 GiB), what one MXFP8 GEMM allocates inside (<= 5 GiB) and NCCL's buffers: about 50 of
+# 80 GiB. They are freed before the fwd+bwd step is timed; no reference runs in a measured run. Skewed routing: the hottest rank receives
 # more rows (its recorded send counts say how many); TOKENS=65536 halves everything if a skewed run runs out.
 # Reads the cards' settings, never changes them. NVLink multicast stays off (kept where set, else 0 / 1).
 set -u
