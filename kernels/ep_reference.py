@@ -9,11 +9,15 @@ so the reference is at least as accurate as any implementation; results are roun
 Per expert g with tokens X (n, K), weights W (N, K), output gradient DY (n, N); mx(A) = dequantized MXFP8 of A in
 1x32 blocks along its last dim (``format``'s oracle):
 
-| strategy    | y                   | grad of the copies       | grad_w                                    |
-|-------------|---------------------|--------------------------|-------------------------------------------|
-| bf16        | X W^T               | DY W                     | DY^T X                                    |
-| mxfp8       | mx(X) mx(W)^T       | mx(DY) mx(W^T)^T         | mx(DY_32^T) mx(X_32^T)^T (blocks along tokens, groups zero-padded to 32) |
-| mxfp8_a2a   | as mxfp8            | as mxfp8                 | mx(DY)^T mx(X) (bf16 GEMM of the dequantized MXFP8 rows) |
+| strategy    | y                   | grad of the copies       |
+|-------------|---------------------|--------------------------|
+| bf16        | X W^T               | DY W                     |
+| mxfp8       | mx(X) mx(W)^T       | mx(DY) mx(W^T)^T         |
+| mxfp8_a2a   | as mxfp8            | as mxfp8                 |
+
+grad_w = G^T A of the operands as the expert's rank holds them (A = X, G = DY; mx(X), mx(DY) under mxfp8_a2a, whose
+rows arrive quantized), in the wgrad precision (``ep_wgrad``): bf16 (exact products) or MXFP8,
+mx(G_32^T) mx(A_32^T)^T (blocks along the tokens, groups zero-padded to 32).
 
 A token's gradient is the sum of its top_k copies' gradients (each rounded to bf16 first, as they travel), in
 fp32 in choice order, rounded once to bf16.
@@ -39,20 +43,43 @@ def _pad_tokens(a: torch.Tensor) -> torch.Tensor:
     return torch.cat([a, a.new_zeros(rows - a.shape[0], a.shape[1])])
 
 
-def expert_reference(x, w, dy, strategy: str, mode: str = "rceil"):
-    """(y, grad of the copies, grad_w) of one expert, fp64 (see the module table)."""
-    if strategy == "bf16":
-        xd, wd, dyd = x.double(), w.double(), dy.double()
-        return xd @ wd.T, dyd @ wd, dyd.T @ xd
-    if strategy not in ("mxfp8", "mxfp8_a2a"):
+def _check(strategy: str) -> None:
+    if strategy not in ("bf16", "mxfp8", "mxfp8_a2a"):
         raise ValueError(f"unknown strategy {strategy!r}")
-    y = _mx(x, mode) @ _mx(w, mode).T
-    grad = _mx(dy, mode) @ _mx(w.T, mode).T
-    if strategy == "mxfp8":
-        grad_w = _mx(_pad_tokens(dy).T, mode) @ _mx(_pad_tokens(x).T, mode).T
-    else:
-        grad_w = _mx(dy, mode).T @ _mx(x, mode)
-    return y, grad, grad_w
+
+
+def forward_reference(x, w, strategy: str, mode: str = "rceil"):
+    """x (n, K) @ w (N, K)^T in fp64, the operands quantized 1x32 along K unless bf16."""
+    _check(strategy)
+    if strategy == "bf16":
+        return x.double() @ w.double().T
+    return _mx(x, mode) @ _mx(w, mode).T
+
+
+def dgrad_reference(dy, w, strategy: str, mode: str = "rceil"):
+    """dy (n, N) @ w (N, K) in fp64, dy quantized along N and w along N (its transpose's rows) unless bf16."""
+    return forward_reference(dy, w.T, strategy, mode)
+
+
+def wgrad_reference(dy, x, strategy: str, wgrad, mode: str = "rceil", *, crossed: tuple[bool, bool] = (True, True)):
+    """grad_w (N, K) = dy^T x in fp64 (module doc): under mxfp8_a2a the operands that ``crossed`` an all-to-all in
+    MXFP8 (dy, x) as they arrived (1x32 along their width, dequantized: exact in fp32), then the wgrad precision's
+    GEMM."""
+    from .ep_wgrad import Wgrad, resolve_wgrad  # the option's meaning only, no kernels
+
+    _check(strategy)
+    if strategy == "mxfp8_a2a":
+        dy, x = (_mx(t, mode).float() if q else t for t, q in zip((dy, x), crossed, strict=True))
+    if strategy == "bf16" or resolve_wgrad(strategy, wgrad) == Wgrad.BF16:
+        return dy.double().T @ x.double()
+    return _mx(_pad_tokens(dy).T, mode) @ _mx(_pad_tokens(x).T, mode).T
+
+
+def expert_reference(x, w, dy, strategy: str, mode: str = "rceil", wgrad=None):
+    """(y, grad of the copies, grad_w) of one expert, fp64 (see the module table). ``wgrad``: ``ep_wgrad.Wgrad``
+    (None: the strategy's default)."""
+    return (forward_reference(x, w, strategy, mode), dgrad_reference(dy, w, strategy, mode),
+            wgrad_reference(dy, x, strategy, wgrad, mode))  # fmt: skip
 
 
 def ep_layer_reference(
@@ -62,6 +89,7 @@ def ep_layer_reference(
     dys: Sequence[torch.Tensor],
     strategy: str,
     mode: str = "rceil",
+    wgrad=None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """Outputs and gradients of every rank, computed in one process.
 
@@ -80,7 +108,7 @@ def ep_layer_reference(
             continue
         x = torch.cat([xs[r].cpu()[c // top_k] for r, c in members])
         dy = torch.cat([dys[r].cpu()[c] for r, c in members])
-        y, grad, grad_w[g] = expert_reference(x, w[g].cpu(), dy, strategy, mode)
+        y, grad, grad_w[g] = expert_reference(x, w[g].cpu(), dy, strategy, mode, wgrad)
         start = 0
         for r, c in members:
             ys[r][c] = y[start : start + len(c)]

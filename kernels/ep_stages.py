@@ -18,9 +18,11 @@ Strategies (``STRATEGIES``), which differ in where the tokens are MXFP8:
 * ``mxfp8_a2a``: x is quantized (1x32 along K) before the dispatch; e4m3 data and e8m0 scales travel through the
   sort, the dispatch and the permute, and feed the forward GEMM with no re-quantization. The combine returns bf16.
   In the backward the combine's gradient is quantized (1x32 along N) before its all-to-all and feeds the dgrad
-  GEMM; the dispatch's gradient travels in bf16. The weight gradient is a bf16 GEMM of the exactly dequantized
-  MXFP8 operands (as torchao's EP benchmark runs it): a wgrad in MXFP8 needs blocks along the tokens, which would
-  mean re-quantizing already quantized values.
+  GEMM; the dispatch's gradient travels in bf16.
+
+The weight gradient's precision is an option of its own (``ep_wgrad.Wgrad``; by default MXFP8 for mxfp8 and a bf16
+GEMM of the exactly dequantized rows for mxfp8_a2a, as torchao's EP benchmark runs it), so that mxfp8 and
+mxfp8_a2a at the same wgrad differ in the all-to-all precision alone.
 
 The EP specs are ``StageSpec``s like every other stage (contract, oracle, comparison rule, mxkernels' implementation),
 declared under the recipe of the data they carry (``bf16`` or ``mxfp8``) in their own table, ``ep_specs()``; the
@@ -38,6 +40,7 @@ import torch
 from . import ep_comm, gemm_dequant, grouped_gemm, layouts, padding, quantize
 from .comparison import BitExact
 from .cost import Cost, ceil_to
+from .ep_wgrad import Wgrad, rebind, resolve_wgrad, wgrad_recipe, wgrad_stages
 from .format import BLOCK_SIZE, dequantize_reference
 from .names import PASSES, Category, Pass, Recipe
 from .pipeline import Stage, bind_stage, needs_padding, step_stages, with_impls
@@ -293,8 +296,8 @@ def get_ep_spec(recipe: str, name: str) -> StageSpec:
 class _Builder:
     """Stages of one rank's step, bound to its shape: movement stages know their costs from the shape."""
 
-    def __init__(self, shape: EPShape, group, mode: str, backend: str | None):
-        self.s, self.group, self.mode, self.backend = shape, group, mode, backend
+    def __init__(self, shape: EPShape, group, mode: str, backend: str | None, wgrad: Recipe = Recipe.BF16):
+        self.s, self.group, self.mode, self.backend, self.wgrad = shape, group, mode, backend, wgrad
         self.stages: list[Stage] = []
 
     def add(self, recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> None:
@@ -350,7 +353,12 @@ def _recipe_strategy(b: _Builder, recipe: Recipe) -> None:
     b.permute(BF, "permute_grad", s.N, ("dyr",), ("grad_out", "offs"))
     b.stages += expert[Pass.BACKWARD_INPUT]
     _dispatch_side_backward(b)
-    b.stages += expert[Pass.BACKWARD_WEIGHT]
+    if b.wgrad == recipe:
+        b.stages += expert[Pass.BACKWARD_WEIGHT]
+    else:  # the other precision's wgrad on the same (padded) rows
+        Rp = padding.padded_rows(s.R, s.E, padding_alignment(recipe)) if pad else s.R
+        names = {"grad_out": "dy_p", "a": "a_p", "offs": "offs_p"} if pad else {}
+        b.stages += rebind(wgrad_stages(b.wgrad, Rp, s.N, s.K, s.E, mode=b.mode, backend=b.backend), names)
 
 
 def _combine_side_forward(b: _Builder) -> None:
@@ -423,7 +431,7 @@ def _mx_pass(b: _Builder, mp: _MxPass, pad: bool) -> None:
 
 def _mxfp8_a2a_strategy(b: _Builder) -> None:
     """MXFP8 rows through sort, dispatch and permute (and the mirror of the combine in the backward)."""
-    s, MX, BF = b.s, Recipe.MXFP8, Recipe.BF16
+    s, MX = b.s, Recipe.MXFP8
     pad = needs_padding(MX, s.group_sizes)
     Rp = padding.padded_rows(s.R, s.E, padding_alignment(MX)) if pad else s.R
     p, offs = ("_p", "offs_p") if pad else ("", "offs")
@@ -436,12 +444,17 @@ def _mxfp8_a2a_strategy(b: _Builder) -> None:
                         s.K, "gemm_dgrad", "grad_a", "unpad_grad_a"), pad)  # fmt: skip
     _dispatch_side_backward(b)
     for name, src, width in (("dequantize_grad_out", "grad_out", s.N), ("dequantize_a", "a", s.K)):
-        rows, cols = layouts.m_groups_shape(Rp, width // BLOCK_SIZE, s.E)
-        b.add(MX, name, [(Rp, width)], Cost(Rp * width + rows * cols, 2 * Rp * width), (f"{src}_q{p}", f"{src}_sb", offs),
+        b.add(MX, name, [(Rp, width)], dequantize_cost(Rp, width, s.E), (f"{src}_q{p}", f"{src}_sb", offs),
               (f"{src}_bf",))  # fmt: skip
-    b.add(BF, "gemm_wgrad", [(s.N, Rp), (Rp, s.K)], grouped_gemm.grouped_mm_cost(Rp, s.N, s.K, s.E, BF, "2d2d"),
-          ("grad_out_bf", "a_bf", offs), ("grad_w",))  # fmt: skip
-    b.stages[-1] = replace(b.stages[-1], backend="bf16")
+    # Wgrad.RECIPE quantizes the dequantized rows again, 32x1 along the tokens (``ep_wgrad``)
+    wgrad = wgrad_stages(b.wgrad, Rp, s.N, s.K, s.E, mode=b.mode, backend=b.backend)
+    b.stages += rebind(wgrad, {"grad_out": "grad_out_bf", "a": "a_bf", "offs": offs})
+
+
+def dequantize_cost(rows: int, width: int, E: int) -> Cost:
+    """Read the e4m3 rows and their m-groups blocked scales, write bf16 rows."""
+    r, c = layouts.m_groups_shape(rows, width // BLOCK_SIZE, E)
+    return Cost(rows * width + r * c, 2 * rows * width)
 
 
 def ep_step_stages(
@@ -452,21 +465,24 @@ def ep_step_stages(
     mode: str = "rceil",
     backend: str | None = None,
     impls: Mapping[str, StageImpl] | None = None,
+    wgrad: Wgrad | None = None,
 ) -> list[Stage]:
     """Every stage of one rank's EP step (forward, backward_input, backward_weight), in execution order.
 
     The step's environment starts with x (T, K) bf16, w (E, N, K) bf16, the routing tensors ``token_of``,
     ``order``, ``pos`` and ``counts`` (``ep.RoutingPlan``) and, for the backward, dy (T*k, N); it ends with y,
     grad_x and grad_w. ``backend``: the MXFP8 GEMMs' (None: the device's default). ``impls``: stage name ->
-    implementation to run instead of mxkernels' (``pipeline.with_impls``).
+    implementation to run instead of mxkernels' (``pipeline.with_impls``). ``wgrad``: the weight gradient's
+    precision (``ep_wgrad``; None: the strategy's default).
     """
     check_strategy(strategy)
+    wgrad = resolve_wgrad(strategy, wgrad)
     check_layer(shape.T, shape.K, shape.N, shape.E, shape.top_k, shape.world)
     if shape.R == 0:
         raise InputError(f"rank {shape.rank} receives no token copies with this routing: use more tokens per rank")
     if strategy != BASELINE and backend is None:
         backend = grouped_gemm.default_backend("mxfp8")
-    b = _Builder(shape, group, mode, backend)
+    b = _Builder(shape, group, mode, backend, wgrad_recipe(strategy, wgrad))
     if strategy == "mxfp8_a2a":
         _mxfp8_a2a_strategy(b)
     else:

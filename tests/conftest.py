@@ -59,3 +59,18 @@ def stored(tmp_path):
         return path
 
     return store
+
+
+@pytest.fixture
+def world_of_one():
+    """A gloo group of this process alone: EP degree 1 (the all-to-alls copy locally)."""
+    import torch.distributed as dist
+
+    from mxbench.ep.dist import Context
+
+    if not os.environ.get("TRITON_INTERPRET"):
+        # this path runs the kernels on CPU tensors; a GPU box checks it through the worker subprocesses
+        pytest.skip("the in-process gloo path needs the Triton interpreter (CPU tensors)")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield Context(0, 1, 0, "gloo", torch.device("cpu"), dist.group.WORLD)
+    dist.destroy_process_group()

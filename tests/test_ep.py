@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from helpers import FakeTiming
 from mxkernels import ep_comm, ep_reference, ep_stages, token_permute
 from mxkernels.comparison import sqnr_db
@@ -116,17 +115,6 @@ def test_layer_reference_is_a_per_token_product():
     dense = sum(torch.outer(dys[r][t].double(), xs[r][t].double()) for r in range(2) for t in range(6)
                 if int(experts[r][t, 0]) == 2)  # fmt: skip
     assert torch.equal(grad_w[2], dense.bfloat16())
-
-
-@pytest.fixture
-def world_of_one():
-    """A gloo group of this process alone: EP degree 1 (the all-to-alls copy locally)."""
-    if not os.environ.get("TRITON_INTERPRET"):
-        # this path runs the kernels on CPU tensors; a GPU box checks it through the worker subprocesses below
-        pytest.skip("the in-process gloo path needs the Triton interpreter (CPU tensors)")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield Context(0, 1, 0, "gloo", torch.device("cpu"), dist.group.WORLD)
-    dist.destroy_process_group()
 
 
 OPTIONS = ep_check.EPOptions(K=64, N=96, E=3, T=40, top_k=2, groups="skewed", seed=3)

@@ -4,11 +4,13 @@
    of the stages before it, as ``mxbench check`` does); each implementation's outputs are compared with its spec's
    oracle by the spec's rule (bit for bit, or an SQNR floor for GEMMs). All-to-all oracles are built from
    ``all_gather`` alone. The first mismatch of a stage names where.
-2. Layer: one forward + backward of the EP layer (``mxkernels.ep``) on every rank; rank 0 gathers every rank's
-   inputs, outputs and gradients and compares y, grad_x and grad_w with the single-process reference of the same
-   layer (``mxkernels.ep_reference``: bf16 math for bf16, the emulated MXFP8 math for the MXFP8 strategies) by
-   SQNR. The MXFP8 strategies' SQNR against the *bf16* reference is printed beside it: their quantization error,
-   information, not a verdict.
+2. Layer: one forward + backward of the distributed module (``workload``: the expert projection of
+   ``mxkernels.ep``, or with ``--layer`` the whole MoE layer of ``mxkernels.ep_layer``) on every rank; rank 0
+   gathers every rank's inputs, outputs and gradients and compares y, grad_x and each weight gradient with the
+   single-process reference of the same strategy and wgrad precision (``mxkernels.ep_reference`` /
+   ``ep_layer_reference``: bf16 math for bf16, the emulated MXFP8 math for the MXFP8 strategies) by SQNR. The SQNR
+   against another reference is printed beside it (the projection's bf16 one; an fp32 run of the single-GPU
+   layer's oracle): the quantization error, information, not a verdict.
 
 Exit code (``run_check``): 0 when every stage matches its oracle and every layer output clears ``LAYER_FLOOR_DB``,
 1 otherwise; every rank returns the same code.
@@ -20,14 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from mxkernels.comparison import sqnr_db
-from mxkernels.ep import ep_expert_projection, plan_routing
-from mxkernels.ep_reference import ep_layer_reference
-from mxkernels.ep_stages import BASELINE, ep_step_stages
+from mxkernels.ep_wgrad import Wgrad, resolve_wgrad
 from mxkernels.pipeline import Stage, with_impls
 
 from .dist import Context, any_rank, gather
-from .inputs import layer_tensors, routing
+from .workload import Compared, LayerOptions, workload
 
 LAYER_FLOOR_DB = 40.0
 """Floor of a layer output's SQNR against the reference. The reference takes exact products and fp64 sums, rounded
@@ -49,6 +48,8 @@ class EPOptions:
     seed: int
     mode: str = "rceil"
     backend: str | None = None
+    wgrad: Wgrad | None = None  # the weight gradient's precision (None: each strategy's default)
+    layer: LayerOptions | None = None  # the whole MoE layer (its router's options), else the expert projection
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class LayerCheck:
     output: str
     sqnr_db: float
     vs_bf16_db: float | None
+    vs_what: str = "bf16 reference"
 
     @property
     def ok(self) -> bool:
@@ -73,14 +75,13 @@ class LayerCheck:
 
 
 def rank_inputs(ctx: Context, o: EPOptions) -> dict[str, torch.Tensor]:
-    """This rank's routing and layer tensors, on its device."""
-    experts = routing(o.T, o.top_k, ctx.world * o.E, o.groups, o.seed, ctx.rank).to(ctx.device)
-    return {"experts": experts, **layer_tensors(o.T, o.K, o.N, o.E, o.top_k, o.seed, ctx.rank, ctx.device)}
+    """This rank's routing and tensors (the projection's or the layer's), on its device."""
+    return workload(o).inputs(ctx, o)
 
 
-def strategy_stages(ctx: Context, strategy: str, shape, o: EPOptions, impls: Sequence) -> list[Stage]:
+def strategy_stages(ctx: Context, strategy: str, plan, o: EPOptions, impls: Sequence) -> list[Stage]:
     """The strategy's stages, with each ``--impl`` whose (recipe, stage) is one of them run in its place."""
-    stages = ep_step_stages(strategy, shape, group=ctx.group, mode=o.mode, backend=o.backend)
+    stages = workload(o).stages(ctx, strategy, plan, o)
     keys = {s.spec.key: s.name for s in stages}
     return with_impls(stages, {keys[i.recipe, i.stage]: i for i in impls if (i.recipe, i.stage) in keys})
 
@@ -102,44 +103,33 @@ def check_stages(ctx: Context, strategy: str, stages: Sequence[Stage], env: Mapp
     return results
 
 
-def _layer_run(ctx, inputs, plan, stages) -> dict[str, torch.Tensor]:
-    x = inputs["x"].clone().requires_grad_()
-    w = inputs["w"].clone().requires_grad_()
-    y = ep_expert_projection(x, w, plan, stages=stages, group=ctx.group)
+def run_module(ctx: Context, o: EPOptions, inputs, plan, stages) -> dict[str, torch.Tensor]:
+    """One forward + backward of the distributed module on this rank: y and the gradients of x and each weight."""
+    part = workload(o)
+    leaves = {n: inputs[n].clone().requires_grad_() for n in ("x", *part.weights)}
+    y = part.forward(ctx, inputs, plan, stages, leaves)
     y.backward(inputs["dy"])
-    return {"y": y.detach(), "grad_x": x.grad, "grad_w": w.grad}
+    return {"y": y.detach(), **{f"grad_{n}": t.grad for n, t in leaves.items()}}
 
 
-def compare_layer(strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], mode: str) -> list[LayerCheck]:
+def compare_layer(strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o: EPOptions) -> list[LayerCheck]:
     """Gathered inputs and results of every rank against the reference (module doc, part 2)."""
-    args = ([r["x"] for r in ranks], [r["experts"] for r in ranks], torch.cat([r["w"] for r in ranks]),
-            [r["dy"] for r in ranks])  # fmt: skip
-    reference = dict(zip(("y", "grad_x", "grad_w"), ep_layer_reference(*args, strategy, mode), strict=True))
-    bf16 = None if strategy == BASELINE else dict(zip(("y", "grad_x", "grad_w"), ep_layer_reference(*args, BASELINE),
-                                                      strict=True))  # fmt: skip
-    checks = []
-    for name in ("y", "grad_x", "grad_w"):
-        got = torch.cat([r[name] for r in ranks])
-        want = torch.cat(reference[name]) if name != "grad_w" else reference[name]
-        vs = None
-        if bf16 is not None:
-            vs = sqnr_db(got, torch.cat(bf16[name]) if name != "grad_w" else bf16[name])
-        checks.append(LayerCheck(strategy, name, sqnr_db(got, want), vs))
-    return checks
+    found: list[Compared] = workload(o).compare(strategy, ranks, o)
+    return [LayerCheck(strategy, c.output, c.sqnr_db, c.vs_db, c.vs_what) for c in found]
 
 
 def check_strategy(ctx: Context, strategy: str, o: EPOptions, impls: Sequence = ()):
     """(stage checks of every rank, layer checks) on rank 0; (None, None) elsewhere."""
     inputs = rank_inputs(ctx, o)
-    plan = plan_routing(inputs["experts"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
-    stages = strategy_stages(ctx, strategy, plan.shape, o, impls)
+    plan = workload(o).plan(ctx, inputs, o)
+    stages = strategy_stages(ctx, strategy, plan, o, impls)
     stage_checks = check_stages(ctx, strategy, stages, {**inputs, **plan.tensors})
-    results = _layer_run(ctx, inputs, plan, stages)
+    results = run_module(ctx, o, inputs, plan, stages)
     mine = {k: v.detach().cpu() for k, v in {**inputs, **results}.items()}
     every_stage, every_rank = gather(ctx, stage_checks), gather(ctx, mine)
     if not ctx.root:
         return None, None
-    return [c for rank in every_stage for c in rank], compare_layer(strategy, every_rank, o.mode)
+    return [c for rank in every_stage for c in rank], compare_layer(strategy, every_rank, o)
 
 
 def run_check(ctx: Context, strategies: Sequence[str], o: EPOptions, impls: Sequence = (), echo=print) -> int:
@@ -155,7 +145,7 @@ def run_check(ctx: Context, strategies: Sequence[str], o: EPOptions, impls: Sequ
             echo(render([_layer_row(c) for c in layer_checks], "plain"))
             stages_ok = len({c.stage for c in stage_checks}) - len({c.stage for c in bad})
             echo(f"{strategy}: {stages_ok} of {len({c.stage for c in stage_checks})} stages match their oracle "
-                 f"on all {ctx.world} ranks")  # fmt: skip
+                 f"on all {ctx.world} ranks (wgrad {resolve_wgrad(strategy, o.wgrad).value})")  # fmt: skip
             for c in bad:
                 echo(f"  {c.verdict} {strategy}/{c.stage} on rank {c.rank}: {c.detail}")
     return 1 if any_rank(ctx, failed) else 0
@@ -168,5 +158,5 @@ def _layer_row(c: LayerCheck) -> dict:
         "SQNR vs reference (dB)": f"{c.sqnr_db:.1f}",
         "Floor (dB)": f"{LAYER_FLOOR_DB:g}",
         "Verdict": "PASS" if c.ok else "FAIL",
-        "SQNR vs bf16 reference (dB)": None if c.vs_bf16_db is None else f"{c.vs_bf16_db:.1f}",
+        f"SQNR vs {c.vs_what} (dB)": None if c.vs_bf16_db is None else f"{c.vs_bf16_db:.1f}",
     }

@@ -41,17 +41,36 @@ def _launcher_args(extra: list[str]) -> list[str]:
     return extra
 
 
-def _layer(K, N, preset) -> tuple[int, int, str]:
+def _layer(K, N, preset, whole: bool, top_k, score_func) -> tuple[int, int, str, int, str]:
+    """(K, N, label, top-k, score function): a preset's (with its ``[layer]`` section's top-k and score function
+    under ``--layer``) or the options given; an option given wins over the preset's."""
     from ..presets import get_preset
 
     if preset is not None:
         if K is not None or N is not None:
             raise click.UsageError("give either --preset or --K/--N, not both")
         p = get_preset(preset)
-        return p.K, p.N, preset
+        if whole and p.layer is not None:
+            if p.layer.shared_experts:  # said, not refused: the routed experts are what EP spreads over the ranks
+                click.echo(f"note: the EP layer leaves out {preset}'s {p.layer.shared_experts} shared expert(s)",
+                           err=True)  # fmt: skip
+            return p.K, p.N, preset, top_k or p.layer.top_k, score_func or p.layer.score_func
+        return p.K, p.N, preset, top_k or 1, score_func or "sigmoid"
     if K is None or N is None:
         raise click.UsageError("give --K and --N (or --preset NAME; `mxbench presets` lists them)")
-    return K, N, f"{K}x{N}"
+    return K, N, f"{K}x{N}", top_k or 1, score_func or "sigmoid"
+
+
+def _layer_options(whole: bool, score_func, score_after: bool, resolved_score_func: str):
+    """The router's options of a --layer run; the options only the layer reads are refused without it."""
+    from .workload import LayerOptions
+
+    if not whole:
+        for given, name in ((score_func, "--score-func"), (score_after, "--score-after")):
+            if given:
+                raise click.BadParameter("the expert projection has no router: give --layer", param_hint=name)
+        return None
+    return LayerOptions(resolved_score_func, not score_after)
 
 
 @click.command("ep", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -60,8 +79,17 @@ def _layer(K, N, preset) -> tuple[int, int, str]:
 @click.option("--preset", help="Shapes of a model (see `mxbench presets`) instead of --K/--N.")
 @click.option("--experts", type=click.IntRange(1, 512), default=8, show_default=True, help="Local experts per rank.")
 @click.option("--tokens", type=click.IntRange(min=1), default=131072, show_default=True, help="Tokens per rank.")
-@click.option("--top-k", "top_k", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Experts per token (each token is sent top-k times).")  # fmt: skip
+@click.option("--top-k", "top_k", type=click.IntRange(min=1),
+              help="Experts per token (each token is sent top-k times). [default: 1, or the preset's layer's]")
+@click.option("--layer", "whole", is_flag=True,
+              help="The whole MoE layer (router, gate/up, SwiGLU, down, combine) instead of one expert projection; "
+              "N is the experts' hidden dim. Shared experts are left out.")
+@click.option("--score-func", type=click.Choice(["sigmoid", "softmax"]),
+              help="--layer: the router's score function. [default: the preset's, else sigmoid]")
+@click.option("--score-after", is_flag=True, help="--layer: the scores weight the experts' outputs (default: inputs).")
+@click.option("--wgrad", type=click.Choice(["recipe", "bf16"]),
+              help="Weight-gradient precision: the strategy's recipe (MXFP8; under mxfp8_a2a the dequantized rows "
+              "quantized again along the tokens) or bf16. [default: recipe for mxfp8, bf16 for mxfp8_a2a]")
 @click.option("--groups", type=click.Choice(["balanced", "skewed"]), default="balanced", show_default=True,
               help="Routing: every expert gets the same copies, or a skewed router (seeded).")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the routing and the inputs.")
@@ -81,9 +109,10 @@ def _layer(K, N, preset) -> tuple[int, int, str]:
 @click.option("--impl", "impls", multiple=True, help="[RECIPE/]STAGE=module:function: another implementation.")
 @click.option("--nproc", type=click.IntRange(min=1), help="Start this many workers on this host (torchrun).")
 @click.pass_context
-def ep(ctx, K, N, preset, experts, tokens, top_k, groups, seed, strategies, mode, backend, samples, timing, out,
-       plot_file, results_dir, check, impls, nproc) -> None:  # fmt: skip
-    """The expert-parallel MoE expert projection on several GPUs: dispatch, permute, GEMMs, combine, per stage."""
+def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after, wgrad, groups, seed, strategies,
+       mode, backend, samples, timing, out, plot_file, results_dir, check, impls, nproc) -> None:  # fmt: skip
+    """The expert-parallel MoE expert projection (or with --layer the whole MoE layer) on several GPUs: dispatch,
+    permute, GEMMs, combine, per stage."""
     import torch
 
     from .dist import under_torchrun
@@ -91,12 +120,16 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, groups, seed, strategies, mode
     has_gpu = torch.cuda.is_available()
     if not has_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before mxkernels is imported below
+    from mxkernels.ep_layer import get_ep_layer_spec
     from mxkernels.ep_stages import check_layer, check_strategy, get_ep_spec
+    from mxkernels.ep_wgrad import Wgrad
     from mxkernels.runtime import InputError
 
     from ..registry import parse_impl
 
-    K, N, label = _layer(K, N, preset)
+    K, N, label, top_k, resolved_score_func = _layer(K, N, preset, whole, top_k, score_func)
+    layer = _layer_options(whole, score_func, score_after, resolved_score_func)
+    spec_of = get_ep_spec if layer is None else get_ep_layer_spec
     for s in strategies:
         check_strategy(s)
     launching = nproc is not None and not under_torchrun()
@@ -112,7 +145,7 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, groups, seed, strategies, mode
     if not check and not has_gpu:
         raise InputError("no CUDA GPU found: timing needs a GPU per rank; `mxbench ep --check` runs on CPUs")
     for text in impls:  # here too, so that a bad one exits 2 before any worker starts
-        parse_impl(text, "bf16", get_ep_spec)
+        parse_impl(text, "bf16", spec_of)
     words = command_words(ctx, skip=("nproc",))
     if launching:
         from .launch import launch
@@ -121,7 +154,8 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, groups, seed, strategies, mode
     from .check import EPOptions
     from .worker import MeasureOptions, run_worker
 
-    options = EPOptions(K, N, experts, tokens, top_k, groups, seed, mode, backend)
+    options = EPOptions(K, N, experts, tokens, top_k, groups, seed, mode, backend,
+                        None if wgrad is None else Wgrad(wgrad), layer)  # fmt: skip
     measure = MeasureOptions(samples, timing == "graph", out, results_dir, plot_file, label,
                              shlex.join(["mxbench", *words]))  # fmt: skip
     ctx.exit(run_worker(strategies, options, impls, check=check, measure=measure))

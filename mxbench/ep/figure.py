@@ -1,7 +1,7 @@
 """The figure of a stored EP run: where each strategy's step goes, and how fast its all-to-alls run.
 
 Left: one stacked bar per strategy, the sum of its stages' times by category (all-to-all, permute, quantize,
-rearrange, GEMM, pad/unpad), each stage at its slowest rank's median, with the measured fwd+bwd step marked beside
+rearrange, GEMM, pad/unpad, and for the whole layer routing, activation and combine), each stage at its slowest rank's median, with the measured fwd+bwd step marked beside
 (the step runs the same stages back to back, so the two differ by launch gaps and by what one stage timed alone
 does not see). Right: the achieved all-to-all rate of each all-to-all stage (both directions, per rank) beside the
 datasheet NVLink roof and the measured all-to-all ceiling. Drawn off-screen (Figure + Agg), read from Records only.
@@ -15,11 +15,12 @@ from matplotlib.figure import Figure
 
 from ..results import Run
 from ..roofline import achieved_tbps
-from .tables import A2A, STEP, ep_peaks, in_step
+from .tables import A2A, STEP, ep_part, ep_peaks, in_step
 
 CATEGORIES = {"all_to_all": ("all-to-all", "tab:purple"), "permute": ("permute", "tab:brown"),
               "quantize": ("quantize", "tab:blue"), "rearrange": ("rearrange", "tab:orange"),
-              "gemm": ("GEMM", "tab:red"), "pad": ("pad / unpad", "tab:green")}  # fmt: skip
+              "gemm": ("GEMM", "tab:red"), "pad": ("pad / unpad", "tab:green"), "routing": ("routing", "tab:gray"),
+              "activation": ("SwiGLU", "tab:olive"), "combine": ("combine (weighted sums)", "tab:cyan")}  # fmt: skip
 
 
 def plot_ep(run: Run, path: str | Path) -> Path:
@@ -35,7 +36,8 @@ def plot_ep(run: Run, path: str | Path) -> Path:
     layer = m.get("layer", {})
     fig.suptitle(f"mxbench ep: {run.card}, EP={m.get('world_size')}, K={layer.get('K')} N={layer.get('N')}, "
                  f"{layer.get('experts_per_rank')} experts x {layer.get('tokens_per_rank')} tokens per rank, "
-                 f"top-k {layer.get('top_k')}, {m.get('routing', {}).get('groups')} routing", fontsize=11)  # fmt: skip
+                 f"top-k {layer.get('top_k')}, {m.get('routing', {}).get('groups')} routing\n{ep_part(run)}",
+                 fontsize=11)  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -52,3 +52,16 @@ def layer_tensors(T: int, K: int, N: int, E: int, top_k: int, seed: int, rank: i
         return (torch.randn(*shape, generator=gen, device=device) * scale).to(torch.bfloat16)
 
     return {"x": randn(T, K), "w": randn(E, N, K, scale=K**-0.5), "dy": randn(T * top_k, N, scale=1e-2)}
+
+
+def ep_layer_tensors(T: int, K: int, N: int, E: int, world: int, seed: int, rank: int, device: torch.device):
+    """The whole layer's tensors of one rank (``--layer``), bf16 on ``device``: x (T, K) ~ N(0, 1), the router's
+    wr (W*E, K) ~ N(0, 1/K), the same on every rank (drawn from the seed alone: a replicated weight), this rank's
+    experts w13 (E, 2N, K) ~ N(0, 1/K) and w2 (E, K, N) ~ N(0, 1/N), and dy (T, K) ~ N(0, 1e-4)."""
+    gen, shared = _generator(seed, rank, device), torch.Generator(device=device).manual_seed(seed * 1_000_003 - 1)
+
+    def randn(*shape, scale=1.0, g=gen):
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(torch.bfloat16)
+
+    return {"x": randn(T, K), "wr": randn(world * E, K, scale=K**-0.5, g=shared),
+            "w13": randn(E, 2 * N, K, scale=K**-0.5), "w2": randn(E, K, N, scale=N**-0.5), "dy": randn(T, K, scale=1e-2)}

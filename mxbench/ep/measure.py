@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 from mxkernels.cost import Cost
-from mxkernels.ep import ep_expert_projection, exchange_split_counts, plan_routing
+from mxkernels.ep import exchange_split_counts
 from mxkernels.ep_comm import exchange_counts_cost
+from mxkernels.ep_wgrad import resolve_wgrad
 from mxkernels.names import END_TO_END_STAGE, Category, Pass
 from mxkernels.pipeline import run_stages
 from mxkernels.token_permute import route
@@ -28,6 +29,7 @@ from ..results import Point, Record
 from .check import EPOptions, rank_inputs, strategy_stages
 from .dist import Context, gather
 from .rank_timing import across_ranks, time_on_ranks
+from .workload import workload
 
 ROUTING_NOTE = "routing: not in the captured step (the split counts reach the host once per step)"
 
@@ -60,8 +62,8 @@ def _entry(timed: Timed, t) -> dict[str, Any]:
                       "shapes": [list(s) for s in timed.shapes]}}  # fmt: skip
 
 
-def _record(point: Point, entries: Sequence[dict[str, Any]]) -> Record:
-    """One Record from every rank's entry of the same call (module doc)."""
+def _record(point: Point, entries: Sequence[dict[str, Any]], tags: dict[str, Any]) -> Record:
+    """One Record from every rank's entry of the same call (module doc); ``tags`` go into its telemetry."""
     stats = [e["stats"] for e in entries]
     spread = across_ranks(stats)
     chosen = entries[spread["slowest_rank"]] if spread else entries[0]
@@ -71,7 +73,7 @@ def _record(point: Point, entries: Sequence[dict[str, Any]]) -> Record:
         point=point, pass_name=t.pass_name, stage=t.name, kernel=t.kernel, category=t.category, purpose=t.purpose,
         shapes=t.shapes, bytes_read=t.cost.bytes_read, bytes_written=t.cost.bytes_written, flops=t.cost.flops,
         precision=t.cost.precision, backend=t.backend, method=chosen["method"], samples_us=list(chosen["samples_us"]),
-        telemetry={"ranks": stats, "across_ranks": spread, **t.notes}, impl=t.impl,
+        telemetry={"ranks": stats, "across_ranks": spread, **t.notes, **tags}, impl=t.impl,
         error="; ".join(errors) if errors and not spread else None,
     )  # fmt: skip
 
@@ -103,8 +105,9 @@ def measure_strategy(ctx: Context, strategy: str, o: EPOptions, *, graph: bool, 
     for timed, call, capturable in _routing_calls(ctx, inputs, o):
         progress(f"{strategy}/{timed.name}")
         entries.append(_entry(timed, time_on_ranks(ctx, call, graph=graph and capturable, samples=samples)))
-    plan = plan_routing(inputs["experts"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
-    stages = strategy_stages(ctx, strategy, plan.shape, o, impls)
+    part = workload(o)
+    plan = part.plan(ctx, inputs, o)
+    stages = strategy_stages(ctx, strategy, plan, o, impls)
     env = run_stages(stages, {**inputs, **plan.tensors})
     for stage in stages:
         progress(f"{strategy}/{stage.name}")
@@ -112,12 +115,13 @@ def measure_strategy(ctx: Context, strategy: str, o: EPOptions, *, graph: bool, 
     env = None  # drop every intermediate before the step allocates its own
     _release(ctx)
     progress(f"{strategy}/{END_TO_END_STAGE}")
-    entries.append(_entry(_step_timed(strategy, stages, o), _time_step(ctx, inputs, plan, stages, graph, samples)))
+    entries.append(_entry(_step_timed(strategy, stages, o), _time_step(ctx, o, inputs, plan, stages, graph, samples)))
     _release(ctx)
     every = gather(ctx, entries)
     if not ctx.root:
         return None
-    return [_record(point, [rank[i] for rank in every]) for i in range(len(entries))]
+    tags = {"part": part.part.value, "wgrad": resolve_wgrad(strategy, o.wgrad).value}  # what each record measured
+    return [_record(point, [rank[i] for rank in every], tags) for i in range(len(entries))]
 
 
 def _time_stage(ctx: Context, stage, env, graph: bool, samples: int):
@@ -128,20 +132,21 @@ def _time_stage(ctx: Context, stage, env, graph: bool, samples: int):
 
 def _step_timed(strategy: str, stages, o: EPOptions) -> Timed:
     total = sum((s.cost for s in stages), Cost(0, 0))
+    part = workload(o).part.value
     shapes = ((o.T, o.K), (o.E, o.N, o.K))
-    return Timed(Pass.END_TO_END.value, END_TO_END_STAGE, f"{strategy} EP layer (forward + backward)",
-                 Category.END_TO_END.value, f"One forward + backward of the {strategy} expert-parallel layer", shapes,
+    return Timed(Pass.END_TO_END.value, END_TO_END_STAGE, f"{strategy} EP {part} (forward + backward)",
+                 Category.END_TO_END.value, f"One forward + backward of the {strategy} expert-parallel {part}", shapes,
                  total, notes={"note": "routing fixed (plan made once, outside the timed call)"})  # fmt: skip
 
 
-def _time_step(ctx: Context, inputs, plan, stages, graph: bool, samples: int):
-    x = inputs["x"].clone().requires_grad_()
-    w = inputs["w"].clone().requires_grad_()
+def _time_step(ctx: Context, o: EPOptions, inputs, plan, stages, graph: bool, samples: int):
+    part = workload(o)
+    leaves = {n: inputs[n].clone().requires_grad_() for n in ("x", *part.weights)}
     dy = inputs["dy"]
 
     def step():
-        y = ep_expert_projection(x, w, plan, stages=stages, group=ctx.group)
-        return torch.autograd.grad(y, (x, w), dy)
+        y = part.forward(ctx, inputs, plan, stages, leaves)
+        return torch.autograd.grad(y, tuple(leaves.values()), dy)
 
     return time_on_ranks(ctx, step, graph=graph, samples=samples)
 

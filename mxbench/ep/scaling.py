@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from ..render import Row, render
 from ..results import Run
 from ..roofline import achieved_tbps
-from .tables import A2A, STEP, ep_peaks, in_step, summary_rows
+from .tables import A2A, STEP, ep_part, ep_peaks, in_step, summary_rows
 
 SAME_LAYER = ("K", "N", "experts_per_rank", "tokens_per_rank", "top_k")
 """What two runs must share to sit on one EP-degree axis (besides the card)."""
@@ -149,11 +149,11 @@ def _routing(run: Run) -> str:
 
 def _layer_key(run: Run) -> tuple:
     layer = run.meta.get("layer") or {}
-    return tuple(layer.get(k) for k in SAME_LAYER)
+    return (ep_part(run), *(layer.get(k) for k in SAME_LAYER))  # a layer run never joins a projection run
 
 
 def _describe(run: Run, *, card: bool = True) -> str:
     layer = run.meta.get("layer") or {}
-    text = (f"K={layer.get('K')} N={layer.get('N')}, {layer.get('experts_per_rank')} local experts x "
+    text = (f"{ep_part(run)}, K={layer.get('K')} N={layer.get('N')}, {layer.get('experts_per_rank')} local experts x "
             f"{layer.get('tokens_per_rank')} tokens per rank, top-k {layer.get('top_k')}")  # fmt: skip
     return f"{run.card}, {text}" if card else text

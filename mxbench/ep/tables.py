@@ -132,15 +132,25 @@ def _share(run: Run, strategy: str, a2a_us: float) -> str | None:
     return f"{100.0 * a2a_us / total:.0f}%" if total else None
 
 
+def ep_part(run: Run) -> str:
+    """What the run put on the ranks, in words: runs stored before ``--layer`` existed are projection runs."""
+    layer = run.meta.get("layer") or {}
+    if layer.get("part", "projection") == "projection":
+        return "expert projection"
+    scores = "before" if layer.get("score_before", True) else "after"
+    return f"whole MoE layer ({layer.get('score_func')} scores {scores} the experts, no shared experts)"
+
+
 def ep_header(run: Run, peaks: dict[str, Peak], fmt: str) -> str:
     m = run.meta
     layer, routing = m.get("layer", {}), m.get("routing", {})
+    wgrad = ", ".join(f"{s} {w}" for s, w in (layer.get("wgrad") or {}).items())
     lines = [
         (
-            f"EP degree {m.get('world_size')} ({m.get('backend')}, NCCL {m.get('nccl') or MISSING}), "
+            f"{ep_part(run)}: EP degree {m.get('world_size')} ({m.get('backend')}, NCCL {m.get('nccl') or MISSING}), "
             f"{layer.get('experts_per_rank')} local experts, {layer.get('tokens_per_rank')} tokens per rank, "
             f"top-k {layer.get('top_k')}, K={layer.get('K')}, N={layer.get('N')}, {routing.get('groups')} routing "
-            f"(seed {routing.get('seed')})"
+            f"(seed {routing.get('seed')})" + (f"; wgrad precision: {wgrad}" if wgrad else "")
         ),
         (
             "Times: the slowest rank's median; all-to-all GB/s = bytes sent to + received from other ranks per rank "

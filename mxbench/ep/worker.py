@@ -37,9 +37,10 @@ class MeasureOptions:
 def run_worker(strategies: Sequence[str], o: EPOptions, impl_texts: Sequence[str], *, check: bool,
                measure: MeasureOptions, echo: Callable[[str], None] = click.echo) -> int:  # fmt: skip
     """The worker's exit code: 0 pass (or measured), 1 a check failed. Bad input raises ``InputError``."""
+    from mxkernels.ep_layer import get_ep_layer_spec
     from mxkernels.ep_stages import get_ep_spec
 
-    impls = [parse_impl(t, "bf16", get_ep_spec) for t in impl_texts]
+    impls = [parse_impl(t, "bf16", get_ep_spec if o.layer is None else get_ep_layer_spec) for t in impl_texts]
     ctx, code = None, 1
     try:
         ctx = init()
@@ -77,7 +78,7 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
     if not ctx.root:
         return 0
     layer = {"tokens_per_rank": o.T, "K": o.K, "N": o.N, "experts_per_rank": o.E, "top_k": o.top_k, "mode": o.mode,
-             "backend": o.backend}  # fmt: skip
+             "backend": o.backend, **layer_meta(strategies, o)}  # fmt: skip
     routing = {"groups": o.groups, "seed": o.seed, "method": ROUTING_METHOD[o.groups], "send_counts": counts}
     timing = {"samples": m.samples, "method": "graph-cold per record (events-cold where a collective could not be "
               "captured: the record's method says which)", "requested": "graph" if m.graph else "events"}  # fmt: skip
@@ -87,7 +88,8 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
     meta["ceilings"] = asdict(stored) if stored is not None else None
     meta["alltoall_ceiling"] = load_alltoall_ceiling(m.results_dir, meta["card"], ctx.world)
     run = Run(meta, records)
-    out = m.out or m.results_dir / card_slug(meta["card"]) / f"ep-{m.label}-{o.groups}-ep{ctx.world}-{_stamp()}.json"
+    what = "ep" if o.layer is None else "ep-layer"
+    out = m.out or m.results_dir / card_slug(meta["card"]) / f"{what}-{m.label}-{o.groups}-ep{ctx.world}-{_stamp()}.json"
     json_path, _ = save_run(run, out)
     peaks = ep_peaks(run)
     echo(ep_header(run, peaks, "plain"))
@@ -99,6 +101,19 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
 
         echo(f"wrote {plot_ep(run, m.plot_file)}")
     return 0
+
+
+def layer_meta(strategies: Sequence[str], o: EPOptions) -> dict:
+    """What the run ran beyond the sizes: the part (projection or whole layer), each strategy's resolved wgrad
+    precision, and the layer's router options (its shared experts are left out: 0)."""
+    from mxkernels.ep_wgrad import resolve_wgrad
+
+    from .workload import workload
+
+    meta = {"part": workload(o).part.value, "wgrad": {s: resolve_wgrad(s, o.wgrad).value for s in strategies}}
+    if o.layer is not None:
+        meta.update(score_func=o.layer.score_func, score_before=o.layer.score_before, shared_experts=0)
+    return meta
 
 
 def _send_counts(ctx: Context, o: EPOptions) -> list[list[int]]:

@@ -1,0 +1,159 @@
+"""What an EP run runs on every rank: the expert projection (``mxbench ep``) or the whole MoE layer (``--layer``).
+
+A ``Workload`` is the seam the check and the measurement share: a rank's seeded inputs, its routing plan, the
+strategy's stage list, one forward + backward of the distributed module (what the step times and the check
+compares), and the comparison of every rank's gathered results with the single-process reference.
+
+* ``Projection``: ``mxkernels.ep`` (y = x @ w_e^T per copy) against ``ep_reference.ep_layer_reference``.
+* ``Layer``: ``mxkernels.ep_layer`` (router, gate/up, SwiGLU, down, combine) against
+  ``ep_layer_reference.ep_moe_layer_reference`` (the verdict); the SQNR against an fp32 run of the single-GPU
+  layer's plain-torch oracle (``moe_layer.moe_layer_reference``, gathered inputs) is printed beside it, for
+  information (the recipe's quantization error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+from mxkernels.comparison import sqnr_db
+
+from .inputs import ep_layer_tensors, layer_tensors, routing
+
+
+class Part(StrEnum):
+    PROJECTION = "projection"
+    LAYER = "layer"
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """The router's options of a ``--layer`` run (``ep_layer.EPLayerShape``)."""
+
+    score_func: str = "sigmoid"
+    score_before: bool = True
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One output's SQNR against the verdict's reference, and against another one for information."""
+
+    output: str
+    sqnr_db: float
+    vs_db: float | None
+    vs_what: str
+
+
+def _experts(ctx, o) -> torch.Tensor:
+    return routing(o.T, o.top_k, ctx.world * o.E, o.groups, o.seed, ctx.rank).to(ctx.device)
+
+
+class Projection:
+    part = Part.PROJECTION
+    weights = ("w",)
+
+    def inputs(self, ctx, o) -> dict[str, torch.Tensor]:
+        return {"experts": _experts(ctx, o), **layer_tensors(o.T, o.K, o.N, o.E, o.top_k, o.seed, ctx.rank, ctx.device)}
+
+    def plan(self, ctx, inputs, o):
+        from mxkernels.ep import plan_routing
+
+        return plan_routing(inputs["experts"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
+
+    def stages(self, ctx, strategy, plan, o):
+        from mxkernels.ep_stages import ep_step_stages
+
+        return ep_step_stages(strategy, plan.shape, group=ctx.group, mode=o.mode, backend=o.backend, wgrad=o.wgrad)
+
+    def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        from mxkernels.ep import ep_expert_projection
+
+        return ep_expert_projection(leaves["x"], leaves["w"], plan, stages=stages, group=ctx.group)
+
+    def compare(self, strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o) -> list[Compared]:
+        from mxkernels.ep_reference import ep_layer_reference
+        from mxkernels.ep_stages import BASELINE
+
+        args = ([r["x"] for r in ranks], [r["experts"] for r in ranks], torch.cat([r["w"] for r in ranks]),
+                [r["dy"] for r in ranks])  # fmt: skip
+        names = ("y", "grad_x", "grad_w")
+        ref = dict(zip(names, ep_layer_reference(*args, strategy, o.mode, o.wgrad), strict=True))
+        bf16 = None if strategy == BASELINE else dict(zip(names, ep_layer_reference(*args, BASELINE), strict=True))
+        out = []
+        for name in names:
+            got = torch.cat([r[name] for r in ranks])
+            vs = None if bf16 is None else sqnr_db(got, _joined(bf16[name]))
+            out.append(Compared(name, sqnr_db(got, _joined(ref[name])), vs, "bf16 reference"))
+        return out
+
+
+class Layer:
+    part = Part.LAYER
+    weights = ("wr", "w13", "w2")
+
+    def __init__(self, options: LayerOptions):
+        self.options = options
+
+    def inputs(self, ctx, o) -> dict[str, torch.Tensor]:
+        experts = _experts(ctx, o)
+        tensors = ep_layer_tensors(o.T, o.K, o.N, o.E, ctx.world, o.seed, ctx.rank, ctx.device)
+        return {"experts": experts, "assign": experts.to(torch.int32), **tensors}
+
+    def plan(self, ctx, inputs, o):
+        from mxkernels.ep_layer import plan_layer
+
+        return plan_layer(inputs["assign"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
+
+    def stages(self, ctx, strategy, plan, o):
+        from mxkernels.ep_layer import EPLayerShape, ep_layer_stages
+
+        shape = EPLayerShape(plan.shape, self.options.score_func, self.options.score_before)
+        return ep_layer_stages(strategy, shape, group=ctx.group, mode=o.mode, backend=o.backend, wgrad=o.wgrad)
+
+    def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        from mxkernels.ep_layer import ep_moe_layer
+
+        return ep_moe_layer(leaves["x"], leaves, inputs["assign"], plan, stages)
+
+    def compare(self, strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o) -> list[Compared]:
+        from mxkernels.ep_layer_reference import ep_moe_layer_reference
+
+        L = self.options
+        weights = {"wr": ranks[0]["wr"], **{n: torch.cat([r[n] for r in ranks]) for n in ("w13", "w2")}}
+        xs, assigns, dys = ([r[n] for r in ranks] for n in ("x", "assign", "dy"))
+        ref = ep_moe_layer_reference(xs, assigns, weights, dys, strategy, score_func=L.score_func,
+                                     score_before=L.score_before, mode=o.mode, wgrad=o.wgrad)  # fmt: skip
+        fp32 = self._fp32_layer(ranks, weights, o)
+        out = []
+        for name in ("y", "grad_x", "grad_wr", "grad_w13", "grad_w2"):
+            parts = [r[name] for r in ranks]
+            got = torch.stack(parts).double().sum(0) if name == "grad_wr" else torch.cat(parts)
+            out.append(
+                Compared(name, sqnr_db(got, _joined(ref[name])), sqnr_db(got, fp32[name]), "fp32 single-GPU layer")
+            )
+        return out
+
+    def _fp32_layer(self, ranks, weights, o) -> dict[str, torch.Tensor]:
+        """y and the gradients of ``moe_layer_reference`` in fp32 on every rank's tokens at once."""
+        from mxkernels.layer import LayerShape
+        from mxkernels.moe_layer import layer_outputs
+
+        G = weights["wr"].shape[0]
+        shape = LayerShape(T=sum(r["x"].shape[0] for r in ranks), K=o.K, N=o.N, E=G, top_k=o.top_k,
+                           score_func=self.options.score_func, score_before=self.options.score_before)  # fmt: skip
+        inputs = {"x": torch.cat([r["x"] for r in ranks]), "dy": torch.cat([r["dy"] for r in ranks]),
+                  "assign": torch.cat([r["assign"] for r in ranks]), **weights}  # fmt: skip
+        got = layer_outputs(None, inputs, shape)
+        got["grad_w13"] = torch.cat([got.pop("grad_w1"), got.pop("grad_w3")], dim=1)
+        return got
+
+
+def _joined(value: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """A reference's output of every rank as one tensor (per-rank lists concatenated; weight gradients as they are)."""
+    return value if isinstance(value, torch.Tensor) else torch.cat(list(value))
+
+
+def workload(o) -> Projection | Layer:
+    return Projection() if o.layer is None else Layer(o.layer)
