@@ -81,7 +81,8 @@ class Topology:
     @property
     def same_node_pairs(self) -> list[tuple[int, int]]:
         """Every pair of distinct ranks that shares a node (a < b)."""
-        return [(a, b) for a in range(self.world) for b in range(a + 1, self.world) if self.link(a, b) is LinkClass.INTRA]
+        ranks = range(self.world)
+        return [(a, b) for a in ranks for b in ranks if a < b and self.link(a, b) is LinkClass.INTRA]
 
     @property
     def hosts_agree(self) -> bool:
@@ -147,8 +148,9 @@ def stage_link_bytes(topo: Topology, counts: Sequence, strategy: str, o) -> dict
             if st.category is not Category.ALL_TO_ALL:
                 continue
             send, recv = st.params["send_splits"], st.params["recv_splits"]
-            rows = remote_rows(send, rank) or remote_rows(recv, rank)
-            row_bytes = (st.cost.bytes_read if remote_rows(send, rank) else st.cost.bytes_written) // rows if rows else 0
+            # the bytes of one row from the stage's cost (bytes sent to other ranks, or received where it sends none)
+            sent, received = remote_rows(send, rank), remote_rows(recv, rank)
+            row_bytes = st.cost.bytes_read // sent if sent else (st.cost.bytes_written // received if received else 0)
             out.setdefault(st.name, []).append(as_record(split_bytes(topo, rank, send, recv, row_bytes)))
     return out
 
