@@ -130,3 +130,22 @@ def test_two_launchers_as_two_nodes_check_the_run_and_record_its_topology(tmp_pa
     for (strategy, stage), (intra, inter) in HAND.items():
         for r in record["link_bytes"][strategy][stage]:
             assert (r["intra_node"]["sent"], r["inter_node"]["sent"]) == (intra, inter), (strategy, stage)
+
+
+def test_an_all_to_all_across_nodes_reads_each_class_against_its_own_link():
+    from mxbench.ep import tables
+    from mxbench.results import Run
+
+    split = {"intra_node": {"sent": 300_000_000, "received": 300_000_000},
+             "inter_node": {"sent": 50_000_000, "received": 50_000_000}}  # fmt: skip
+    rec = Record(Point(T, N, K, E, "bf16"), "forward", "dispatch", "a2a", "all_to_all", bytes_read=350_000_000,
+                 bytes_written=350_000_000, samples_us=[2000.0],
+                 telemetry={"across_ranks": {}, "link_bytes": split})  # fmt: skip
+    meta = {"kind": "ep", "card": "NVIDIA H100 80GB HBM3", "hardware": "h100-sxm", "world_size": 4,
+            "nodes": two_nodes_of_two().to_meta(), "layer": {}, "routing": {}}  # fmt: skip
+    row = tables.ep_rows(Run(meta, [rec]))[0]
+    # 0.6 GB in 2 ms = 300 GB/s of 900 GB/s NVLink; 0.1 GB in 2 ms = 50 GB/s of the 100 GB/s NIC (CX-7 400 Gb/s)
+    assert (row["Intra-node GB/s"], row["Intra-node % datasheet"]) == ("300", "33.3%")
+    assert (row["Inter-node GB/s"], row["Inter-node % datasheet"]) == ("50", "50.0%")
+    header = tables.ep_table(Run(meta, [rec]), "ep", "plain")
+    assert "NIC 100 GB/s" in header and "ranks sharing a node: (0,1), (2,3)" in header
