@@ -30,7 +30,7 @@ Rates are one-way per GPU (DeepEP's convention), in GB/s = 1e9 B/s.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -195,6 +195,19 @@ def predict(m: Measured, ep: int, model: LinkModel) -> list[Prediction]:
         out.append(Prediction(m.label, s.strategy, ep, nodes, step, compute, a2a_us, moved[LinkClass.INTRA],
                               moved[LinkClass.INTER]))  # fmt: skip
     return out
+
+
+def with_top_k(m: Measured, top_k: int) -> Measured:
+    """``m`` read as a layer of ``top_k`` experts per token with the same copies per rank (T x top-k held, so
+    every stage that moves or multiplies copies keeps its work; the few that act on tokens before they are copied
+    keep theirs too: an upper bound on their time)."""
+    from mxkernels.errors import InputError
+
+    copies = m.T * m.top_k
+    if copies % top_k:
+        raise InputError(f"--top-k: {top_k} does not divide the run's {copies} copies per rank")
+    note = f"top-k {top_k} projected from the run's top-k {m.top_k}: {copies} copies per rank held"
+    return replace(m, T=copies // top_k, top_k=top_k, notes=(*m.notes, note))
 
 
 A2A, STEP = "all_to_all", "end_to_end"
