@@ -58,8 +58,8 @@ def _check_same_layer(a: Measured, b: Measured) -> None:
 @click.option("--ep", "eps", type=CommaList(int), default=",".join(map(str, DEFAULT_EPS)), show_default=True,
               help="EP degrees to project to.")  # fmt: skip
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--intra-gbps", type=POSITIVE, help=f"NVLink rate, one way per GPU. [default: {DEFAULT_INTRA_GBPS} (DeepEP)]")
-@click.option("--inter-gbps", type=POSITIVE, help=f"NIC rate, one way per GPU. [default: {DEFAULT_INTER_GBPS} (DeepEP)]")
+@click.option("--intra-gbps", type=POSITIVE, help=f"NVLink GB/s one way per GPU. [default: {DEFAULT_INTRA_GBPS}: DeepEP]")
+@click.option("--inter-gbps", type=POSITIVE, help=f"NIC GB/s one way per GPU. [default: {DEFAULT_INTER_GBPS}: DeepEP]")
 @click.option("--intra-from-run", is_flag=True, help="The run's own all-to-all rate as the NVLink rate.")
 @click.option("--max-nodes-per-token", "max_nodes", type=click.IntRange(min=0), default=DEEPSEEK_V3_MAX_NODES,
               show_default=True, help="Node-limited routing (DeepSeek-V3: 4); 0: no limit, no per-node dedup.")
@@ -81,8 +81,7 @@ def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run,
     from ..outputs import check_figure_target, check_results_file
     from ..plots import IMAGE_SUFFIXES
     from .project import check_degree, predict, with_top_k
-    from .project_output import (assumptions, json_output, plot_projection, projection_rows, text_output,
-                                 validation_rows)  # fmt: skip
+    from .project_output import assumptions, json_output, plot_projection, projection_rows, text_output, validation_rows
 
     if intra_from_run and intra_gbps is not None:
         raise click.UsageError("give either --intra-gbps or --intra-from-run, not both")
@@ -106,8 +105,8 @@ def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run,
         # the validation places the ranks as the measured run had them, at the source run's own rate unless given
         model = _model_for(measured[0], replace(base, gpus_per_node=target.ep // target.nodes), intra_gbps is None)
         preds = predict(measured[0], target.ep, model)
-        notes = [*assumptions(model, measured), f"Validation run {target.label}: {target.card}, EP {target.ep} on "
-                 f"{target.nodes} node(s), measured"]  # fmt: skip
+        seen = f"Validation run {target.label}: {target.card}, EP {target.ep} on {target.nodes} node(s), measured"
+        notes = [*assumptions(model, measured), seen]
         rows = validation = validation_rows(preds, target)
         title = f"Validation: {target.label} (EP {target.ep}) predicted from {measured[0].label} (EP {measured[0].ep})"
         lines = [*predict(measured[0], measured[0].ep, model), *preds]

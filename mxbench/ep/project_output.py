@@ -28,21 +28,21 @@ def assumptions(model: LinkModel, runs: Sequence[Measured]) -> list[str]:
     lines = [
         "Projection, not a measurement: every step at an EP degree other than a run's own is modelled.",
         f"Nodes of {model.gpus_per_node} GPUs; an EP degree above one node fills whole nodes.",
-        "Tokens per rank, experts per rank, top-k and the layer are those of the measured run (held), so with "
-        "balanced routing every rank receives the copies it received in the run: compute stages keep their "
-        "measured times (the slowest rank's median per stage).",
-        "Skewed routing: the slowest rank sets the step; compute per rank is a line in the copies it receives "
-        "(fitted over the run's ranks), evaluated at the run's seeded router over EP x local experts; all-to-all "
-        "bytes times the busiest rank's imbalance (max of sent and received over the balanced figure). Top-k > 1: "
-        "a rank's expected share taken as the sum of its experts' router shares (an approximation).",
+        ("Tokens per rank, experts per rank, top-k and the layer are those of the measured run (held), so with "
+         "balanced routing every rank receives the copies it received in the run: compute stages keep their "
+         "measured times (the slowest rank's median per stage)."),
+        ("Skewed routing: the slowest rank sets the step; compute per rank is a line in the copies it receives "
+         "(fitted over the run's ranks), evaluated at the run's seeded router over EP x local experts; all-to-all "
+         "bytes times the busiest rank's imbalance (max of sent and received over the balanced figure). Top-k > 1: "
+         "a rank's expected share taken as the sum of its experts' router shares (an approximation)."),
         limit,
-        f"All-to-all time = max over link classes of one-way bytes per rank / rate, + {model.latency_us:g} us per "
-        "call; intra-node (NVLink) and inter-node (NIC) transfers overlap fully.",
+        (f"All-to-all time = max over link classes of one-way bytes per rank / rate, + {model.latency_us:g} us per "
+         "call; intra-node (NVLink) and inter-node (NIC) transfers overlap fully."),
         f"Intra-node rate {model.intra_gbps:.1f} GB/s one way per GPU: {model.intra_source}.",
         f"Inter-node rate {model.inter_gbps:.1f} GB/s one way per GPU: {model.inter_source}.",
         "The fwd+bwd step keeps its measured ratio to the sum of its stages.",
-        "Bytes of one routed copy per all-to-all: the run's bytes sent to other ranks over the copies that left "
-        "their rank (so MXFP8 payloads carry their scales).",
+        ("Bytes of one routed copy per all-to-all: the run's bytes sent to other ranks over the copies that left "
+         "their rank (so MXFP8 payloads carry their scales)."),
     ]
     lines += [f"Source run {m.label}: {describe(m)}" + "".join(f"; {n}" for n in m.notes) for m in runs]
     return lines

@@ -28,8 +28,8 @@ STEP = "end_to_end"
 
 
 def ep_peaks(run: Run) -> dict[str, Peak]:
-    """The run's denominators: datasheet (HBM, compute, "link", and "nic" for a run across nodes) and measured ("measured_link", and the HBM / GEMM
-    ceilings under "measured_*" where the run stored them)."""
+    """The run's denominators: datasheet (HBM, compute, "link", "nic" for a run across nodes) and measured
+    ("measured_link", and the HBM / GEMM ceilings under "measured_*" where the run stored them)."""
     peaks: dict[str, Peak] = {}
     if run.meta.get("hardware"):
         peaks.update(peaks_for_run(run, "datasheet"))
