@@ -58,11 +58,12 @@ def _check_same_layer(a: Measured, b: Measured) -> None:
 @click.option("--ep", "eps", type=CommaList(int), default=",".join(map(str, DEFAULT_EPS)), show_default=True,
               help="EP degrees to project to.")  # fmt: skip
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--intra-gbps", type=POSITIVE, help=f"NVLink GB/s one way per GPU. [default: {DEFAULT_INTRA_GBPS}: DeepEP]")
-@click.option("--inter-gbps", type=POSITIVE, help=f"NIC GB/s one way per GPU. [default: {DEFAULT_INTER_GBPS}: DeepEP]")
+@click.option("--intra-gbps", type=POSITIVE, help=f"NVLink GB/s, one way per GPU. [default: {DEFAULT_INTRA_GBPS}]")
+@click.option("--inter-gbps", type=POSITIVE, help=f"NIC GB/s, one way per GPU. [default: {DEFAULT_INTER_GBPS}]")
 @click.option("--intra-from-run", is_flag=True, help="The run's own all-to-all rate as the NVLink rate.")
 @click.option("--max-nodes-per-token", "max_nodes", type=click.IntRange(min=0), default=DEEPSEEK_V3_MAX_NODES,
-              show_default=True, help="Node-limited routing (DeepSeek-V3: 4); 0: no limit, no per-node dedup.")
+              show_default=True,
+              help="Node-limited routing (DeepSeek-V3: 4); 0: no limit, no per-node dedup.")  # fmt: skip
 @click.option("--top-k", "top_k", type=click.IntRange(min=1),
               help="Project a layer of this top-k with the run's copies per rank (tokens per rank x top-k) held. "
               "[default: the run's]")  # fmt: skip
@@ -75,10 +76,13 @@ def _check_same_layer(a: Measured, b: Measured) -> None:
 @click.option("--plot-file", type=click.Path(dir_okay=False, path_type=Path), help="Draw the figure (.png/.svg/.pdf).")
 def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run, max_nodes, top_k, latency_us,
                validate, fmt, out, plot_file) -> None:  # fmt: skip
-    """Project measured EP runs to EP degrees 8-256 per strategy, with a link model (DeepEP rates by default)."""
+    """Project measured EP runs to EP degrees 8-256 per strategy with a link model.
+
+    Default rates: DeepEP's published H800 measurements (normal kernels; NVLink 153 / 158 GB/s dispatch / combine,
+    RDMA 43-58 GB/s at EP 16-64). The assumptions are printed under the table and stored in the JSON."""
     from mxkernels.errors import InputError
 
-    from ..outputs import check_figure_target, check_results_file
+    from ..outputs import check_figure_target, check_output_file
     from ..plots import IMAGE_SUFFIXES
     from .project import check_degree, predict, with_top_k
     from .project_output import assumptions, json_output, plot_projection, projection_rows, text_output, validation_rows
@@ -91,7 +95,7 @@ def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run,
     elif len(runs) != 1 or top_k is not None:
         raise click.UsageError("--validate predicts one run from one run as measured: give one RUN, and no --top-k")
     if out is not None:
-        check_results_file(out)
+        check_output_file(out)
     if plot_file is not None:
         check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)
     measured = [m if top_k is None else with_top_k(m, top_k) for m in _read(runs)]

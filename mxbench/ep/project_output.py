@@ -43,7 +43,7 @@ def assumptions(model: LinkModel, runs: Sequence[Measured]) -> list[str]:
         "The fwd+bwd step keeps its measured ratio to the sum of its stages.",
         ("Bytes of one routed copy per all-to-all: the run's bytes sent to other ranks over the copies that left "
          "their rank (so MXFP8 payloads carry their scales)."),
-    ]
+    ]  # fmt: skip
     lines += [f"Source run {m.label}: {describe(m)}" + "".join(f"; {n}" for n in m.notes) for m in runs]
     return lines
 
