@@ -145,7 +145,7 @@ def plot_projection(preds: Sequence[Prediction], measured: Sequence[Measured], p
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
     step_ax.legend(fontsize=7)
-    fig.suptitle(f"mxbench ep-project: {describe(measured[0])}: lines projected, points measured", fontsize=10)
+    fig.suptitle(f"mxbench ep-project: lines projected, points measured\n{describe(measured[0])}", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
