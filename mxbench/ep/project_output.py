@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from ..render import Row, render
 from .project import DEEPEP_SOURCE, LinkModel, Measured, Prediction
+from .scaling import degree_axes
 
 BASELINE = "bf16"
 
@@ -136,14 +137,8 @@ def plot_projection(preds: Sequence[Prediction], measured: Sequence[Measured], p
             share_ax.scatter([m.ep], [100 * share], color=colors[s.strategy], marker="o", zorder=3)
     step_ax.scatter([], [], color="gray", marker="o", label="measured (points)")
     degrees = sorted({p.ep for p in preds} | {m.ep for m in measured})
-    for ax, ylabel, title in ((step_ax, "ms per fwd+bwd step", "Step time"),
-                              (share_ax, "all-to-all share of the stage sum (%)", "Where the step goes")):  # fmt: skip
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(degrees, [str(d) for d in degrees])
-        ax.set_xlabel("EP degree (GPUs)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=10)
-        ax.set_ylim(bottom=0)
+    degree_axes([(step_ax, "ms per fwd+bwd step", "Step time"),
+                 (share_ax, "all-to-all share of the stage sum (%)", "Where the step goes")], degrees)  # fmt: skip
     step_ax.legend(fontsize=7)
     fig.suptitle(f"mxbench ep-project: lines projected, points measured\n{describe(measured[0])}", fontsize=10)
     path = Path(path)
