@@ -76,15 +76,33 @@ def test_stage_bytes_per_link_class_match_the_hand_count():
             assert (r["intra_node"]["received"], r["inter_node"]["received"]) == (intra, inter)
 
 
-def test_measured_records_are_annotated_with_their_slowest_ranks_split():
+# Skewed by hand, 4 ranks on 2 nodes, 1 local expert: COUNTS[src][dst] copies. The dispatch's way, rank 1 sends
+# 1, 0, 3, 4 rows to ranks 0..3 (1 intra, 7 inter) and receives 2, 0, 5, 7 (2 intra, 12 inter); the combine's way
+# the other way round. Rank 3 sends rank 2 (its node) 2 rows and receives 0 from it.
+COUNTS = [[[6], [2], [1], [3]], [[1], [0], [3], [4]], [[2], [5], [9], [0]], [[8], [7], [2], [5]]]
+
+
+def a2a_record(sent_rows: list[int], row_bytes: int) -> Record:
+    ranks = [{"rank": r, "median_us": 1.0 + r, "bytes_read": n * row_bytes} for r, n in enumerate(sent_rows)]
+    return Record(Point(T, N, K, 1, "bf16"), "forward", "dispatch", "a2a", "all_to_all", bytes_read=0,
+                  bytes_written=0, telemetry={"ranks": ranks, "across_ranks": {"slowest_rank": 1}})  # fmt: skip
+
+
+def test_measured_records_are_split_by_the_way_their_rows_go():
     from mxbench.ep.topology import annotate_records
 
-    ranks = [{"rank": r, "median_us": 1.0 + r} for r in range(4)]
-    rec = Record(Point(T, N, K, E, "bf16"), "forward", "dispatch", "a2a", "all_to_all", bytes_read=6144,
-                 bytes_written=6144, telemetry={"ranks": ranks, "across_ranks": {"slowest_rank": 3}})  # fmt: skip
-    annotate_records([rec], two_nodes_of_two(), balanced_counts(4), EPOptions(K, N, E, T, 1, "balanced", 0))
-    assert rec.telemetry["link_bytes"]["inter_node"]["sent"] == 32 * 128
-    assert all(s["link_bytes"]["intra_node"]["sent"] == 16 * 128 for s in ranks)
+    # dispatch's way: rank r sends COUNTS[r][d] (off-rank rows per rank: 6, 8, 7, 17), 100 B a row
+    dispatch = a2a_record([6, 8, 7, 17], 100)
+    # the way back (combine): rank r sends COUNTS[d][r] (off-rank rows: 11, 14, 6, 7), 60 B a row
+    combine = a2a_record([11, 14, 6, 7], 60)
+    other = a2a_record([5, 5, 5, 5], 10)  # neither way: left without a split
+    annotate_records([dispatch, combine, other], two_nodes_of_two(), COUNTS)
+    assert dispatch.telemetry["link_bytes"] == {"intra_node": {"sent": 100, "received": 200},
+                                                "inter_node": {"sent": 700, "received": 1200}}  # fmt: skip
+    assert combine.telemetry["link_bytes"] == {"intra_node": {"sent": 120, "received": 60},
+                                               "inter_node": {"sent": 720, "received": 420}}  # fmt: skip
+    assert dispatch.telemetry["ranks"][3]["link_bytes"]["intra_node"] == {"sent": 200, "received": 0}
+    assert "link_bytes" not in other.telemetry
 
 
 def free_port() -> int:

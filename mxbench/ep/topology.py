@@ -155,21 +155,44 @@ def stage_link_bytes(topo: Topology, counts: Sequence, strategy: str, o) -> dict
     return out
 
 
-def annotate_records(records: Sequence, topo: Topology, counts: Sequence, o) -> None:
-    """Add ``telemetry["link_bytes"]`` (the record's slowest rank) and each rank's, to every all-to-all record of
-    the step (the routing's own count exchange is left as it is)."""
-    by_strategy: dict[str, dict[str, list[dict]]] = {}
+def _rows(counts: Sequence, forward: bool) -> list[list[int]]:
+    """rows[src][dst] of an all-to-all that moves the routing's copies (dispatch's way) or sends them back."""
+    pairs = [[sum(experts) for experts in row] for row in counts]
+    return pairs if forward else [list(col) for col in zip(*pairs, strict=True)]
+
+
+def record_split(topo: Topology, counts: Sequence, sent: Mapping[int, int]) -> list[dict] | None:
+    """Every rank's bytes per link class of a measured all-to-all from its bytes sent to other ranks per rank:
+    its rows per peer are the routing's copies one way or the other, the way whose bytes a row agree on every
+    rank (the two agree when routing is balanced). None when neither way fits (not a copy-moving all-to-all)."""
+    world = topo.world
+    for forward in (True, False):
+        rows = _rows(counts, forward)
+        off = {r: sum(rows[r]) - rows[r][r] for r in sent}
+        if any(sent[r] % off[r] if off[r] else sent[r] for r in sent):
+            continue
+        row_bytes = {sent[r] // off[r] for r in sent if off[r]}
+        if len(row_bytes) <= 1:
+            b = row_bytes.pop() if row_bytes else 0
+            recv = [[rows[s][r] for s in range(world)] for r in range(world)]
+            return [as_record(split_bytes(topo, r, rows[r], recv[r], b)) for r in range(world)]
+    return None
+
+
+def annotate_records(records: Sequence, topo: Topology, counts: Sequence) -> None:
+    """Add every rank's bytes per link class to each all-to-all record of the step (``telemetry["ranks"][i]
+    ["link_bytes"]``, and the slowest rank's as ``telemetry["link_bytes"]``); the routing's count exchange and any
+    all-to-all that does not move the routing's copies are left as they are."""
     for r in records:
         if r.category != "all_to_all" or r.telemetry.get("note"):
             continue
-        stages = by_strategy.setdefault(r.point.recipe, stage_link_bytes(topo, counts, r.point.recipe, o))
-        if r.stage not in stages:
+        ranks = r.telemetry.get("ranks") or []
+        per_rank = record_split(topo, counts, {s["rank"]: s["bytes_read"] for s in ranks if "bytes_read" in s})
+        if per_rank is None:
             continue
-        per_rank = stages[r.stage]
-        for stats in r.telemetry.get("ranks", []):
+        for stats in ranks:
             stats["link_bytes"] = per_rank[stats["rank"]]
-        slowest = (r.telemetry.get("across_ranks") or {}).get("slowest_rank", 0)
-        r.telemetry["link_bytes"] = per_rank[slowest]
+        r.telemetry["link_bytes"] = per_rank[(r.telemetry.get("across_ranks") or {}).get("slowest_rank", 0)]
 
 
 def describe(topo: Topology) -> str:

@@ -89,7 +89,7 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
     meta = ep_metadata(ctx, ranks, layer, routing, list(strategies), timing, m.command)
     topo = Topology(tuple(places))
     meta["nodes"] = topo.to_meta()  # which ranks share a node: the link class of every all-to-all byte
-    annotate_records(records, topo, counts, o)
+    annotate_records(records, topo, counts)
     meta["implementations"] = implementations_meta(implementation_modules(impls))  # the code each record names
     stored = load_ceilings(m.results_dir, meta["card"])
     meta["ceilings"] = asdict(stored) if stored is not None else None
