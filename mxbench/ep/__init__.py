@@ -4,7 +4,9 @@ Modules, one job each: ``launch`` (the ``--nproc`` shortcut and the workers' env
 groups, gathering to rank 0, bounded teardown), ``inputs`` (seeded routing and layer inputs), ``check``
 (correctness against the single-process reference), ``timing`` (stages timed in step across ranks), ``measure``
 (the records of a run), ``metadata``, ``tables``, ``figure``, ``scaling`` (runs at several EP degrees side by side), ``ceiling`` (the measured all-to-all ceiling) and
-``command`` (the click command). The layer itself and its stages live in the kernel package (``mxkernels.ep``).
+``command`` (the click command), ``topology`` (which ranks share a node; the all-to-alls' bytes per link
+class) and the projection to other EP degrees: ``project`` (the link model), ``project_output`` (its tables, assumptions
+and figure) and ``project_command`` (``mxbench ep-project``). The layer itself and its stages live in the kernel package (``mxkernels.ep``).
 """
 
 TABLE_KINDS = ("ep", "ep-summary", "ep-scaling")

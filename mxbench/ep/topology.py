@@ -208,7 +208,9 @@ def check_record(topo: Topology, counts: Sequence, strategies: Sequence[str], o)
     return {"kind": "ep-check", "world_size": topo.world, "nodes": topo.to_meta(),
             "layer": {"tokens_per_rank": o.T, "K": o.K, "N": o.N, "experts_per_rank": o.E, "top_k": o.top_k},
             "routing": {"groups": o.groups, "seed": o.seed, "send_counts": [list(map(list, c)) for c in counts]},
-            "link_bytes": {s: stage_link_bytes(topo, counts, s, o) for s in strategies}}  # fmt: skip
+            # the byte split is of the expert projection's stages; a whole layer's (``--layer``) are not listed here
+            "link_bytes": {} if getattr(o, "layer", None) is not None else
+                          {s: stage_link_bytes(topo, counts, s, o) for s in strategies}}  # fmt: skip
 
 
 def link_rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
