@@ -12,8 +12,7 @@ from pathlib import Path
 
 import click
 
-from ..cli.common import CommaList
-from ..render import FORMATS
+from ..cli.common import FORMATS, CommaList
 from .project import DEEPSEEK_V3_MAX_NODES, DEFAULT_EPS, DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, LinkModel, Measured
 
 POSITIVE = click.FloatRange(min=0.0, min_open=True)
