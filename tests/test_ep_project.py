@@ -150,3 +150,30 @@ def test_bad_input_exits_2_naming_the_option(args, message):
 def test_a_run_that_is_not_an_ep_run_is_refused():
     done = ep_project(str(ROOT / "results" / "nvidia-h100-80gb-hbm3" / "layer-deepseek-v3.json"))
     assert done.returncode == 2 and "not a measured EP run" in done.stderr, done.stderr
+
+
+def test_a_layer_run_reads_role_named_stages_by_category():
+    """A whole-layer run (``mxbench ep --layer``): any stage that is not an all-to-all is compute, whatever its name;
+    the routing calls outside the step are left out."""
+    from mxbench.results import Point, Record, Run
+
+    def rec(stage, category, us, sent=0, note=None):
+        ranks = [{"rank": r, "median_us": us - r, "bytes_read": sent, "bytes_written": sent} for r in range(2)]
+        telemetry = {"ranks": ranks, "across_ranks": {"max_us": us, "slowest_rank": 0}}
+        if note:
+            telemetry["note"] = note
+        return Record(Point(64, 64, 64, 2, "bf16"), "forward", stage, "k", category, bytes_read=sent,
+                      bytes_written=sent, samples_us=[us], telemetry=telemetry)  # fmt: skip
+
+    records = [rec("exchange_counts", "all_to_all", 99.0, 16, note="routing"), rec("router_gate", "gemm", 10.0),
+               rec("dispatch_x", "all_to_all", 20.0, 32 * 128), rec("swiglu", "elementwise", 5.0),
+               rec("combine_y", "all_to_all", 30.0, 32 * 128), rec("fwd+bwd", "end_to_end", 70.0)]  # fmt: skip
+    meta = {"kind": "ep", "card": "c", "world_size": 2, "strategies": ["bf16"],
+            "layer": {"tokens_per_rank": 64, "top_k": 1, "experts_per_rank": 2, "K": 64, "N": 64, "part": "layer"},
+            "routing": {"groups": "balanced", "seed": 0}}  # fmt: skip
+    m = read_run(Run(meta, records), "layer")
+    (s,) = m.strategies
+    # compute: router_gate 10 + swiglu 5 (slowest ranks), per rank 10 + 5 and 9 + 4; two all-to-alls of 128 B rows
+    assert (s.compute_us, s.compute_per_rank, s.a2a_us, s.step_us) == (15.0, (15.0, 13.0), 50.0, 70.0)
+    assert [a.name for a in s.alltoalls] == ["dispatch_x", "combine_y"]
+    assert all(a.row_bytes == 128 for a in s.alltoalls)  # 64 copies per rank, 32 of them to the other rank
