@@ -16,8 +16,8 @@ from typing import Any
 from mxkernels.errors import InputError
 
 UNITS = ("TB/s", "TFLOP/s")
-_NUMBERS = ("hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w", "nvlink_gbps")
-_OPTIONAL = ("fp8_tflops", "mxfp8_tflops", "nvlink_gbps")
+_NUMBERS = ("hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w", "nvlink_gbps", "nic_gbps")
+_OPTIONAL = ("fp8_tflops", "mxfp8_tflops", "nvlink_gbps", "nic_gbps")
 
 
 @dataclass
@@ -25,7 +25,8 @@ class HardwareSpec:
     """Per-GPU peaks of one card. ``fp8_tflops`` / ``mxfp8_tflops`` None: no FP8 / no MX tensor cores.
 
     ``l2_mb``: MiB of last-level cache before HBM. ``nvlink_gbps``: the GPU-to-GPU interconnect per GPU in GB/s,
-    both directions together (NVIDIA's convention), None where not recorded. ``sources`` maps each number's field name to where it comes
+    both directions together (NVIDIA's convention), None where not recorded. ``nic_gbps``: the scale-out network
+    per GPU of the card's HGX/DGX host (one NIC per GPU), both directions together too, None where not recorded. ``sources`` maps each number's field name to where it comes
     from. ``match`` / ``exclude`` / ``memory_gib`` recognise the card from its torch device name and memory.
     """
 
@@ -45,6 +46,7 @@ class HardwareSpec:
     exclude: tuple[str, ...] = ()
     memory_gib: tuple[float, float] | None = None
     nvlink_gbps: float | None = None
+    nic_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ def _spec_from_toml(key: str, entry: dict[str, Any]) -> HardwareSpec:
         exclude=tuple(entry.pop("exclude", ())),
         memory_gib=(float(memory[0]), float(memory[1])) if memory else None,
         nvlink_gbps=_float_or_none(entry.pop("nvlink_gbps", None)),
+        nic_gbps=_float_or_none(entry.pop("nic_gbps", None)),
     )
 
 
@@ -202,3 +205,12 @@ def link_peak(spec: HardwareSpec) -> Peak | None:
         return None
     label = f"{spec.name} datasheet NVLink {spec.nvlink_gbps:g} GB/s (both directions, per GPU)"
     return Peak(spec.nvlink_gbps / 1000.0, "TB/s", label)
+
+
+def nic_peak(spec: HardwareSpec) -> Peak | None:
+    """The datasheet scale-out roof of ``spec`` per GPU in TB/s, both directions together (the denominator of an
+    all-to-all's inter-node bytes sent plus received per rank), or None where the spec records none."""
+    if spec.nic_gbps is None:
+        return None
+    label = f"{spec.name} host datasheet NIC {spec.nic_gbps:g} GB/s (both directions, per GPU)"
+    return Peak(spec.nic_gbps / 1000.0, "TB/s", label)

@@ -75,6 +75,12 @@ def _check_file(path: Path, option: str) -> None:
     check_folder(path.parent, option, shown=path)
 
 
+def check_output_file(path: Path, option: str = "--out") -> None:
+    """A text output of any format (a table in markdown, csv or json) to be written: a file name that can be
+    written, in a folder that exists or can be created."""
+    _check_file(Path(path), option)
+
+
 def check_results_file(path: Path, option: str = "--out") -> None:
     """A results file to be written: a ``.json`` name (its CSV goes beside it, same name, ``.csv``) that can be
     written, in a folder that exists or can be created."""

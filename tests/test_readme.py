@@ -23,7 +23,7 @@ from mxbench.cli import cli, run_commands
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 WORKFLOW = REPO / ".github" / "workflows" / "gpu-regression.yml"
-TABLE_BLOCKS = list(re.finditer(r"```bash\n(mxbench table [^\n]*)\n```\n\n", README))
+TABLE_BLOCKS = list(re.finditer(r"```bash\n(mxbench (?:table|ep-project) [^\n]*)\n```\n\n", README))
 
 
 def section(title: str) -> str:

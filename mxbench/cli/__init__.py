@@ -21,6 +21,7 @@ import click
 
 from .. import __version__
 from ..ep import command as ep_command
+from ..ep import project_command
 from ..layer import command as layer_command
 from . import history_commands, registry_commands, report_commands, run_commands
 from .common import Group
@@ -45,6 +46,7 @@ for _command in (
     registry_commands.impls,
     registry_commands.check,
     ep_command.ep,
+    project_command.ep_project,
     layer_command.layer,
 ):
     cli.add_command(_command)

@@ -31,6 +31,11 @@ def _generator(seed: int, rank: int, device: torch.device | str = "cpu") -> torc
     return torch.Generator(device=device).manual_seed(seed * 1_000_003 + rank)
 
 
+def expert_shares(num_experts: int, seed: int) -> np.ndarray:
+    """The skewed router's preference over the experts (the same on every rank; module doc)."""
+    return np.random.default_rng(seed).dirichlet(np.full(num_experts, SKEW_ALPHA))
+
+
 def routing(T: int, top_k: int, num_experts: int, kind: str, seed: int, rank: int) -> torch.Tensor:
     """(T, top_k) int64 global expert ids of rank ``rank``'s tokens (module doc)."""
     gen = _generator(seed, rank)
@@ -39,7 +44,7 @@ def routing(T: int, top_k: int, num_experts: int, kind: str, seed: int, rank: in
         experts = (copies + rank * top_k) % num_experts
         return experts[torch.randperm(T, generator=gen)]
     if kind == "skewed":
-        shares = torch.from_numpy(np.random.default_rng(seed).dirichlet(np.full(num_experts, SKEW_ALPHA)))
+        shares = torch.from_numpy(expert_shares(num_experts, seed))
         return torch.multinomial(shares.expand(T, num_experts), top_k, replacement=False, generator=gen)
     raise ValueError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {kind!r}")
 

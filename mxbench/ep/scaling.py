@@ -98,17 +98,14 @@ def plot_scaling(runs: Sequence[Run], path: str | Path) -> Path:
             rate_ax.plot(xs, [p[3] * 1e3 for p in points], **style)
     _draw_roofs(rate_ax, runs)
     degrees = sorted({_degree(run) for run in runs})
-    for ax, label, title in (
-        (step_ax, "ms per fwd+bwd step (measured)", "Step time"),
-        (share_ax, "all-to-all share of the stage sum (%)", "Where the step goes"),
-        (rate_ax, "all-to-all GB/s per rank, both directions", "All-to-all rate against the interconnect roofs"),
-    ):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(degrees, [str(d) for d in degrees])
-        ax.set_xlabel("EP degree (GPUs)")
-        ax.set_ylabel(label)
-        ax.set_title(title, fontsize=10)
-        ax.set_ylim(bottom=0)
+    degree_axes(
+        [
+            (step_ax, "ms per fwd+bwd step (measured)", "Step time"),
+            (share_ax, "all-to-all share of the stage sum (%)", "Where the step goes"),
+            (rate_ax, "all-to-all GB/s per rank, both directions", "All-to-all rate against the interconnect roofs"),
+        ],
+        degrees,
+    )
     step_ax.legend(fontsize=8)
     rate_ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     fig.suptitle(f"mxbench ep, EP-degree scaling: {runs[0].card}, {_describe(runs[0], card=False)}", fontsize=11)
@@ -116,6 +113,17 @@ def plot_scaling(runs: Sequence[Run], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
+
+
+def degree_axes(panels, degrees: Sequence[int]) -> None:
+    """Each (axes, y label, title) against EP degree on a log-2 axis ticked at ``degrees``, y from 0."""
+    for ax, label, title in panels:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(degrees, [str(d) for d in degrees])
+        ax.set_xlabel("EP degree (GPUs)")
+        ax.set_ylabel(label)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(bottom=0)
 
 
 def _strategy_point(run: Run, strategy: str) -> tuple[float | None, float, float]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hardware import Peak, get_spec, link_peak
+from ..hardware import Peak, get_spec, link_peak, nic_peak
 from ..render import MISSING, Row, header_block, peak_text
 from ..results import Record, Run
 from ..roofline import MEMORY_CATEGORIES, achieved_tbps, efficiency, held, peaks_for_run
@@ -28,14 +28,16 @@ STEP = "end_to_end"
 
 
 def ep_peaks(run: Run) -> dict[str, Peak]:
-    """The run's denominators: datasheet (HBM, compute, "link") and measured ("measured_link", and the HBM / GEMM
-    ceilings under "measured_*" where the run stored them)."""
+    """The run's denominators: datasheet (HBM, compute, "link", "nic" for a run across nodes) and measured
+    ("measured_link", and the HBM / GEMM ceilings under "measured_*" where the run stored them)."""
     peaks: dict[str, Peak] = {}
     if run.meta.get("hardware"):
         peaks.update(peaks_for_run(run, "datasheet"))
-        link = link_peak(get_spec(run.meta["hardware"]))
-        if link is not None:
-            peaks["link"] = link
+        spec = get_spec(run.meta["hardware"])
+        crossed = (run.meta.get("nodes") or {}).get("nodes", 1) > 1  # the NIC is a denominator only then
+        for key, peak in (("link", link_peak(spec)), ("nic", nic_peak(spec) if crossed else None)):
+            if peak is not None:
+                peaks[key] = peak
     if run.meta.get("ceilings"):
         peaks.update({f"measured_{k}": v for k, v in peaks_for_run(run, "measured").items()})
     if run.meta.get("alltoall_ceiling"):
@@ -61,7 +63,7 @@ def _throughput(r: Record, peaks: dict[str, Peak]) -> dict[str, Any]:
     if r.category == A2A:
         tbps = achieved_tbps(r.bytes, us)
         return {"Achieved": f"{tbps * 1e3:.0f} GB/s", "% datasheet": _pct(tbps, peaks.get("link")),
-                "% measured": _pct(tbps, peaks.get("measured_link"))}  # fmt: skip
+                "% measured": _pct(tbps, peaks.get("measured_link")), **_across_nodes(r, peaks)}  # fmt: skip
     measured = {k.removeprefix("measured_"): v for k, v in peaks.items() if k.startswith("measured_")}
     eff, eff_measured = efficiency(r, peaks), efficiency(r, measured) if measured else None
     if r.category in MEMORY_CATEGORIES:
@@ -72,6 +74,21 @@ def _throughput(r: Record, peaks: dict[str, Peak]) -> dict[str, Any]:
         achieved = None
     return {"Achieved": achieved, "% datasheet": f"{eff[0]:.1f}%" if eff else None,
             "% measured": f"{eff_measured[0]:.1f}%" if eff_measured else None}  # fmt: skip
+
+
+def _across_nodes(r: Record, peaks: dict[str, Peak]) -> dict[str, Any]:
+    """An all-to-all that crossed nodes: its intra-node bytes against NVLink, its inter-node bytes against the NIC
+    (both directions; ``topology``). Nothing for one that stayed on one node (the row's own columns say it all)."""
+    split = r.telemetry.get("link_bytes") or {}
+    inter = split.get("inter_node") or {}
+    if not inter.get("sent", 0) + inter.get("received", 0):
+        return {}
+    row = {}
+    for name, key, peak in (("Intra-node", "intra_node", "link"), ("Inter-node", "inter_node", "nic")):
+        tbps = achieved_tbps(split[key]["sent"] + split[key]["received"], r.median_us)
+        row[f"{name} GB/s"] = f"{tbps * 1e3:.0f}"
+        row[f"{name} % datasheet"] = _pct(tbps, peaks.get(peak))
+    return row
 
 
 def _steps(run: Run) -> dict[str, Record]:
@@ -157,7 +174,11 @@ def ep_header(run: Run, peaks: dict[str, Peak], fmt: str) -> str:
             "(both directions, as the NVLink datasheet figure)"
         ),
     ]
-    denominators = {k: v for k, v in peaks.items() if k in ("link", "measured_link")}
+    if (m.get("nodes") or {}).get("nodes", 1) > 1:
+        from .topology import Topology, describe
+
+        lines.append(describe(Topology.from_meta(m)))
+    denominators = {k: v for k, v in peaks.items() if k in ("link", "nic", "measured_link")}
     text = header_block(run, {k: v for k, v in peaks.items() if k not in denominators}, fmt)
     prefix = "- " if fmt in ("markdown", "github") else ""
     extra = [*lines, *(f"{k}: {peak_text(p)}" for k, p in denominators.items())]

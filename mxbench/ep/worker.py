@@ -6,6 +6,7 @@ happens, the worker leaves through ``dist.leave``: explicit, bounded teardown.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from ..results import Run, save_run
 from .check import EPOptions, run_check
 from .dist import Context, gather, init, leave
 from .inputs import ROUTING_METHOD, routing
+from .topology import Topology, annotate_records, my_place
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ def run_worker(strategies: Sequence[str], o: EPOptions, impl_texts: Sequence[str
         ctx = init()
         if check:
             code = run_check(ctx, strategies, o, impls, echo=echo)
+            _record_check_topology(ctx, strategies, o, measure.out, echo)
         else:
             code = _measure(ctx, strategies, o, impls, measure, echo)
     finally:
@@ -70,6 +73,7 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
         raise InputError("no CUDA GPU: timing needs a GPU per rank (NCCL); `mxbench ep --check` runs on CPUs")
     ranks = gather(ctx, rank_info(ctx))
     counts = gather(ctx, _send_counts(ctx, o))
+    places = gather(ctx, my_place(ctx.rank))
     progress = (lambda text: click.echo(f"[rank 0] {text}", err=True)) if ctx.root else _quiet
     records = []
     for strategy in strategies:
@@ -83,6 +87,9 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
     timing = {"samples": m.samples, "method": "graph-cold per record (events-cold where a collective could not be "
               "captured: the record's method says which)", "requested": "graph" if m.graph else "events"}  # fmt: skip
     meta = ep_metadata(ctx, ranks, layer, routing, list(strategies), timing, m.command)
+    topo = Topology(tuple(places))
+    meta["nodes"] = topo.to_meta()  # which ranks share a node: the link class of every all-to-all byte
+    annotate_records(records, topo, counts)
     meta["implementations"] = implementations_meta(implementation_modules(impls))  # the code each record names
     stored = load_ceilings(m.results_dir, meta["card"])
     meta["ceilings"] = asdict(stored) if stored is not None else None
@@ -114,6 +121,24 @@ def layer_meta(strategies: Sequence[str], o: EPOptions) -> dict:
     if o.layer is not None:
         meta.update(score_func=o.layer.score_func, score_before=o.layer.score_before, shared_experts=0)
     return meta
+
+
+def _record_check_topology(ctx: Context, strategies, o: EPOptions, out: Path | None, echo) -> None:
+    """After ``--check``: rank 0 prints the run's nodes and each all-to-all's bytes per link class, and writes them
+    to ``out`` when given (the record CI reads to see a multi-node run placed and split as it should be)."""
+    from .topology import check_record, describe, link_rows
+
+    places, counts = gather(ctx, my_place(ctx.rank)), gather(ctx, _send_counts(ctx, o))
+    if not ctx.root:
+        return
+    topo = Topology(tuple(places))
+    echo(describe(topo))
+    record = check_record(topo, counts, strategies, o)
+    echo(render(link_rows(record), "plain"))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        echo(f"wrote {out}")
 
 
 def _send_counts(ctx: Context, o: EPOptions) -> list[list[int]]:
