@@ -166,9 +166,10 @@ def ep_layer_stages(
                                    "grad_a": rows.grad_a})  # fmt: skip
     down = proj("down", s.K, s.N, {"a": "act", "w": "w2", "offs": rows.offs, "out": rows.out,
                                    "grad_out": rows.grad_out, "grad_a": "grad_act"})  # fmt: skip
-    # mxfp8_a2a: the permuted MXFP8 rows are the projections' quantized operands; their quantizers go
-    xq = _absorb(up, Pass.FORWARD, "quantize_a") if a2a else ("a",)
-    dyq = _absorb(down, Pass.BACKWARD_INPUT, "quantize_grad_out") if a2a else ("grad_out",)
+    # What the dispatch and the combine's gradient deliver to the projections: under mxfp8_a2a the MXFP8 rows that
+    # are their quantized operands (so their quantizers go), else the bf16 rows they read
+    xq = _absorb(up, Pass.FORWARD, "quantize_a") if a2a else (rows.a,)
+    dyq = _absorb(down, Pass.BACKWARD_INPUT, "quantize_grad_out") if a2a else (rows.grad_out,)
     _router_forward(b, L)
     _dispatch(b, L, payload, rows, xq, mode)
     b.stages += up[Pass.FORWARD]
@@ -272,8 +273,7 @@ def _dispatch(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, x
     b.add(B, "sort_tokens", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, L.score_before),
           ("x", "token_of", "row_w"), ("xs",), {"weighted": L.score_before})  # fmt: skip
     src = _quantize(b, "quantize_xs", s.S, s.K, "xs", mode) if payload == Recipe.MXFP8 else ("xs",)
-    _to_experts(b, payload, rows, ("dispatch", "permute", "pad_a"), src, xq if payload == Recipe.MXFP8 else (rows.a,),
-                s.K)  # fmt: skip
+    _to_experts(b, payload, rows, ("dispatch", "permute", "pad_a"), src, xq, s.K)
 
 
 def _combine(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
@@ -296,8 +296,7 @@ def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: 
         b.add(B, "combine_score_grad", [(s.S, s.K), (s.T, s.K)], moe_rows.row_dot_cost(s.S, s.K),
               ("ys", "pos", "dy", "copy_token"), ("grad_top",))  # fmt: skip
     src = _quantize(b, "quantize_dys", s.S, s.K, "dys", mode) if payload == Recipe.MXFP8 else ("dys",)
-    _to_experts(b, payload, rows, ("combine_grad", "permute_grad", "pad_grad_out"), src,
-                dyq if payload == Recipe.MXFP8 else (rows.grad_out,), s.K)  # fmt: skip
+    _to_experts(b, payload, rows, ("combine_grad", "permute_grad", "pad_grad_out"), src, dyq, s.K)
 
 
 def _dispatch_backward(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:

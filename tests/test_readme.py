@@ -133,6 +133,8 @@ BASH_LINES = [line.split("  #")[0].strip() for block in re.findall(r"```bash\n(.
               for line in block.splitlines() if line.startswith("mxbench ")]  # fmt: skip
 GPU_ONLY = {
     "mxbench ep --nproc 2 --K 7168 --N 2048 --experts 8 --tokens 131072": "times NCCL all-to-alls",
+    "mxbench ep --layer --nproc 2 --preset deepseek-v3 --experts 8 --tokens 131072 --groups balanced":
+        "times NCCL all-to-alls",
     "mxbench compare single.json sharded.json": "compares two GPU runs made just above it",
     "mxbench compare results/baselines/nvidia-h200.json regress/run.json --format json > regress/verdict.json":
         "compares what `make regress` measured on the GPU",

@@ -64,7 +64,7 @@ def scaling_table(runs: Sequence[Run], fmt: str = "markdown", *, columns: list[s
     if fmt == "csv":
         return text
     prefix = "- " if fmt in ("markdown", "github") else ""
-    lines = [f"EP-degree scaling on {runs[0].card}: {_describe(runs[0], card=False)}",
+    lines = [f"EP-degree scaling on {runs[0].card}: {_describe(runs[0], card=False, part=False)}",
              ("Times: the slowest rank's median; all-to-all GB/s = bytes sent to + received from other ranks per "
               "rank (both directions); the share is of the strategy's stage sum")]  # fmt: skip
     for run in runs:
@@ -108,7 +108,7 @@ def plot_scaling(runs: Sequence[Run], path: str | Path) -> Path:
     )
     step_ax.legend(fontsize=8)
     rate_ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-    fig.suptitle(f"mxbench ep, EP-degree scaling: {runs[0].card}, {_describe(runs[0], card=False)}", fontsize=11)
+    fig.suptitle(f"mxbench ep, EP-degree scaling: {runs[0].card}, {_describe(runs[0], card=False, part=False)}", fontsize=11)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -160,8 +160,11 @@ def _layer_key(run: Run) -> tuple:
     return (ep_part(run), *(layer.get(k) for k in SAME_LAYER))  # a layer run never joins a projection run
 
 
-def _describe(run: Run, *, card: bool = True) -> str:
+def _describe(run: Run, *, card: bool = True, part: bool = True) -> str:
+    """The run's layer in words; ``part``: name the projection too (a layer run is always named so)."""
     layer = run.meta.get("layer") or {}
-    text = (f"{ep_part(run)}, K={layer.get('K')} N={layer.get('N')}, {layer.get('experts_per_rank')} local experts x "
+    named = part or layer.get("part", "projection") != "projection"
+    text = (f"{ep_part(run) + ', ' if named else ''}K={layer.get('K')} N={layer.get('N')}, "
+            f"{layer.get('experts_per_rank')} local experts x "
             f"{layer.get('tokens_per_rank')} tokens per rank, top-k {layer.get('top_k')}")  # fmt: skip
     return f"{run.card}, {text}" if card else text

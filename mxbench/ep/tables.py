@@ -162,9 +162,10 @@ def ep_header(run: Run, peaks: dict[str, Peak], fmt: str) -> str:
     m = run.meta
     layer, routing = m.get("layer", {}), m.get("routing", {})
     wgrad = ", ".join(f"{s} {w}" for s, w in (layer.get("wgrad") or {}).items())
+    part = "" if layer.get("part", "projection") == "projection" else f"{ep_part(run)}: "  # projection runs as before
     lines = [
         (
-            f"{ep_part(run)}: EP degree {m.get('world_size')} ({m.get('backend')}, NCCL {m.get('nccl') or MISSING}), "
+            f"{part}EP degree {m.get('world_size')} ({m.get('backend')}, NCCL {m.get('nccl') or MISSING}), "
             f"{layer.get('experts_per_rank')} local experts, {layer.get('tokens_per_rank')} tokens per rank, "
             f"top-k {layer.get('top_k')}, K={layer.get('K')}, N={layer.get('N')}, {routing.get('groups')} routing "
             f"(seed {routing.get('seed')})" + (f"; wgrad precision: {wgrad}" if wgrad else "")
