@@ -32,6 +32,28 @@ MAX_DIM = 2**20
 """The widest N or K taken: wider than any model's, and far inside the int64 offsets of every kernel."""
 MAX_TOKENS = 2**31 - 1
 """The most token rows (M): group ends travel as int32 (``offs``)."""
+MAX_DEVICE_BYTES = 288 * 10**9
+"""The most memory of any card we know of (B300 / GB300: 288 GB of HBM3e): tensors past it cannot be allocated on any
+device, so such a size is refused before any work rather than failing at its first allocation (or, on a CPU, asking
+the host for a petabyte)."""
+
+
+def check_fits(nbytes: int, what: str) -> None:
+    """``nbytes`` (a lower bound of what a run allocates: its bf16 inputs and outputs) within ``MAX_DEVICE_BYTES``."""
+    if nbytes > MAX_DEVICE_BYTES:
+        raise InputError(f"{what} take at least {nbytes / 1e9:.4g} GB, past the {MAX_DEVICE_BYTES / 1e9:g} GB of the "
+                         "largest card known; choose smaller sizes")  # fmt: skip
+
+
+def check_tokens(M: int, name: str = "M") -> None:
+    if not 1 <= M <= MAX_TOKENS:
+        raise InputError(f"{name} must be between 1 and {MAX_TOKENS} (group ends are int32), got {M}")
+
+
+def check_step_fits(M: int, N: int, K: int, G: int) -> None:
+    """One training step's bf16 tensors at (M, N, K, G): a (M, K), w (G, N, K), grad_out (M, N), and as many again
+    for y, grad_a and grad_w (two bytes each)."""
+    check_fits(2 * 2 * (M * K + G * N * K + M * N), f"the tensors of M={M} N={N} K={K} G={G}")
 
 
 def check_shape(N: int, K: int, G: int) -> None:
@@ -71,6 +93,7 @@ def plan_points(
         raise InputError(f"M must be one or more positive integers, got {list(Ms)}")
     if max(Ms) > MAX_TOKENS:
         raise InputError(f"M must be at most {MAX_TOKENS} (group ends are int32), got {max(Ms)}")
+    check_step_fits(max(Ms), N, K, G)
     if not recipes or any(r not in RECIPES for r in recipes):
         raise InputError(f"recipe must be one or more of {', '.join(RECIPES)}; got {list(recipes)}")
     if mode not in MODES:

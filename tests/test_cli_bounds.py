@@ -53,3 +53,51 @@ def test_an_output_name_past_the_file_systems_limit_is_refused_before_any_work(t
 def test_history_plot_to_an_unwritable_place_is_refused_before_any_work():
     result = CliRunner().invoke(cli, ["history", "results/nvidia-h200", "--plot", "/proc/h.png"])
     assert result.exit_code == 2 and "--plot /proc/h.png" in result.output, result.output
+
+
+TINY_EP = ["--K", "64", "--N", "64", "--experts", "2", "--tokens", "32"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check", "--seed", str(2**64)], "'--seed'"),
+    (["check", "--seed", str(2**63)], "0<=x<2**63"),
+    (["ep", "--check", *TINY_EP, "--seed", str(2**64)], "'--seed'"),
+    (["check", "--M", str(2**40)], "--M must be between 1 and 2147483647"),
+    (["check", "--M", "99999999999999999999"], "--M must be between 1"),
+    (["check", "--M", str(2**30), "--K", str(2**20)], "past the 288 GB of the largest card known"),
+    (["check", "--K", "0"], "K must be a positive multiple of 32, got 0"),
+    (["check", "--N", "0"], "N must be a positive multiple of 32, got 0"),
+    (["check", "--K", "1099511627776"], "K must be at most 1048576"),
+    (["check", "--K", str(2**63)], "K must be at most 1048576"),
+    (["ep", "--check", "--K", "1099511627776", "--N", "64"], "K must be at most 1048576"),
+    (["ep", "--check", "--K", "64", "--N", "64", "--tokens", "99999999999999999999"], "tokens x top-k"),
+    (["ep", "--check", "--K", str(2**20), "--N", str(2**20), "--experts", "512", "--tokens", "32"], "one rank's tensors"),
+    (["layer", "--K", str(2**20), "--N", str(2**20), "--experts", "512", "--tokens", "32"], "the layer's bf16"),
+    (["roofline", "--K", str(2**20), "--N", "128", "--M", str(2**30)], "past the 288 GB"),
+    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "nan"], "positive and finite"),
+    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "inf"], "positive and finite"),
+    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "-5"], "positive and finite"),
+    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit-watts", "nan"], "positive and finite"),
+])  # fmt: skip
+def test_numbers_past_what_the_kernels_and_devices_honour_exit_2_before_any_work(args, message, tmp_path, monkeypatch):
+    from mxbench.ep import launch, worker
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("a worker was started"))
+    monkeypatch.setattr(worker, "run_worker", lambda *a, **k: pytest.fail("the run started"))
+    monkeypatch.chdir(tmp_path)  # a default output path lands here, and must not be written
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_the_largest_seed_torch_takes_runs(tmp_path):
+    result = CliRunner().invoke(cli, ["check", "--stage", "quantize_a", "--name", "mxkernels", "--mode", "rceil",
+                                      "--seed", str(2**63 - 1), "--M", "64", "--K", "64", "--N", "64", "--G", "2"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+def test_ep_generator_seeds_stay_in_torchs_range_and_keep_small_seeds():
+    from mxbench.ep.inputs import _generator
+
+    assert _generator(2**63 - 1, 1).initial_seed() == ((2**63 - 1) * 1_000_003 + 1) % 2**63
+    assert _generator(7, 1).initial_seed() == 7 * 1_000_003 + 1  # the seeds of every earlier run are unchanged

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import FORMATS, CommaList, shape_args
+from .common import FORMATS, CommaList, Seed, shape_args
 
 
 def _device():
@@ -102,7 +102,7 @@ CHECK_FORMATS = (*FORMATS, "json")
                    "second pass gives them one aligned block of tokens where that is fewer than the experts).")
 @click.option("--mode", "modes", type=CommaList(str), default="rceil,floor", show_default=True,
               help="MX scale modes to check, a comma list of rceil and floor.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=Seed(), default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
               help="Seconds one implementation may take on one stage before it is an ERROR (the run goes on).")
 @click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="plain", show_default=True,
@@ -135,10 +135,15 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     bad = [m for m in modes if m not in ("rceil", "floor")]
     if bad or not modes:
         raise click.BadParameter(f"{','.join(bad) or 'nothing'}: give rceil, floor or rceil,floor", param_hint="--mode")
-    if preset is None:
-        K, N = K or CHECK_DEFAULTS["K"], N or CHECK_DEFAULTS["N"]
-        G = G or CHECK_DEFAULTS["G"]
+    if preset is None:  # only an absent size takes the default: --K 0 is refused (shape_args), not replaced
+        K = CHECK_DEFAULTS["K"] if K is None else K
+        N = CHECK_DEFAULTS["N"] if N is None else N
+        G = CHECK_DEFAULTS["G"] if G is None else G
     K, N, G, _ = shape_args(K, N, G, preset)
+    from ..points import check_step_fits, check_tokens
+
+    check_tokens(M, "--M")
+    check_step_fits(M, N, K, G)
     if layer:
         sys.exit(_check_layer(impl_texts, stages, recipe, K, N, G, M, list(dict.fromkeys(modes)), seed, timeout_s,
                               fmt, verbose))  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -95,8 +96,8 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
     if not percents and not watts:
         return [None], None
     for name, values in (("--power-limit", percents), ("--power-limit-watts", watts)):
-        if values and any(v <= 0 for v in values):
-            raise click.BadParameter(f"must be positive, got {values}", param_hint=name)
+        if values and any(not math.isfinite(v) or v <= 0 for v in values):  # nan passes `v <= 0`
+            raise click.BadParameter(f"must be positive and finite, got {values}", param_hint=name)
     option = "--power-limit" if percents else "--power-limit-watts"
     if not gpu:
         _check_watts_known(watts or [])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from ..cli.common import CommaList, command_words
+from ..cli.common import CommaList, Seed, command_words
 from ..cli.run_commands import RESULTS_DIR
 
 DEFAULT_STRATEGIES = "bf16,mxfp8,mxfp8_a2a"
@@ -73,6 +73,16 @@ def _layer_options(whole: bool, score_func, score_after: bool, resolved_score_fu
     return LayerOptions(resolved_score_func, not score_after)
 
 
+def _check_bounds(K: int, N: int, experts: int, tokens: int, top_k: int, world: int) -> None:
+    """The sizes the kernels index (K, N up to 2**20; a rank's received rows, at most every rank's tokens x top-k,
+    below 2**31) and one rank's bf16 tensors within the largest card's memory."""
+    from ..points import check_fits, check_shape, check_tokens
+
+    check_shape(N, K, experts)
+    check_tokens(tokens * top_k * world, "tokens x top-k x ranks (the rows one rank may receive)")
+    check_fits(2 * (tokens * K + experts * N * K + tokens * top_k * (K + N)), "one rank's tensors")
+
+
 @click.command("ep", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--K", "K", type=int, help="Model dim (the dispatched tokens' width); multiple of 32.")
 @click.option("--N", "N", type=int, help="Expert hidden dim (the combined outputs' width); multiple of 32.")
@@ -92,7 +102,7 @@ def _layer_options(whole: bool, score_func, score_after: bool, resolved_score_fu
               "quantized again along the tokens) or bf16. [default: recipe for mxfp8, bf16 for mxfp8_a2a]")
 @click.option("--groups", type=click.Choice(["balanced", "skewed"]), default="balanced", show_default=True,
               help="Routing: every expert gets the same copies, or a skewed router (seeded).")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the routing and the inputs.")
+@click.option("--seed", type=Seed(), default=0, show_default=True, help="Seed of the routing and the inputs.")
 @click.option("--strategy", "strategies", type=CommaList(str), default=DEFAULT_STRATEGIES, show_default=True,
               help="Strategies, comma list: bf16, mxfp8 (quantize before the GEMMs), mxfp8_a2a (before dispatch).")
 @click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True, help="MX scales.")
@@ -142,6 +152,7 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
     else:
         world = int(os.environ.get("WORLD_SIZE", "1"))
     check_layer(tokens, K, N, experts, top_k if world else 1, world or 1)
+    _check_bounds(K, N, experts, tokens, top_k, world or 1)
     if not check and not has_gpu:
         raise InputError("no CUDA GPU found: timing needs a GPU per rank; `mxbench ep --check` runs on CPUs")
     for text in impls:  # here too, so that a bad one exits 2 before any worker starts

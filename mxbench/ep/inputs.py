@@ -21,14 +21,17 @@ import torch
 from ..points import GROUP_KINDS, SKEW_ALPHA
 
 ROUTING_METHOD = {
-    "balanced": "copy c of rank r -> expert (c + r*top_k) mod (W*E), tokens shuffled (torch.randperm, seed*1000003+rank)",
+    "balanced": "copy c of rank r -> expert (c + r*top_k) mod (W*E), tokens shuffled (torch.randperm, "
+    "(seed*1000003+rank) mod 2**63)",
     "skewed": f"expert shares dirichlet(alpha={SKEW_ALPHA}) from numpy.random.default_rng(seed); each token's top_k "
-    "distinct experts by torch.multinomial without replacement (generator seed*1000003+rank)",
+    "distinct experts by torch.multinomial without replacement (generator (seed*1000003+rank) mod 2**63)",
 }
 
 
 def _generator(seed: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + rank)
+    # modulo torch's seed range: any --seed below 2**63 gives a valid generator seed (the same one as before for
+    # every seed whose product fitted)
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + rank) % 2**63)
 
 
 def expert_shares(num_experts: int, seed: int) -> np.ndarray:

@@ -104,6 +104,10 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
 
     shape, label = _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after, separate, routing,
                           shared_in_recipe)
+    from ..points import check_fits
+
+    check_fits(2 * (shape.T * shape.K + 3 * shape.E * shape.N * shape.K + shape.T * shape.top_k * (shape.K + shape.N)),
+               "the layer's bf16 tokens, weights and routed rows")  # fmt: skip
     recipes = [check_recipe(r).value for r in dict.fromkeys(recipes)]
     if fuse and not any(r in FUSED_RECIPES for r in recipes):
         check_fuse(recipes[0], True)
