@@ -6,14 +6,30 @@ Shared fixtures live in conftest.py.
 from __future__ import annotations
 
 import itertools
+import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from mxkernels.comparison import BitExact
 from mxkernels.names import Category, Pass, Recipe
 from mxkernels.pipeline import Stage
 from mxkernels.stages import Port, StageSpec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def committed_results() -> list[Path]:
+    """The JSON files under results/ that the repository holds (git's index), sorted: a user's own runs there (the
+    README's main job writes results/model-b200/) are theirs, not the suite's fixtures. Outside a git checkout
+    (an unpacked sdist) every file there is the shipped set."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", "results"], cwd=REPO, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return sorted((REPO / "results").glob("**/*.json"))
+    return sorted(REPO / name for name in listed.stdout.decode().split("\0") if name.endswith(".json"))
+
 
 # ---- bits and token groups ----------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import committed_results
 from mxkernels.errors import InputError
 
 from mxbench import schema
@@ -17,9 +18,8 @@ from mxbench.cli import cli
 from mxbench.results import Point, Record, Run, load_run, run_to_json
 
 REPO = Path(__file__).resolve().parent.parent
-COMMITTED = sorted(
-    p for p in (REPO / "results").glob("**/*.json") if not p.name.endswith("ceilings.json") and p.parent.name != "tuning"
-)  # every stored run: the rooflines, peers, baselines, expert-parallel and sharded runs
+COMMITTED = [p for p in committed_results() if not p.name.endswith("ceilings.json") and p.parent.name != "tuning"]
+# every stored run: the rooflines, peers, baselines, expert-parallel and sharded runs (not a user's own, made here)
 
 
 def valid_payload() -> dict:
