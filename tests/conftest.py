@@ -4,6 +4,7 @@ TRITON_INTERPRET must be set before any kernel is defined, so it is set here, be
 mxkernels. GPU-only tests carry the ``gpu`` marker and skip cleanly without CUDA.
 """
 
+import importlib.metadata
 import os
 
 import pytest
@@ -25,6 +26,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+PLUGIN_GROUP = "mxbench.implementations"
+
+
+def _plugin_key(ep) -> tuple:
+    """An entry point and where its distribution is installed (the same plugin in a test's own site folder differs)."""
+    return ep.name, ep.value, str(getattr(ep.dist, "_path", ""))
+
+
+INSTALLED_PLUGINS = frozenset(map(_plugin_key, importlib.metadata.entry_points(group=PLUGIN_GROUP)))
+"""The plugins installed in this environment before the suite ran (the README's `pip install examples/plain_quantizer`
+puts one there): a user's, not the suite's."""
+
+
+@pytest.fixture(autouse=True)
+def no_installed_plugins(monkeypatch):
+    """The suite sees only the implementations its tests register: a plugin the user installed adds rows to every
+    listing of the registry. Entry points of the site folders a test puts on sys.path still load."""
+    real = importlib.metadata.entry_points
+
+    def entry_points(**params):
+        found = real(**params)
+        if params.get("group") != PLUGIN_GROUP:
+            return found
+        return importlib.metadata.EntryPoints(ep for ep in found if _plugin_key(ep) not in INSTALLED_PLUGINS)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
 
 
 @pytest.fixture
