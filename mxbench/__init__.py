@@ -27,4 +27,9 @@ def __getattr__(name: str):
         from . import registry
 
         return getattr(registry, name)
+    import importlib.util
+
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        # a submodule, as the docs write it (mxbench.registry.register, mxbench.timing.time_fn): loaded on first use
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'mxbench' has no attribute {name!r}")
