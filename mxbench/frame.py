@@ -122,7 +122,9 @@ def result_files(paths_or_folders: str | Path | Iterable[str | Path]) -> list[Pa
     files: list[Path] = []
     for item in map(Path, items):
         if item.is_dir():
-            files += [p for p in sorted(item.rglob("*.json")) if _holds_records(p)]
+            # a hidden folder (.replaced/: the copies of replaced runs) is passed over: a kept copy is not a new run
+            files += [p for p in sorted(item.rglob("*.json"))
+                      if not any(part.startswith(".") for part in p.relative_to(item).parts) and _holds_records(p)]
         elif item.exists():
             files.append(item)
         else:

@@ -7,6 +7,7 @@ comparisons read only stored Runs, so any past run can be re-rendered or compare
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 import statistics
@@ -214,19 +215,19 @@ def _csv_row(r: Record) -> dict[str, Any]:
 def save_run(run: Run, path: str | Path) -> tuple[Path, Path]:
     """Write ``path`` (JSON, the source of truth) and the CSV beside it; returns both paths.
 
-    The JSON is written to a temporary file first and renamed, so an interrupted save never leaves half a file.
+    Each file is written atomically, and what they held that this process did not write is kept in ``.replaced/``
+    beside them (``replacing.write_files``): an interrupted save, a second writer or a rerun never loses a run.
     """
+    from .replacing import write_files
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(run_to_json(run))
-    tmp.replace(path)
     csv_path = path.with_suffix(".csv")
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        for r in run.records:
-            w.writerow(_csv_row(r))
+    rows = io.StringIO(newline="")
+    w = csv.DictWriter(rows, fieldnames=CSV_COLUMNS)
+    w.writeheader()
+    for r in run.records:
+        w.writerow(_csv_row(r))
+    write_files({path: run_to_json(run), csv_path: rows.getvalue()}, owner=run)
     return path, csv_path
 
 

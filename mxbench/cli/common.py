@@ -93,6 +93,13 @@ def filter_options(command: Callable) -> Callable:
     return command
 
 
+def force_option(command):
+    """--force: replace a measured run with a model run, or with a run of another card or shape (``replacing``)."""
+    return click.option("--force", is_flag=True, help="Replace the measured run --out holds with this run even when "
+                        "it is the model, or of another card or shape (the old copy is kept in .replaced/ beside it). "
+                        "A file that is not an mxbench run is never replaced.")(command)  # fmt: skip
+
+
 def project_option(command: Callable) -> Callable:
     """--project SPEC: carry each kernel's measured efficiency over to another card's roofs."""
     return click.option(

@@ -20,6 +20,7 @@ from .common import (
     command_line,
     comparison_format,
     echo_comparison,
+    force_option,
     hardware_spec,
     peer_table,
     project_option,
@@ -201,8 +202,10 @@ def _check_watts_known(watts: Sequence[float]) -> None:
               "them): e.g. fp8_rowwise native (torch._scaled_grouped_mm) or triton (ours). [default: the device's best]")
 @impl_option
 @project_option
+@force_option
 def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, power_watts, breakdown_M, out,
-             plot_file, hardware, denominator, warm_l2, samples, fuse_scales, backend, impl_texts, project):  # fmt: skip
+             plot_file, hardware, denominator, warm_l2, samples, fuse_scales, backend, impl_texts, project,
+             force):  # fmt: skip
     """Time every stage of every pass over a sweep of M (or, without a GPU, print and save the analytic model).
 
     Exit codes: 0 done, 1 an --impl failed its check, 2 bad input (nothing ran), 130 interrupted by Ctrl-C (the
@@ -229,6 +232,7 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
     _check_outputs(out, plot_file)
     limits, controller = _power_limits(power_percent, power_watts, gpu)
     points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits, fuse_scales)
+    check_replace(out, gpu, _card_name() if gpu else spec.name, points, force)
     impls = _impls(impl_texts, recipes, points)
     impls = checked(impls, K, N, G, mode)
     if gpu:
@@ -263,6 +267,16 @@ def _exit_if_partial(run) -> None:
     if run.meta.get("partial"):
         click.echo(f"partial results saved: {run.meta['partial']}", err=True)
         sys.exit(1)
+
+
+def check_replace(out: Path, measured: bool, card: str, points, force: bool, option: str = "--out") -> None:
+    """Before any work: may this run (measured or the model, on ``card``, of ``points``' shapes; ``points`` None:
+    not known yet) replace what ``out`` holds? (``replacing.check_replace``)"""
+    from ..replacing import RunIdentity
+    from ..replacing import check_replace as check
+
+    shapes = None if points is None else frozenset((p.N, p.K, p.G) for p in points)
+    check(out, option, RunIdentity(measured, card, shapes), force)
 
 
 def _check_outputs(out: Path, plot_file: Path | None) -> None:
@@ -379,8 +393,9 @@ def ceilings(out_dir: Path) -> None:
 )
 @impl_option
 @threshold_options
+@force_option
 def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Path | None, impl_texts, thresholds,
-            floor_us) -> None:  # fmt: skip
+            floor_us, force) -> None:  # fmt: skip
     """Re-measure the baseline's points on this card, with the implementations it recorded (by registered name)
     unless --impl names others; exit 1 only on a confirmed regression. The gate's rules: `mxbench compare --help`."""
     from ..compare import Thresholds
@@ -400,6 +415,8 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
                                  "times another implementation", param_hint="--impl")  # fmt: skip
     impls = [] if layer else recorded_impls(base, _impls(impl_texts, recipes, points))
     _require_gpu("regress re-measures the baseline on a GPU")
+    if out is not None:
+        check_replace(out, True, _card_name(), points, force)
     if impls:
         first = next(p for p in points if p.recipe == impls[0].recipe)
         impls = checked(impls, first.K, first.N, first.G, first.mode)
@@ -467,7 +484,8 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
 )
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
 @impl_option
-def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt, impl_texts) -> None:
+@force_option
+def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt, impl_texts, force) -> None:
     """Our quantize / rearrange / pad kernels beside torchao's Triton kernels and torch.compile of the references
     (with --impl: beside the implementations named instead)."""
     from ..outputs import check_results_file
@@ -485,6 +503,8 @@ def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt, im
 
     out = out or RESULTS_DIR / _card_dir() / f"peers-{label}-M{M}-{_stamp()}.json"
     check_results_file(out, "--out")  # the default path: the working folder may not take it
+    check_replace(out, True, _card_name(), plan_points([M], N, K, G, ["mxfp8"], mode, groups, seed, [None], False),
+                  force)  # fmt: skip
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,
                            hardware=_detected_spec(), command=command_line(), device=local_device())  # fmt: skip
     measure = sharded_peers if launched() else run_peers  # under torchrun: None on ranks other than 0

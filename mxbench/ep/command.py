@@ -18,8 +18,8 @@ from pathlib import Path
 
 import click
 
-from ..cli.common import CommaList, Seed, command_words
-from ..cli.run_commands import RESULTS_DIR
+from ..cli.common import CommaList, Seed, command_words, force_option
+from ..cli.run_commands import RESULTS_DIR, _card_name, check_replace
 
 DEFAULT_STRATEGIES = "bf16,mxfp8,mxfp8_a2a"
 
@@ -83,6 +83,19 @@ def _check_bounds(K: int, N: int, experts: int, tokens: int, top_k: int, world: 
     check_fits(2 * (tokens * K + experts * N * K + tokens * top_k * (K + N)), "one rank's tensors")
 
 
+def _check_outputs(out: Path | None, plot_file: Path | None, results_dir: Path, force: bool, has_gpu: bool) -> None:
+    """Where a measured run goes, checked before any worker starts (``outputs``, ``replacing``)."""
+    from ..outputs import check_figure_target, check_folder, check_results_file
+    from ..plots import IMAGE_SUFFIXES
+
+    check_folder(results_dir, "--results-dir")
+    if out is not None:
+        check_results_file(out, "--out")
+        check_replace(out, True, _card_name() if has_gpu else "unknown", None, force)
+    if plot_file is not None:
+        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)
+
+
 @click.command("ep", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--K", "K", type=int, help="Model dim (the dispatched tokens' width); multiple of 32.")
 @click.option("--N", "N", type=int, help="Expert hidden dim (the combined outputs' width); multiple of 32.")
@@ -118,9 +131,10 @@ def _check_bounds(K: int, N: int, experts: int, tokens: int, top_k: int, world: 
 @click.option("--check", is_flag=True, help="Correctness only (no timing): stages and layer against references.")
 @click.option("--impl", "impls", multiple=True, help="[RECIPE/]STAGE=module:function: another implementation.")
 @click.option("--nproc", type=click.IntRange(min=1), help="Start this many workers on this host (torchrun).")
+@force_option
 @click.pass_context
 def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after, wgrad, groups, seed, strategies,
-       mode, backend, samples, timing, out, plot_file, results_dir, check, impls, nproc) -> None:  # fmt: skip
+       mode, backend, samples, timing, out, plot_file, results_dir, check, impls, nproc, force) -> None:  # fmt: skip
     """The expert-parallel MoE expert projection (or with --layer the whole MoE layer) on several GPUs: dispatch,
     permute, GEMMs, combine, per stage."""
     import torch
@@ -153,6 +167,8 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
         world = int(os.environ.get("WORLD_SIZE", "1"))
     check_layer(tokens, K, N, experts, top_k if world else 1, world or 1)
     _check_bounds(K, N, experts, tokens, top_k, world or 1)
+    if not check:
+        _check_outputs(out, plot_file, results_dir, force, has_gpu)
     if not check and not has_gpu:
         raise InputError("no CUDA GPU found: timing needs a GPU per rank; `mxbench ep --check` runs on CPUs")
     for text in impls:  # here too, so that a bad one exits 2 before any worker starts

@@ -12,15 +12,17 @@ from pathlib import Path
 
 import click
 
-from ..cli.common import CommaList, command_line, hardware_spec
+from ..cli.common import CommaList, command_line, force_option, hardware_spec
 from ..cli.run_commands import (
     RESULTS_DIR,
     _card_dir,
+    _card_name,
     _check_outputs,
     _detected_spec,
     _exit_if_partial,
     _has_gpu,
     _stamp,
+    check_replace,
 )
 
 DENOMINATORS = ("datasheet", "measured")
@@ -94,8 +96,9 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
 @click.option("--project", type=click.Choice(["b200"]), help="Also print the B200 projection of the measured run.")
 @click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function",
               help="Time another implementation of a layer stage (`mxbench check --layer` passes it first).")
+@force_option
 def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_func, score_after, separate, recipes, routing, fuse,
-          mode, backend, seed, samples, hardware, denominator, out, plot_file, project, impl_texts) -> None:  # fmt: skip
+          mode, backend, seed, samples, hardware, denominator, out, plot_file, project, impl_texts, force) -> None:  # fmt: skip
     """Time the MoE layer forward + backward per stage and as one graph, with each recipe's accuracy (SQNR against
     an fp32 run); without a GPU, print and save the analytic model."""
     from mxkernels.layer import check_fuse, layer_stages
@@ -127,6 +130,7 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
     from .measure import layer_points
 
     points = layer_points(shape, recipes, mode=mode, seed=seed, fuse=fuse)
+    check_replace(out, gpu, _card_name() if gpu else spec.name, points, force)
     impls = _checked_impls(impl_texts, recipes, shape)
     for p in points:  # every point planned before any work: a shape a recipe cannot run is bad input (exit 2)
         layer_stages(p.recipe, shape, mode=p.mode, fuse=p.fuse_scales, backend=None if p.recipe == "bf16" else "native")

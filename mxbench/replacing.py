@@ -1,0 +1,143 @@
+"""No run is lost: results are written atomically, and a file this process did not write is set aside, never
+overwritten.
+
+* Atomic: each write goes to a temporary file of its own in the target's folder and is renamed over the target
+  (``os.replace``), so a reader, an interrupted save or a second writer of the same path never sees half a file.
+* Set aside: before a results file (or its CSV) is replaced, whatever is there that this process did not write
+  itself (a run of an earlier command, or of another command writing the same path at the same time) is moved to
+  ``.replaced/<name>.<UTC time>.<ext>`` beside it, and the move is said on stderr. The folder is hidden:
+  ``mxbench.load`` and every folder walk pass over it, so a kept copy is never counted twice.
+* Before any work (``check_replace``): a file that is not an mxbench run is refused (even with ``--force``: mxbench
+  replaces only what it wrote, and a notes.json is not a run), and a measured run is not replaced by a model run, or
+  by a run of another card or another shape, without ``--force``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import weakref
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import NamedTuple
+
+from mxkernels.errors import InputError
+
+REPLACED_DIR = ".replaced"
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()
+"""A results file's permissions as ``open`` would give it (a temporary file is created private)."""
+
+_written: dict[Path, tuple[str, weakref.ref]] = {}
+"""What was last written at each path, and by which run (``owner``): a file that still holds it, saved again by the
+same run, is that run's own (a sweep saves after every point) and is replaced without a copy. Another run of this
+process (a rerun in a notebook) is another run: its predecessor is kept."""
+
+
+class RunIdentity(NamedTuple):
+    """What a run is, for the replacement rule: measured or the model, on which card, of which (N, K, G) shapes
+    (None: not known before the run, not compared)."""
+
+    measured: bool
+    card: str
+    shapes: frozenset[tuple[int, int, int]] | None
+
+
+def identity(run) -> RunIdentity:
+    """A stored run's identity: measured when any record is, its card, its records' (N, K, G)."""
+    measured = bool(run.meta.get("measured", True)) and any(r.measured for r in run.records)
+    return RunIdentity(measured, run.card, frozenset((r.point.N, r.point.K, r.point.G) for r in run.records))
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def check_replace(path: Path, option: str, new: RunIdentity, force: bool) -> None:
+    """Before any work: may the run ``new`` replace what ``path`` (a results file) and its CSV hold? (module doc)"""
+    from .results import CSV_COLUMNS, load_run
+
+    path = Path(path)
+    csv_path = path.with_suffix(".csv")
+    if path.exists():
+        try:
+            old = identity(load_run(path))
+        except InputError as e:
+            raise InputError(f"{option} {path}: the file exists and is not an mxbench run ({e}); mxbench replaces only "
+                             "runs it wrote, even with --force: choose another name") from None  # fmt: skip
+        why = _differs(old, new)
+        if why and not force:
+            raise InputError(f"{option} {path}: holds a measured run of {old.card} that {why}; give --force to replace "
+                             f"it (the old copy is kept in {path.parent / REPLACED_DIR})")  # fmt: skip
+    if csv_path.exists():
+        head = (_read(csv_path) or b"").split(b"\n", 1)[0].decode(errors="replace").strip()
+        if not path.exists() or head != ",".join(CSV_COLUMNS):
+            raise InputError(f"{option} {path}: {csv_path} exists and is not the CSV of an mxbench run (the CSV is "
+                             "written beside the JSON); mxbench does not replace it: choose another name")  # fmt: skip
+
+
+def _differs(old: RunIdentity, new: RunIdentity) -> str:
+    """Why ``new`` must not replace ``old`` without --force ("" when it may)."""
+    if not old.measured:
+        return ""
+    if not new.measured:
+        return "the analytic model (not measured) would replace"
+    if new.card != old.card:
+        return f"a run of {new.card} would replace"
+    if new.shapes is not None and new.shapes != old.shapes:
+        shown = ", ".join(f"N={n} K={k} G={g}" for n, k, g in sorted(new.shapes))
+        return f"a run of other shapes ({shown}) would replace"
+    return ""
+
+
+def _set_aside(path: Path, stamp: str) -> Path:
+    """Move ``path`` into ``.replaced/`` beside it (a name no other copy has); returns where it went."""
+    folder = path.parent / REPLACED_DIR
+    folder.mkdir(exist_ok=True)
+    target, n = folder / f"{path.stem}.{stamp}{path.suffix}", 1
+    while target.exists():
+        n += 1
+        target = folder / f"{path.stem}.{stamp}.{n}{path.suffix}"
+    os.replace(path, target)
+    return target
+
+
+def write_files(texts: dict[Path, str], owner: object) -> None:
+    """Write each path's text, the files of ``owner`` (a Run), atomically; whatever a path holds that ``owner`` did
+    not write is set aside first (module doc), the JSON's and its CSV's copies under one time stamp."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    for path, text in texts.items():
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = text.encode()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), FILE_MODE)
+                f.write(data)
+            key = path.resolve()
+            current = _read(path)
+            digest, writer = _written.get(key, (None, None))
+            if current is not None and (_digest(current) != digest or writer is None or writer() is not owner):
+                kept = _set_aside(path, stamp)
+                print(f"replaced {path}: the old copy is at {kept}", file=sys.stderr)
+            os.replace(tmp, path)
+            _written[key] = (_digest(data), weakref.ref(owner))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
