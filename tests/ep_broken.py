@@ -12,3 +12,8 @@ def swapped_permute(xr, counts):
     index = index.clone()
     index[[0, 1]] = index[[1, 0]]
     return gather_rows(xr, index), ends
+
+
+def raising_permute(xr, counts):
+    """An implementation that raises on every rank (``mxbench ep`` must say so in one line, not a traceback each)."""
+    raise RuntimeError("kernel launch failed")

@@ -242,7 +242,7 @@ def test_workers_keep_multicast_off_without_overriding_a_set_value():
 
 def test_launcher_command_passes_rendezvous_options_and_defaults_to_standalone():
     cmd = launch.launcher_command(2, [], ["ep", "--check"])
-    assert cmd[1:] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", "-m", "mxbench", "ep",
+    assert cmd[1:] == ["-m", "mxbench.ep.torchrun", "--nproc-per-node=2", "--standalone", "-m", "mxbench", "ep",
                        "--check"]  # fmt: skip
     assert "--standalone" not in launch.launcher_command(2, ["--master-port=29601"], ["ep"])
 

@@ -6,8 +6,10 @@ and passes the rendezvous options given after it (``--master-port``, ``--rdzv-en
 process: EP degree 1. Without a GPU the workers use gloo and run the Triton kernels under the interpreter, so
 ``mxbench ep --nproc 2 --check --K 64 --N 64 --experts 2 --tokens 64`` works on any laptop.
 
-Exit codes: 0 every check passed (or the run was measured), 1 a check failed, 2 bad input (found before any
-worker starts where the launcher can tell).
+Exit codes: 0 every check passed (or the run was measured), 1 a check failed or an implementation raised (one line
+naming the rank, the stage and the error), 2 bad input (found before any worker starts where the launcher can tell:
+a stale or garbled torchrun environment, more workers than GPUs, or than CPU cores on gloo), 130 Ctrl-C (every
+worker stopped).
 """
 
 from __future__ import annotations
@@ -96,6 +98,24 @@ def _check_outputs(out: Path | None, plot_file: Path | None, results_dir: Path, 
         check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)
 
 
+GLOO_MIN_WORKERS = 8
+"""gloo workers allowed on any machine: the EP degrees of the GPU runs (up to 8), checked on CPUs in tests and CI."""
+
+
+def _check_nproc(nproc: int, has_gpu: bool) -> None:
+    """One worker per GPU with NCCL; with gloo, one per CPU core this process may use (at least the 8 of the GPU runs'
+    degrees): a hundred interpreted workers on two cores exhaust the host's memory."""
+    if has_gpu:
+        import torch
+
+        most, what = torch.cuda.device_count(), "GPU(s)"
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        most, what = max(GLOO_MIN_WORKERS, cores), f"CPU core(s) ({cores}; at least {GLOO_MIN_WORKERS} on gloo)"
+    if nproc > most:
+        raise click.BadParameter(f"{nproc} workers, but this host has {most} {what}", param_hint="--nproc")
+
+
 @click.command("ep", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--K", "K", type=int, help="Model dim (the dispatched tokens' width); multiple of 32.")
 @click.option("--N", "N", type=int, help="Expert hidden dim (the combined outputs' width); multiple of 32.")
@@ -156,7 +176,8 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
     spec_of = get_ep_spec if layer is None else get_ep_layer_spec
     for s in strategies:
         check_strategy(s)
-    launching = nproc is not None and not under_torchrun()
+    worker = under_torchrun()  # first: a stale or garbled torchrun environment is named before anything uses it
+    launching = nproc is not None and not worker
     launcher = _launcher_args(ctx.args)
     if launcher and not launching:
         raise click.UsageError(f"{' '.join(launcher)}: torchrun's options go with --nproc (or to torchrun itself)")
@@ -177,7 +198,12 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
     if launching:
         from .launch import launch
 
-        ctx.exit(launch(nproc, launcher, words, has_gpu, os.environ))
+        _check_nproc(nproc, has_gpu)
+        ctx.exit(launch(nproc, launcher, words, has_gpu, os.environ, echo=click.echo))
+    if worker:  # it dies with its launcher (mxbench ep --nproc's torchrun, or the user's)
+        from .launch import die_with_parent
+
+        die_with_parent()
     from .check import EPOptions
     from .worker import MeasureOptions, run_worker
 

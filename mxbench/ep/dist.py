@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mxkernels.errors import InputError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -44,8 +45,29 @@ class Context:
 
 
 def under_torchrun() -> bool:
-    """Whether this process is a torchrun worker (the launcher's environment variables are all set)."""
-    return all(v in os.environ for v in TORCHRUN_VARS)
+    """Whether this process is a torchrun worker (the launcher's environment variables are all set). Some of them
+    without the others, or values torchrun never sets, are a stale or hand-made environment: ``InputError`` naming
+    them, before anything waits on a rendezvous that no other process will join."""
+    present = [v for v in TORCHRUN_VARS if v in os.environ]
+    if not present:
+        return False
+    shown = " ".join(f"{v}={os.environ[v]}" for v in present)
+    if len(present) < len(TORCHRUN_VARS):
+        missing = ", ".join(v for v in TORCHRUN_VARS if v not in present)
+        raise InputError(f"the environment sets {shown} but not {missing}: torchrun sets all of them, so these are "
+                         "left over from elsewhere; unset them, or start the workers with torchrun (or mxbench ep "
+                         "--nproc)")  # fmt: skip
+    numbers = {}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        try:
+            numbers[name] = int(os.environ[name])
+        except ValueError:
+            raise InputError(f"{name}={os.environ[name]!r} in the environment is not an integer (torchrun sets it); "
+                             f"unset it, or start the workers with torchrun") from None  # fmt: skip
+    if not 0 <= numbers["RANK"] < numbers["WORLD_SIZE"] or numbers["LOCAL_RANK"] < 0:
+        raise InputError(f"{shown}: RANK must be in 0..WORLD_SIZE-1 and LOCAL_RANK non-negative; torchrun never sets "
+                         "these, so they are left over from elsewhere: unset them")  # fmt: skip
+    return True
 
 
 def choose_backend(local_rank: int) -> str:

@@ -7,14 +7,17 @@ happens, the worker leaves through ``dist.leave``: explicit, bounded teardown.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 from mxkernels.runtime import InputError
 
+from ..guarded import one_line
 from ..hardware import card_slug
 from ..registry import parse_impl
 from ..render import render
@@ -42,7 +45,8 @@ def run_worker(strategies: Sequence[str], o: EPOptions, impl_texts: Sequence[str
     from mxkernels.ep_layer import get_ep_layer_spec
     from mxkernels.ep_stages import get_ep_spec
 
-    impls = [parse_impl(t, "bf16", get_ep_spec if o.layer is None else get_ep_layer_spec) for t in impl_texts]
+    spec_of = get_ep_spec if o.layer is None else get_ep_layer_spec
+    impls = [_reporting(parse_impl(t, "bf16", spec_of), t) for t in impl_texts]
     ctx, code = None, 1
     try:
         ctx = init()
@@ -51,9 +55,45 @@ def run_worker(strategies: Sequence[str], o: EPOptions, impl_texts: Sequence[str
             _record_check_topology(ctx, strategies, o, measure.out, echo)
         else:
             code = _measure(ctx, strategies, o, impls, measure, echo)
+    except (StageFailure, KeyboardInterrupt) as e:
+        where = f"rank {ctx.rank}" if ctx is not None else f"rank {os.environ.get('RANK', 0)}"
+        interrupted = isinstance(e, KeyboardInterrupt)
+        _report(f"{where}: interrupted" if interrupted else f"{where}: {e}")
+        # no teardown: the other ranks may wait in a collective for this one; torchrun (or its death) stops them
+        os._exit(130 if interrupted else 1)
     finally:
         code = leave(ctx, code)
     return code
+
+
+class StageFailure(Exception):
+    """An ``--impl`` raised inside the pipeline (its message names the stage, the implementation and the error)."""
+
+
+def _reporting(impl, text: str):
+    """``impl`` whose exceptions become one ``StageFailure`` line (not a traceback on every rank)."""
+    fn, label = impl.fn, f"{impl.recipe}/{impl.stage} (--impl {text})"
+
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- the implementation under test raised: say which, once
+            raise StageFailure(f"{label} raised {one_line(e)}") from e
+
+    return replace(impl, fn=call)
+
+
+def _report(line: str) -> None:
+    """The worker's one line: into the launcher's reports folder (``launch`` prints the first once), else stderr."""
+    folder = os.environ.get("MXBENCH_EP_REPORTS")
+    if folder:
+        rank = os.environ.get("RANK", "0")
+        with open(os.path.join(folder, f"rank{rank}"), "w") as f:
+            f.write(line)
+    else:
+        print(line, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _quiet(_: str) -> None:
