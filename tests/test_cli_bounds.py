@@ -71,7 +71,8 @@ TINY_EP = ["--K", "64", "--N", "64", "--experts", "2", "--tokens", "32"]
     (["check", "--K", str(2**63)], "K must be at most 1048576"),
     (["ep", "--check", "--K", "1099511627776", "--N", "64"], "K must be at most 1048576"),
     (["ep", "--check", "--K", "64", "--N", "64", "--tokens", "99999999999999999999"], "tokens x top-k"),
-    (["ep", "--check", "--K", str(2**20), "--N", str(2**20), "--experts", "512", "--tokens", "32"], "one rank's tensors"),
+    (["ep", "--check", "--K", str(2**20), "--N", str(2**20), "--experts", "512", "--tokens", "32"],
+     "one rank's tensors"),
     (["layer", "--K", str(2**20), "--N", str(2**20), "--experts", "512", "--tokens", "32"], "the layer's bf16"),
     (["roofline", "--K", str(2**20), "--N", "128", "--M", str(2**30)], "past the 288 GB"),
     (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "nan"], "positive and finite"),
@@ -92,7 +93,8 @@ def test_numbers_past_what_the_kernels_and_devices_honour_exit_2_before_any_work
 
 def test_the_largest_seed_torch_takes_runs(tmp_path):
     result = CliRunner().invoke(cli, ["check", "--stage", "quantize_a", "--name", "mxkernels", "--mode", "rceil",
-                                      "--seed", str(2**63 - 1), "--M", "64", "--K", "64", "--N", "64", "--G", "2"])  # fmt: skip
+                                      "--seed", str(2**63 - 1), "--M", "64", "--K", "64", "--N", "64",
+                                      "--G", "2"])  # fmt: skip
     assert result.exit_code == 0, result.output
 
 

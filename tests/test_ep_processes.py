@@ -101,8 +101,10 @@ def test_an_implementation_that_raises_is_one_line_naming_rank_stage_and_error()
     ({"WORLD_SIZE": "abc"}, "the environment sets WORLD_SIZE=abc but not RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT"),
     ({"RANK": "5", "WORLD_SIZE": "2"}, "the environment sets RANK=5 WORLD_SIZE=2 but not LOCAL_RANK"),
     ({"RANK": "0"}, "sets RANK=0 but not WORLD_SIZE"),
-    ({"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "1"}, "RANK must be in 0..WORLD_SIZE-1"),
-    ({"RANK": "0", "WORLD_SIZE": "abc", "LOCAL_RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "1"}, "WORLD_SIZE='abc' in the environment is not an integer"),
+    ({"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "1"},
+     "RANK must be in 0..WORLD_SIZE-1"),
+    ({"RANK": "0", "WORLD_SIZE": "abc", "LOCAL_RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "1"},
+     "WORLD_SIZE='abc' in the environment is not an integer"),
 ])  # fmt: skip
 @pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]])
 def test_a_stale_or_garbled_torchrun_environment_is_named_before_any_work(monkeypatch, env, message, nproc):

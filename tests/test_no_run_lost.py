@@ -102,7 +102,8 @@ WRITER = textwrap.dedent("""
     writer, path = int(sys.argv[1]), sys.argv[2]
     p = Point(1024, 128, 256, 8)
     for n in range(25):
-        records = [Record(p, "forward", f"stage{i}", "k" * 200, "gemm", samples_us=[float(i + 1)] * 50) for i in range(300)]
+        records = [Record(p, "forward", f"stage{i}", "k" * 200, "gemm", samples_us=[float(i + 1)] * 50)
+                   for i in range(300)]
         save_run(Run({"card": "X", "writer": writer, "n": n}, records), path)
 """)
 

@@ -79,6 +79,39 @@ class Seed(click.IntRange):
         return "0<=x<2**63"
 
 
+def unique_paths(ctx: click.Context, param: click.Parameter, paths: tuple) -> tuple:
+    """A RESULTS argument's paths, each file once (the same file twice would be pooled twice: its samples counted
+    double), with a note when one was given again."""
+    seen: dict = {}
+    for path in paths:
+        seen.setdefault(path.resolve(), path)
+    if len(seen) < len(paths):
+        repeated = ", ".join(str(p) for p in seen.values() if sum(q.resolve() == p.resolve() for q in paths) > 1)
+        click.echo(f"note: {param.human_readable_name} names {repeated} more than once: read once", err=True)
+    return tuple(seen.values())
+
+
+def refuse_ignored(names: tuple[str, ...], why: str, ctx: click.Context | None = None) -> None:
+    """An option the chosen mode does not use, given on the command line, is bad input (exit 2) rather than dropped
+    without a word: ``why`` says which mode ignores it."""
+    ctx = ctx or click.get_current_context()
+    for param in ctx.command.params:
+        if param.name in names and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
+            raise click.BadParameter(f"{why}; drop it", ctx=ctx, param=param)
+
+
+def check_recipes_on(spec, recipes, option: str = "--recipe") -> None:
+    """Every recipe in ``recipes`` runs on the card ``spec`` describes: FP8 recipes need FP8 tensor cores (MXFP8
+    without MX ones is priced at the FP8 roof). A card without them is refused up front, not left out of the
+    tables."""
+    if spec is None or spec.fp8_tflops is not None:
+        return
+    fp8 = [r for r in recipes if r != "bf16"]
+    if fp8:
+        raise click.BadParameter(f"{spec.name} has no FP8 tensor cores: it cannot run {', '.join(fp8)}; give "
+                                 "--recipe bf16 or another card", param_hint=option)  # fmt: skip
+
+
 def filter_options(command: Callable) -> Callable:
     """The record filters every table and the history take (``frame.select``): --pass, --M, --recipe, --card."""
     options = [

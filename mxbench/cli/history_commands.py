@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from .common import FORMATS, filter_options
+from .common import FORMATS, filter_options, refuse_ignored, unique_paths
 
 
 @click.command()
-@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path),
+                callback=unique_paths)
 @click.option(
     "--by",
     default="mxbench",
@@ -41,6 +42,9 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
     from ..history import history_rows, latest_summary, step_rows
     from ..render import render
 
+    if by == "mxbench":
+        refuse_ignored(("checkout",), "--checkout is the git checkout of the implementation --by names; mxbench's "
+                       "commits are read from this checkout")  # fmt: skip
     if plot_file is not None:  # checked before any work: a figure path that cannot be written is bad input
         from ..outputs import check_figure_target
         from ..plots import IMAGE_SUFFIXES

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import FORMATS, CommaList, Seed, shape_args
+from .common import FORMATS, CommaList, Seed, refuse_ignored, shape_args
 
 
 def _device():
@@ -145,6 +145,7 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     check_tokens(M, "--M")
     check_step_fits(M, N, K, G)
     if layer:
+        refuse_ignored(("pad", "names"), "--layer checks the layer's own stages (mxkernels' and --impl's), padded")
         sys.exit(_check_layer(impl_texts, stages, recipe, K, N, G, M, list(dict.fromkeys(modes)), seed, timeout_s,
                               fmt, verbose))  # fmt: skip
     registry, added = _registry(impl_texts, recipe)

@@ -20,6 +20,7 @@ from .common import (
     hardware_spec,
     project_option,
     threshold_options,
+    unique_paths,
 )
 
 TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS, *LAYER_TABLE_KINDS)
@@ -55,7 +56,8 @@ def presets(fmt: str) -> None:
 
 
 @click.command("table")
-@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path),
+                callback=unique_paths)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="markdown", show_default=True)
 @click.option("--kind", type=click.Choice(TABLE_KINDS), default="breakdown", show_default=True)
 @filter_options
@@ -145,7 +147,8 @@ def _denominator(run, choice: str | None) -> str | None:
 
 
 @click.command()
-@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                callback=unique_paths)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="A .png file, or a folder for all figures.")
 @click.option("--hardware", help="Spec of the roofs and the model. [default: the run's]")
 @project_option

@@ -17,6 +17,7 @@ from .common import (
     BadInput,
     CommaList,
     Seed,
+    check_recipes_on,
     command_line,
     comparison_format,
     echo_comparison,
@@ -24,6 +25,7 @@ from .common import (
     hardware_spec,
     peer_table,
     project_option,
+    refuse_ignored,
     shape_args,
     threshold_options,
 )
@@ -224,10 +226,13 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
                                  "measured: the model over --hardware prices that card directly", param_hint="--project")  # fmt: skip
     hardware = hardware or (_detected_spec() if gpu else "b200")
     spec = hardware_spec(hardware) if hardware else None
+    check_recipes_on(spec, recipes)
     if not gpu and denominator == "measured":
         raise click.BadParameter("measured ceilings need a GPU; use datasheet", param_hint="--denominator")
     if backend is not None:
         _check_backend(backend, recipes, gpu)
+    if not gpu:
+        refuse_ignored(("samples", "warm_l2"), "without a GPU the analytic model is shown, which is not timed")
     out = out or RESULTS_DIR / (_card_dir() if gpu else f"model-{spec.key}") / f"roofline-{label}-{_stamp()}.json"
     _check_outputs(out, plot_file)
     limits, controller = _power_limits(power_percent, power_watts, gpu)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from ..cli.common import CommaList, Seed, command_words, force_option
+from ..cli.common import CommaList, Seed, command_words, force_option, refuse_ignored
 from ..cli.run_commands import RESULTS_DIR, _card_name, check_replace
 
 DEFAULT_STRATEGIES = "bf16,mxfp8,mxfp8_a2a"
@@ -188,7 +188,10 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
         world = int(os.environ.get("WORLD_SIZE", "1"))
     check_layer(tokens, K, N, experts, top_k if world else 1, world or 1)
     _check_bounds(K, N, experts, tokens, top_k, world or 1)
-    if not check:
+    if check:
+        refuse_ignored(("out", "plot_file", "samples", "timing", "results_dir", "force"),
+                       "--check checks correctness: nothing is timed, written or drawn")  # fmt: skip
+    else:
         _check_outputs(out, plot_file, results_dir, force, has_gpu)
     if not check and not has_gpu:
         raise InputError("no CUDA GPU found: timing needs a GPU per rank; `mxbench ep --check` runs on CPUs")

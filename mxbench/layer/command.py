@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ..cli.common import CommaList, command_line, force_option, hardware_spec
+from ..cli.common import CommaList, check_recipes_on, command_line, force_option, hardware_spec, refuse_ignored
 from ..cli.run_commands import (
     RESULTS_DIR,
     _card_dir,
@@ -97,8 +97,9 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
 @click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function",
               help="Time another implementation of a layer stage (`mxbench check --layer` passes it first).")
 @force_option
-def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_func, score_after, separate, recipes, routing, fuse,
-          mode, backend, seed, samples, hardware, denominator, out, plot_file, project, impl_texts, force) -> None:  # fmt: skip
+def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_func, score_after, separate, recipes,
+          routing, fuse, mode, backend, seed, samples, hardware, denominator, out, plot_file, project, impl_texts,
+          force) -> None:  # fmt: skip
     """Time the MoE layer forward + backward per stage and as one graph, with each recipe's accuracy (SQNR against
     an fp32 run); without a GPU, print and save the analytic model."""
     from mxkernels.layer import check_fuse, layer_stages
@@ -125,6 +126,9 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
         raise click.BadParameter("measured ceilings need a GPU; use datasheet", param_hint="--denominator")
     hardware = hardware or (_detected_spec() if gpu else "b200")
     spec = hardware_spec(hardware) if hardware else None
+    check_recipes_on(spec, recipes)
+    if not gpu:
+        refuse_ignored(("samples", "backend"), "without a GPU the analytic model is shown, which is not timed")
     out = out or RESULTS_DIR / (_card_dir() if gpu else f"model-{spec.key}") / f"layer-{label}-{_stamp()}.json"
     _check_outputs(out, plot_file)
     from .measure import layer_points
