@@ -68,8 +68,9 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def check_replace(path: Path, option: str, new: RunIdentity, force: bool) -> None:
-    """Before any work: may the run ``new`` replace what ``path`` (a results file) and its CSV hold? (module doc)"""
+def check_replace(path: Path, option: str, new: RunIdentity, force: bool | None) -> None:
+    """Before any work: may the run ``new`` replace what ``path`` (a results file) and its CSV hold? (module doc)
+    ``force`` None: the command has no --force (``regress``, whose --force would read as compare's)."""
     from .results import CSV_COLUMNS, load_run
 
     path = Path(path)
@@ -82,8 +83,9 @@ def check_replace(path: Path, option: str, new: RunIdentity, force: bool) -> Non
                              "runs it wrote, even with --force: choose another name") from None  # fmt: skip
         why = _differs(old, new)
         if why and not force:
-            raise InputError(f"{option} {path}: holds a measured run of {old.card} that {why}; give --force to replace "
-                             f"it (the old copy is kept in {path.parent / REPLACED_DIR})")  # fmt: skip
+            what = "choose another name" if force is None else (
+                f"give --force to replace it (the old copy is kept in {path.parent / REPLACED_DIR})")
+            raise InputError(f"{option} {path}: holds a measured run of {old.card} that {why}; {what}")
     if csv_path.exists():
         head = (_read(csv_path) or b"").split(b"\n", 1)[0].decode(errors="replace").strip()
         if not path.exists() or head != ",".join(CSV_COLUMNS):

@@ -93,6 +93,8 @@ def test_a_measured_run_is_replaced_only_by_one_of_its_card_and_shape_unless_for
     with pytest.raises(InputError, match=re.escape(why)):
         check_replace(base, "--out", new, force=False)
     check_replace(base, "--out", new, force=True)
+    with pytest.raises(InputError, match="; choose another name"):  # regress has no --force (compare's means cards)
+        check_replace(base, "--out", new, force=None)
     check_replace(base, "--out", RunIdentity(True, "NVIDIA H100 80GB HBM3", frozenset({(128, 256, 8)})), force=False)
 
 

@@ -274,7 +274,7 @@ def _exit_if_partial(run) -> None:
         sys.exit(1)
 
 
-def check_replace(out: Path, measured: bool, card: str, points, force: bool, option: str = "--out") -> None:
+def check_replace(out: Path, measured: bool, card: str, points, force: bool | None, option: str = "--out") -> None:
     """Before any work: may this run (measured or the model, on ``card``, of ``points``' shapes; ``points`` None:
     not known yet) replace what ``out`` holds? (``replacing.check_replace``)"""
     from ..replacing import RunIdentity
@@ -398,9 +398,8 @@ def ceilings(out_dir: Path) -> None:
 )
 @impl_option
 @threshold_options
-@force_option
 def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Path | None, impl_texts, thresholds,
-            floor_us, force) -> None:  # fmt: skip
+            floor_us) -> None:  # fmt: skip
     """Re-measure the baseline's points on this card, with the implementations it recorded (by registered name)
     unless --impl names others; exit 1 only on a confirmed regression. The gate's rules: `mxbench compare --help`."""
     from ..compare import Thresholds
@@ -421,7 +420,7 @@ def regress(baseline: Path, rounds: int, fmt: str, allow_missing: bool, out: Pat
     impls = [] if layer else recorded_impls(base, _impls(impl_texts, recipes, points))
     _require_gpu("regress re-measures the baseline on a GPU")
     if out is not None:
-        check_replace(out, True, _card_name(), points, force)
+        check_replace(out, True, _card_name(), points, None)  # no --force: compare's --force means other cards
     if impls:
         first = next(p for p in points if p.recipe == impls[0].recipe)
         impls = checked(impls, first.K, first.N, first.G, first.mode)
