@@ -119,9 +119,10 @@ def _set_aside(path: Path, stamp: str) -> Path:
     return target
 
 
-def write_files(texts: dict[Path, str], owner: object) -> None:
+def write_files(texts: dict[Path, str], owner: object | None = None) -> None:
     """Write each path's text, the files of ``owner`` (a Run), atomically; whatever a path holds that ``owner`` did
-    not write is set aside first (module doc), the JSON's and its CSV's copies under one time stamp."""
+    not write (with no owner: whatever it holds) is set aside first (module doc), the JSON's and its CSV's copies
+    under one time stamp."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     for path, text in texts.items():
         path = Path(path)
@@ -139,7 +140,8 @@ def write_files(texts: dict[Path, str], owner: object) -> None:
                 kept = _set_aside(path, stamp)
                 print(f"replaced {path}: the old copy is at {kept}", file=sys.stderr)
             os.replace(tmp, path)
-            _written[key] = (_digest(data), weakref.ref(owner))
+            if owner is not None:
+                _written[key] = (_digest(data), weakref.ref(owner))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

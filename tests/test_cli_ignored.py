@@ -23,7 +23,6 @@ def nothing_starts(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("args, option", [
     (["ep", "--check", *TINY_EP, "--plot-file", "x.jpg"], "--plot-file"),
-    (["ep", "--check", *TINY_EP, "--out", "x.json"], "--out"),
     (["ep", "--check", *TINY_EP, "--samples", "5"], "--samples"),
     (["ep", "--check", *TINY_EP, "--timing", "events"], "--timing"),
     (["ep", "--nproc", "2", "--check", *TINY_EP, "--results-dir", "r"], "--results-dir"),
@@ -77,6 +76,7 @@ def test_the_same_results_file_twice_is_read_once_with_a_note():
     (["plot", RUN, "--out", "/proc/h.png"], "--out /proc/h.png"),
     (["history", RUN, "--plot", "/proc/h.png"], "--plot /proc/h.png"),
     (["ep", "--nproc", "2", *TINY_EP, "--out", "/proc/e.json"], "--out /proc/e.json"),
+    (["ep", "--check", *TINY_EP, "--out", "/proc/e.json"], "--out /proc/e.json"),
     (["ep", *TINY_EP, "--plot-file", "/proc/h.png"], "--plot-file /proc/h.png"),
     (["ep", *TINY_EP, "--results-dir", "/proc/r"], "--results-dir /proc/r"),
     (["regress", "--baseline", RUN, "--out", "/proc/r.json"], "--out /proc/r.json"),

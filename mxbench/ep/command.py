@@ -189,8 +189,12 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
     check_layer(tokens, K, N, experts, top_k if world else 1, world or 1)
     _check_bounds(K, N, experts, tokens, top_k, world or 1)
     if check:
-        refuse_ignored(("out", "plot_file", "samples", "timing", "results_dir", "force"),
-                       "--check checks correctness: nothing is timed, written or drawn")  # fmt: skip
+        refuse_ignored(("plot_file", "samples", "timing", "results_dir", "force"),
+                       "--check checks correctness: nothing is timed or drawn")  # fmt: skip
+        if out is not None:  # the check's topology record
+            from ..outputs import check_output_file
+
+            check_output_file(out, "--out")
     else:
         _check_outputs(out, plot_file, results_dir, force, has_gpu)
     if not check and not has_gpu:

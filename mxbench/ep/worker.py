@@ -176,8 +176,9 @@ def _record_check_topology(ctx: Context, strategies, o: EPOptions, out: Path | N
     record = check_record(topo, counts, strategies, o)
     echo(render(link_rows(record), "plain"))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=1) + "\n")
+        from ..replacing import write_files
+
+        write_files({out: json.dumps(record, indent=1) + "\n"})  # atomic; a file that was there is kept, and named
         echo(f"wrote {out}")
 
 
