@@ -40,7 +40,7 @@ from mxkernels.runtime import check_tensor
 from .hardware import Peak, card_slug, device_properties
 from .validation import Published, read_json, schema_file, validate
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: int = schema_file(Published.CEILINGS)["x-mxbench-schema"]
 _BANDWIDTH_KERNELS = {"copy": "copy_tbps", "read2write1": "read2write1_tbps", "read": "read_tbps"}
 # Elements per program. At 8 warps (256 threads) a 16384-element bf16 tile is 8 16-byte loads per thread in flight:
 # enough bytes per SM to cover HBM latency without a persistent loop.

@@ -20,10 +20,11 @@ from mxkernels.names import OURS, format_shapes
 
 from .provenance import FIELDS as PROVENANCE_FIELDS
 from .schema import check_payload
-from .validation import parse
+from .validation import Published, parse, schema_file
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMAS = (1, 2)
+SCHEMA_VERSION: int = schema_file(Published.RUN)["x-mxbench-schema"]
+"""The schema written: the version of the published ``run.schema.json``."""
+READABLE_SCHEMAS: tuple[int, ...] = tuple(schema_file(Published.RUN)["properties"]["schema"]["enum"])
 """Schema 1 (before implementations were declarations) is read and migrated on load: see ``_migrate_v1``."""
 
 

@@ -79,8 +79,8 @@ def _resolve(ref: str, root: Published) -> tuple[dict[str, Any], Published]:
 def _is_type(value: Any, kind: str) -> bool:
     if kind == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "number":  # an int is finite however long (math.isfinite would convert it to a float and overflow)
+        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
     return isinstance(value, {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}[kind])
 
 
@@ -93,14 +93,17 @@ def _number(v: int | float) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def expected(schema: dict[str, Any]) -> str:
-    """What a value of ``schema`` must be, in words ("an integer >= 1 and <= 2**20", "a string or null")."""
+def expected(schema: dict[str, Any], kind: str | None = None) -> str:
+    """What a value of ``schema`` must be, in words ("an integer >= 1 and <= 2**20", "a string or null"); ``kind``:
+    only what a value of that type must be (a number out of range is told its range, not every type)."""
     if "enum" in schema:
         return "one of " + ", ".join(str(v) for v in schema["enum"])
     if "const" in schema:
         return repr(schema["const"])
     kinds = schema.get("type", [])
     kinds = [kinds] if isinstance(kinds, str) else sorted(kinds, key=lambda k: k == "null")
+    if kind is not None:  # an integer out of range where any number may be is told the numbers' range
+        kinds = [k for k in kinds if k == kind] or [k for k in kinds if k == "number"] or kinds
     bounds = [f"{op} {_number(schema[key])}" for key, op in
               (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<=")) if key in schema]  # fmt: skip
     words = []
@@ -119,8 +122,8 @@ def _shown(value: Any) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
-def _fail(path: str, schema: dict[str, Any], value: Any) -> InputError:
-    return InputError(f"{path or 'the file'} must be {expected(schema)}, got {_shown(value)}")
+def _fail(path: str, schema: dict[str, Any], value: Any, kind: str | None = None) -> InputError:
+    return InputError(f"{path or 'the file'} must be {expected(schema, kind)}, got {_shown(value)}")
 
 
 def _child(path: str, key: str | int, named: bool) -> str:
@@ -154,7 +157,7 @@ def check(value: Any, schema: dict[str, Any], path: str = "", root: Published = 
     if _is_type(value, "number"):
         low, above, high = schema.get("minimum"), schema.get("exclusiveMinimum"), schema.get("maximum")
         if (low is not None and value < low) or (above is not None and value <= above) or (high is not None and value > high):
-            raise _fail(path, schema, value)
+            raise _fail(path, schema, value, "integer" if _is_type(value, "integer") else "number")
     if isinstance(value, str) and schema.get("format") == "date-time" and not _date_time(value):
         raise _fail(path, schema, value)
     if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):

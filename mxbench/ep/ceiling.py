@@ -19,13 +19,13 @@ import torch.distributed as dist
 
 from ..ceilings import read_entries, write_entries
 from ..hardware import Peak, card_slug
-from ..validation import Published
+from ..validation import Published, schema_file
 from .dist import Context, gather
 from .metadata import nccl_version
 from .rank_timing import across_ranks, time_on_ranks
 
 FILE = "alltoall_ceilings.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: int = schema_file(Published.ALLTOALL_CEILINGS)["x-mxbench-schema"]
 DEFAULT_BYTES = 2**30
 
 
