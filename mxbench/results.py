@@ -191,7 +191,7 @@ def run_from_json(text: str) -> Run:
     if not isinstance(payload, dict):
         raise InputError(f"a results file holds a JSON object, got {type(payload).__name__}")
     schema = payload.get("schema")
-    if schema not in READABLE_SCHEMAS:
+    if isinstance(schema, bool) or schema not in READABLE_SCHEMAS:  # true would pass as 1
         raise InputError(f"results schema {schema!r} is not supported (readable: {READABLE_SCHEMAS})")
     check_payload(payload, schema)
     records = payload["records"]

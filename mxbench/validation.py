@@ -84,6 +84,11 @@ def _is_type(value: Any, kind: str) -> bool:
     return isinstance(value, {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}[kind])
 
 
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality: true is not 1 (as Python's ``True == 1`` would have it), 1.0 is 1."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
 def _number(v: int | float) -> str:
     """A bound as people read it: 2**31-1 rather than 2147483647."""
     if isinstance(v, int) and v >= 2**16:
@@ -150,7 +155,9 @@ def check(value: Any, schema: dict[str, Any], path: str = "", root: Published = 
     kinds = schema.get("type")
     if kinds is not None and not any(_is_type(value, k) for k in ([kinds] if isinstance(kinds, str) else kinds)):
         raise _fail(path, schema, value)
-    if ("enum" in schema and value not in schema["enum"]) or ("const" in schema and value != schema["const"]):
+    if "enum" in schema and not any(_same(value, v) for v in schema["enum"]):
+        raise _fail(path, schema, value)
+    if "const" in schema and not _same(value, schema["const"]):
         raise _fail(path, schema, value)
     if "anyOf" in schema:
         _any_of(value, schema["anyOf"], path, root)

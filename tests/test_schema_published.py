@@ -41,7 +41,7 @@ def independent_validator():
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine_many({
         "integer": lambda _, v: isinstance(v, int) and not isinstance(v, bool),
-        "number": lambda _, v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        "number": lambda _, v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v)),
     })  # fmt: skip
     strict = jsonschema.validators.extend(base, type_checker=checker)
     return lambda kind: strict(files[f"{kind.value}.schema.json"], registry=registry,
@@ -240,3 +240,24 @@ def test_a_file_with_no_records(tmp_path):
     bad = write(tmp_path, payload)
     for args in (["table", bad], ["compare", V2_RUN, bad], ["history", bad], ["plot", bad, "--out", tmp_path / "f"]):
         refused(args, str(bad), "records is empty: the file holds no records")
+
+
+def test_check_refuses_M_past_int32_before_any_work():
+    """Found by the fuzz test: `check --M 2147483648` allocated half a terabyte and crashed (exit 1)."""
+    result = CliRunner().invoke(cli, ["check", "--K", "64", "--N", "64", "--M", str(2**31)])
+    assert result.exit_code == 2 and "2147483648 is not in the range 1<=x<=2147483647" in result.output, result.output
+
+
+def test_schema_true_is_not_schema_1(tmp_path):
+    """Found by the fuzz test: Python's True == 1 let "schema": true through as schema 1 (jsonschema refuses it)."""
+    payload = json.loads(V1_RUN.read_text())
+    payload["schema"] = True
+    refused(["table", write(tmp_path, payload)], "results schema True is not supported")
+    assert not valid_under_ours({**v2(), "schema": True})
+    assert not valid_under_ours({**v2(), "records": [{**v2()["records"][0], "measured": 1}]})
+
+
+def valid_under_ours(payload) -> bool:
+    from mxbench.validation import valid
+
+    return valid(payload, schema_file(Published.RUN))
