@@ -25,8 +25,8 @@ Row = dict[str, Any]
 FORMATS = ("markdown", "github", "csv", "plain")
 _TABLEFMT = {"markdown": "pipe", "github": "github", "plain": "simple"}
 MODEL_MARK = "model, not measured"
-MODEL_CANNOT_SHOW = ("a model run has no samples: no spread, no telemetry (energy, power, SM clock) and no measured-ceiling "
-                     "efficiency")
+MODEL_CANNOT_SHOW = ("a model run has no samples: no spread, no telemetry (energy, power, SM clock) and no "
+                     "measured-ceiling efficiency")
 MISSING = "—"
 
 _NUMERIC = re.compile(r"^[-+]?\d[\d,]*(\.\d+)?(x|%)?$")

@@ -31,10 +31,10 @@ MAX_DEPTH = 32
 """The deepest nesting a stored file may have (the committed runs reach 8)."""
 KEYWORDS = frozenset({
     "$schema", "$ref", "$defs", "title", "description", "x-mxbench-schema", "type", "enum", "const", "minimum",
-    "maximum", "exclusiveMinimum", "format", "pattern", "minItems", "items", "required", "properties", "additionalProperties",
-    "if", "then", "else", "anyOf",
+    "maximum", "exclusiveMinimum", "format", "pattern", "minItems", "items", "required", "properties",
+    "additionalProperties", "if", "then", "else", "anyOf",
 })  # fmt: skip
-"""The JSON Schema keywords this validator implements; a schema file using another would be checked only in part."""
+"""The JSON Schema keywords this validator implements (a schema file using another would be checked in part)."""
 _TYPE_WORDS = {"integer": "an integer", "number": "a finite number", "string": "a string", "boolean": "true or false",
                "object": "an object", "array": "a list", "null": "null"}  # fmt: skip
 _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
@@ -80,7 +80,8 @@ def _is_type(value: Any, kind: str) -> bool:
     if kind == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "number":  # an int is finite however long (math.isfinite would convert it to a float and overflow)
-        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        return integer or (isinstance(value, float) and math.isfinite(value))
     return isinstance(value, {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}[kind])
 
 
@@ -163,7 +164,8 @@ def check(value: Any, schema: dict[str, Any], path: str = "", root: Published = 
         _any_of(value, schema["anyOf"], path, root)
     if _is_type(value, "number"):
         low, above, high = schema.get("minimum"), schema.get("exclusiveMinimum"), schema.get("maximum")
-        if (low is not None and value < low) or (above is not None and value <= above) or (high is not None and value > high):
+        below = (low is not None and value < low) or (above is not None and value <= above)
+        if below or (high is not None and value > high):
             raise _fail(path, schema, value, "integer" if _is_type(value, "integer") else "number")
     if isinstance(value, str) and schema.get("format") == "date-time" and not _date_time(value):
         raise _fail(path, schema, value)

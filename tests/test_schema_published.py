@@ -41,7 +41,8 @@ def independent_validator():
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine_many({
         "integer": lambda _, v: isinstance(v, int) and not isinstance(v, bool),
-        "number": lambda _, v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v)),
+        "number": lambda _, v: (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and math.isfinite(v)),
     })  # fmt: skip
     strict = jsonschema.validators.extend(base, type_checker=checker)
     return lambda kind: strict(files[f"{kind.value}.schema.json"], registry=registry,
