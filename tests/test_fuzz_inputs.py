@@ -38,8 +38,9 @@ HOSTILE = [
 
 
 def trimmed(path: str) -> dict:
-    """A stored run cut to its first point (every stage of it), so each case reads a small file."""
-    payload = json.loads((REPO / path).read_text())
+    """A stored run (under the repository, or anywhere) cut to its first point (every stage of it), so each case
+    reads a small file."""
+    payload = json.loads((REPO / path).read_text())  # an absolute path stays itself
     first = payload["records"][0]["point"]
     payload["records"] = [r for r in payload["records"] if r["point"] == first][:40]
     return payload
@@ -52,6 +53,10 @@ def bases(tmp_path_factory) -> dict[str, dict]:
     result = CliRunner().invoke(cli, ["roofline", "--K", "7168", "--N", "2048", "--M", "16384", "--out", str(model)])
     assert result.exit_code == 0, result.output
     out["model"] = json.loads(model.read_text())
+    layer = model.with_name("layer-model.json")
+    result = CliRunner().invoke(cli, ["layer", "--preset", "qwen3-30b-a3b", "--tokens", "4096", "--out", str(layer)])
+    assert result.exit_code == 0, result.output
+    out["layer-model"] = trimmed(str(layer))
     return out
 
 
@@ -120,7 +125,8 @@ def invoke(args) -> None:
 
 
 def commands(name: str, bad: Path, good: Path, tmp: Path) -> list[list]:
-    table = {"peers": ["--kind", "peers"], "layer": ["--kind", "layer"], "ep": ["--kind", "ep"]}.get(name, [])
+    table = {"peers": ["--kind", "peers"], "layer": ["--kind", "layer"], "layer-model": ["--kind", "layer-stages"],
+             "ep": ["--kind", "ep"]}.get(name, [])
     out = [["table", bad, *table], ["compare", good, bad], ["compare", bad, bad], ["history", bad, good]]
     if name in ("v2", "model"):
         out += [["table", bad, "--kind", "power"], ["table", bad, "--kind", "sweep", "--denominator", "measured"]]
