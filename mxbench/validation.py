@@ -37,7 +37,7 @@ KEYWORDS = frozenset({
 """The JSON Schema keywords this validator implements (a schema file using another would be checked in part)."""
 _TYPE_WORDS = {"integer": "an integer", "number": "a finite number", "string": "a string", "boolean": "true or false",
                "object": "an object", "array": "a list", "null": "null"}  # fmt: skip
-_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
 """RFC 3339 (the ISO 8601 profile of JSON Schema's "date-time"): a date, a time and its offset from UTC."""
 
 

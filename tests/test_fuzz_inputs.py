@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ from mxbench.cli import cli
 from mxbench.validation import Published, parse, schema_file, valid
 
 REPO = Path(__file__).resolve().parent.parent
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+SCALE = int(os.environ.get("MXBENCH_FUZZ_SCALE", "1"))
+"""More cases, drawn at random, for a hunt by hand (MXBENCH_FUZZ_SCALE=20); CI runs the same bounded cases."""
+SETTINGS = settings(max_examples=60 * SCALE, deadline=None, derandomize=SCALE == 1, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 RUNS = {
     "v2": "results/nvidia-h100-80gb-hbm3/roofline-deepseek-v3.json",
@@ -34,6 +37,8 @@ RUNS = {
 HOSTILE = [
     "fast", "", "not a date", "x" * 5000, -1, 0, 1.5, 2**31, 2**63, 10**20, 10**400, float("nan"), float("inf"),
     -float("inf"), True, False, None, [], {}, [[[[[[[[[[[]]]]]]]]]]], {"a": {"b": [1, "2", None]}},
+    "9999-12-31T23:59:59+00:00", "0001-01-01T00:00:00Z", "2026-02-30T00:00:00+00:00", "2026-01-01 00:00:00+00:00",
+    "forward", "gemm", "bf16", "mxfp8", "(1, 2) @ (3, 4, 5)", 131072, 7168, 2**20 + 1, 2**31 - 1, -1e-300, 1e300,
 ]  # fmt: skip
 
 
@@ -161,7 +166,7 @@ def test_mutated_runs_exit_0_or_2_and_stay_as_they_were(bases, tmp_path):
 def test_a_mutated_run_plots_or_is_refused(bases, tmp_path):
     """Figures are slow to draw: fewer cases, the model run and a measured one."""
 
-    @settings(SETTINGS, max_examples=4)
+    @settings(SETTINGS, max_examples=4 * SCALE)
     @given(case=mutated({k: bases[k] for k in ("v2", "model")}))
     def check(case):
         bad = tmp_path / "bad.json"
@@ -180,7 +185,7 @@ def test_our_checker_agrees_with_jsonschema(bases):
     other = independent_validator()(Published.RUN)
     seen = {True: 0, False: 0}
 
-    @settings(SETTINGS, max_examples=300)
+    @settings(SETTINGS, max_examples=300 * SCALE)
     @given(case=mutated(bases))
     def check(case):
         try:
@@ -213,7 +218,7 @@ OPTIONS = {
 def test_numeric_options_at_their_edges_exit_0_or_2(tmp_path):
     ran = []
 
-    @settings(SETTINGS, max_examples=80)
+    @settings(SETTINGS, max_examples=80 * SCALE)
     @given(command=st.sampled_from(sorted(OPTIONS)), data=st.data())
     def check(command, data):
         base, options = OPTIONS[command]
