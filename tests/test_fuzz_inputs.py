@@ -73,6 +73,11 @@ def paths(node, prefix=()):
         yield from paths(child, (*prefix, key))
 
 
+def hostile(draw):
+    """One of ``HOSTILE``, a copy: an edit of the mutated file must not change the list (Hypothesis replays it)."""
+    return copy.deepcopy(draw(st.sampled_from(HOSTILE)))
+
+
 class Text(str):
     """A mutated file's text, shown by its length and start (Hypothesis prints a failing case; a run is ~100 kB)."""
 
@@ -94,16 +99,15 @@ def mutated(draw, bases: dict[str, dict]) -> tuple[str, str]:
             parent = parent[key]
         op = draw(st.sampled_from(["replace", "replace", "delete", "add", "wrap", "empty"]))
         if not path:  # the whole file
-            payload = draw(st.sampled_from(HOSTILE))
+            payload = hostile(draw)
             break
         key = path[-1]
         if op == "replace":
-            parent[key] = draw(st.sampled_from(HOSTILE))
+            parent[key] = hostile(draw)
         elif op == "delete":
-            parent.pop(key) if isinstance(parent, dict) else parent.pop(key)
+            parent.pop(key)
         elif op == "add" and isinstance(parent[key], dict):
-            parent[key][draw(st.sampled_from(["extra", "M", "date", "samples_us", "telemetry"]))] = draw(
-                st.sampled_from(HOSTILE))
+            parent[key][draw(st.sampled_from(["extra", "M", "date", "samples_us", "telemetry"]))] = hostile(draw)
         elif op == "wrap":
             parent[key] = [[[parent[key]]]] if draw(st.booleans()) else {"x": parent[key]}
         elif op == "empty" and isinstance(parent[key], (list, dict, str)):
