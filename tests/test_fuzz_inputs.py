@@ -1,7 +1,7 @@
 """Property tests (Hypothesis) of hostile input: stored runs mutated (types, ranges, missing and extra fields, nesting,
 huge integers, NaN and infinities, dates that are not dates) fed to the commands that read them, and numeric options
-at their edges fed to the commands that take them. Whatever the input: the exit code is 0 or 2, nothing raises out
-of the command (no traceback), and no input file changes. Derandomized and bounded, so CI runs the same cases in a
+at their edges fed to the commands that take them. Whatever the input: the exit code is 0 or 2 (or compare's verdict
+1), nothing raises out of the command (no traceback), and no input file changes. Derandomized and bounded, so CI runs the same cases in a
 few tens of seconds; the checkers' verdicts must also agree with an independent JSON Schema validator."""
 
 from __future__ import annotations
