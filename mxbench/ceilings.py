@@ -38,8 +38,9 @@ from mxkernels.errors import InputError
 from mxkernels.runtime import check_tensor
 
 from .hardware import Peak, card_slug, device_properties
+from .validation import Published, read_json, schema_file, validate
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: int = schema_file(Published.CEILINGS)["x-mxbench-schema"]
 _BANDWIDTH_KERNELS = {"copy": "copy_tbps", "read2write1": "read2write1_tbps", "read": "read_tbps"}
 # Elements per program. At 8 warps (256 threads) a 16384-element bf16 tile is 8 16-byte loads per thread in flight:
 # enough bytes per SM to cover HBM latency without a persistent loop.
@@ -395,18 +396,21 @@ def _same_limit(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= _LIMIT_TOLERANCE_W
 
 
-def read_entries(path: Path, schema: int, what: str = "ceilings") -> list[dict[str, Any]]:
-    """The entries of a stored ceilings file of ``schema`` ([] when there is none); ``what`` names the kind of
-    file in the error a malformed one raises."""
+def read_entries(path: Path, kind: Published) -> list[dict[str, Any]]:
+    """The entries of a stored ceilings file of ``kind`` ([] when there is none), every field checked against its
+    published schema: a malformed file raises ``InputError`` naming it and the field."""
     if not path.exists():
         return []
+    payload = read_json(path, f"mxbench {kind.value} file")
+    version = schema_file(kind)["x-mxbench-schema"]
+    if not isinstance(payload, dict) or payload.get("schema") != version:
+        found = payload.get("schema") if isinstance(payload, dict) else type(payload).__name__
+        raise InputError(f"{path}: not an mxbench {kind.value} file (schema {found!r}; readable: {version})")
     try:
-        payload = json.loads(path.read_text())
-        if payload.get("schema") != schema:
-            raise ValueError(f"schema {payload.get('schema')!r} is not {schema}")
-        return [dict(e) for e in payload["entries"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{path}: not an mxbench {what} file ({e})") from None
+        validate(payload, kind)
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
+    return [dict(e) for e in payload["entries"]]
 
 
 def write_entries(path: Path, schema: int, card: str, entries: list[dict[str, Any]]) -> Path:
@@ -419,11 +423,7 @@ def write_entries(path: Path, schema: int, card: str, entries: list[dict[str, An
 
 
 def _read_entries(path: Path) -> list[Ceilings]:
-    known = {f.name for f in fields(Ceilings)}
-    try:
-        return [Ceilings(**{k: v for k, v in e.items() if k in known}) for e in read_entries(path, SCHEMA_VERSION)]
-    except TypeError as e:
-        raise InputError(f"{path}: not an mxbench ceilings file ({e})") from None
+    return [Ceilings(**e) for e in read_entries(path, Published.CEILINGS)]
 
 
 def save_ceilings(c: Ceilings, results_dir: str | Path) -> Path:

@@ -132,6 +132,16 @@ class Comparison:
         """1 if any stage is SLOWER or broke (ran in base, errors now), else 0."""
         return 1 if self.by_verdict("SLOWER") or self.broken else 0
 
+    @property
+    def model_note(self) -> str | None:
+        """One line on the stages that a model run gave (no samples: no interval, no verdict), None where none did."""
+        model = self.by_verdict("MODEL")
+        if not model:
+            return None
+        every = "every" if len(model) == len(self.matches) else f"{len(model)} of {len(self.matches)}"
+        return (f"{every} stage compared against a model run (model, not measured): new/base ratios of the model's "
+                "times only; no samples, so no interval and no verdict, and such a stage never fails the gate")
+
     def summary(self) -> str:
         counts = ", ".join(f"{len(self.by_verdict(v))} {v}" for v in VERDICTS)
         geo = float(np.exp(np.mean(np.log([m.ratio for m in self.matches])))) if self.matches else float("nan")

@@ -9,7 +9,6 @@ order). Values are taken from the ``Record``s as they are (medians and IQRs from
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from .hardware import Peak
 from .render import card_label
 from .results import Run, load_run
 from .roofline import gemm_peak, peaks_for_run
+from .validation import read_json
 
 PASS_TITLES = {
     str(Pass.FORWARD): "Forward",
@@ -138,8 +138,8 @@ def _holds_records(path: Path) -> bool:
     """Whether a JSON file found in a folder is a run: an object with "records" (a tuning script's list, a
     ceilings file are not, and are passed over)."""
     try:
-        payload = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        payload = read_json(path)
+    except InputError:
         return True  # not readable as a run: load_run says why, naming the file
     return isinstance(payload, dict) and "records" in payload
 

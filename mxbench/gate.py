@@ -117,7 +117,7 @@ def json_report(cmp: Comparison, base: str, new: str) -> str:
     payload = {
         "base": base, "new": new, "base_card": cmp.base_card, "new_card": cmp.new_card, "forced": cmp.forced,
         "exit_code": cmp.exit_code, "counts": {v: len(cmp.by_verdict(v)) for v in VERDICTS} | {"BROKEN": len(cmp.broken)},
-        "geomean_ratio": _geomean(cmp), "summary": cmp.summary(),
+        "geomean_ratio": _geomean(cmp), "summary": cmp.summary(), "note": cmp.model_note,
         "code_changes": [{"implementation": c.name, "old": c.old, "new": c.new, "text": c.text()} for c in cmp.code],
         "stages": stage_objects(cmp),
     }  # fmt: skip
@@ -144,6 +144,8 @@ def markdown_report(cmp: Comparison, base: str, new: str) -> str:
     order = {v: i for i, v in enumerate(_REPORT_ORDER)}
     rows = sorted(comparison_rows(cmp), key=lambda r: order.get(r["Verdict"], len(order)))
     lines = [f"### mxbench compare: {verdict_line(cmp)}", "", f"`{base}` -> `{new}`", "", f"**{cmp.summary()}**"]
+    if cmp.model_note:
+        lines += ["", cmp.model_note]
     if cmp.code:
         lines += ["", f"Code changed: {'; '.join(f'`{c.text()}`' for c in cmp.code)}"]
     if cmp.only_base:

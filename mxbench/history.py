@@ -299,6 +299,14 @@ def step_rows(h: History) -> list[Row]:
     ]  # fmt: skip
 
 
+def model_note(h: History) -> str | None:
+    """One line where the history holds model runs (no samples), saying what it cannot show; else None."""
+    if all(r.measured for s in h.steps for r in s.run.records):
+        return None
+    return ("model runs (model, not measured): their times are the model's, with no samples, so no IQR band and "
+            "no SLOWER/FASTER mark (those need measured samples); --fail-on-latest never fails on them")
+
+
 def latest_summary(h: History) -> str:
     """One line: what the newest step did against the one before."""
     if len(h.steps) < 2:

@@ -25,6 +25,8 @@ Row = dict[str, Any]
 FORMATS = ("markdown", "github", "csv", "plain")
 _TABLEFMT = {"markdown": "pipe", "github": "github", "plain": "simple"}
 MODEL_MARK = "model, not measured"
+MODEL_CANNOT_SHOW = ("a model run has no samples: no spread, no telemetry (energy, power, SM clock) and no "
+                     "measured-ceiling efficiency")
 MISSING = "—"
 
 _NUMERIC = re.compile(r"^[-+]?\d[\d,]*(\.\d+)?(x|%)?$")
@@ -114,6 +116,7 @@ def header_block(run: Run, peaks: dict | None = None, fmt: str = "markdown") -> 
         lines.append(("Implementations", implementations))
     if meta.get("measured") is False:
         lines.append(("Model", meta.get("model") or MODEL_ASSUMPTION))
+        lines.append(("Not shown", MODEL_CANNOT_SHOW))
     lines.append(("Command", meta.get("command") or "unknown"))
     if timing:
         text = timing if isinstance(timing, str) else ", ".join(f"{k}={v}" for k, v in timing.items())

@@ -20,9 +20,11 @@ from mxkernels.names import OURS, format_shapes
 
 from .provenance import FIELDS as PROVENANCE_FIELDS
 from .schema import check_payload
+from .validation import Published, parse, schema_file
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMAS = (1, 2)
+SCHEMA_VERSION: int = schema_file(Published.RUN)["x-mxbench-schema"]
+"""The schema written: the version of the published ``run.schema.json``."""
+READABLE_SCHEMAS: tuple[int, ...] = tuple(schema_file(Published.RUN)["properties"]["schema"]["enum"])
 """Schema 1 (before implementations were declarations) is read and migrated on load: see ``_migrate_v1``."""
 
 
@@ -185,11 +187,11 @@ def _migrate_meta(meta: dict[str, Any]) -> dict[str, Any]:
 def run_from_json(text: str) -> Run:
     """The Run a results file's text holds; every field is checked against its schema first (``schema``), so a
     file that is JSON but not a run raises ``InputError`` naming the field."""
-    payload = json.loads(text)
+    payload = parse(text, "mxbench results file")
     if not isinstance(payload, dict):
         raise InputError(f"a results file holds a JSON object, got {type(payload).__name__}")
     schema = payload.get("schema")
-    if schema not in READABLE_SCHEMAS:
+    if isinstance(schema, bool) or schema not in READABLE_SCHEMAS:  # true would pass as 1
         raise InputError(f"results schema {schema!r} is not supported (readable: {READABLE_SCHEMAS})")
     check_payload(payload, schema)
     records = payload["records"]
@@ -236,7 +238,7 @@ def load_run(path: str | Path) -> Run:
     path = Path(path)
     try:
         return run_from_json(path.read_text())
-    except InputError as e:  # another schema, or a field of the wrong type
+    except InputError as e:  # not JSON, another schema, or a field of the wrong type or range
         raise InputError(f"{path}: {e}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not an mxbench results file ({e})") from None

@@ -103,6 +103,9 @@ def peaks_for_run(run: Run, denominator: str = "datasheet") -> dict[str, Peak]:
     from .ceilings import Ceilings, measured_peaks
 
     stored = run.meta.get("ceilings")
+    if run.meta.get("measured") is False:
+        raise InputError("denominator='measured' needs a card's measured ceilings, and a model run (model, not "
+                         "measured) ran on no card; use denominator='datasheet'")
     if not stored:
         raise InputError(
             f"denominator='measured' needs the card's measured ceilings, but this run of {run.card} stored none "

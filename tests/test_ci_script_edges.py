@@ -28,7 +28,8 @@ def test_a_folder_with_a_tuning_scripts_json_list_loads(tmp_path):
 
 def test_table_reads_a_folder_and_passes_over_runs_of_another_kind(tmp_path):
     save_run(synthetic_run(), tmp_path / "roofline.json")
-    save_run(mxbench.results.Run(meta={**synthetic_run().meta, "kind": "peers"}, records=[]), tmp_path / "peers.json")
+    peers = mxbench.results.Run(meta={**synthetic_run().meta, "kind": "peers"}, records=synthetic_run().records)
+    save_run(peers, tmp_path / "peers.json")
     result = invoke("table", tmp_path, "--kind", "breakdown", "--format", "csv")
     assert result.exit_code == 0, result.output
     assert "quantize_dim0" in result.output

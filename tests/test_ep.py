@@ -225,7 +225,7 @@ def test_table_kinds_ep_render_stored_ep_runs_only(tmp_path):
     path, _ = save_run(synthetic_ep_run(), tmp_path / "ep.json")
     result = CliRunner().invoke(cli, ["table", str(path), "--kind", "ep-summary", "--format", "plain"])
     assert result.exit_code == 0 and "1.250x" in result.output and "NVLink 900 GB/s" in result.output, result.output
-    other, _ = save_run(Run({"card": "x"}, []), tmp_path / "roofline.json")
+    other, _ = save_run(Run({"card": "x"}, synthetic_ep_run().records), tmp_path / "roofline.json")  # no kind: a roofline
     result = CliRunner().invoke(cli, ["table", str(other), "--kind", "ep"])
     assert result.exit_code == 2 and "needs a run of `mxbench ep`" in result.output
 

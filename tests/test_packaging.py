@@ -17,6 +17,10 @@ def run(args, **kwargs):
     return subprocess.run(args, capture_output=True, text=True, timeout=600, check=False, **kwargs)
 
 
+def run_in(args, env, cwd):
+    return run(args, env={**env, "CUDA_VISIBLE_DEVICES": ""}, cwd=cwd)
+
+
 def test_a_wheel_installed_elsewhere_lists_the_presets(tmp_path):
     # build from a copy: a build writes build/ and *.egg-info next to the sources
     src = tmp_path / "src"
@@ -49,3 +53,9 @@ def test_a_wheel_installed_elsewhere_lists_the_presets(tmp_path):
                  "--hardware", "b200"], env={**env, "CUDA_VISIBLE_DEVICES": ""}, cwd=elsewhere)  # fmt: skip
     assert model.returncode == 0, model.stderr
     assert "(16384, 7168)" in model.stdout and list((elsewhere / "results" / "model-b200").glob("*.json"))
+    # the published schemas ship beside the code: what outside tools validate runs with, and what a table reads by
+    assert {p.name for p in (target / "mxbench" / "data").glob("*.schema.json")} == {
+        "run.schema.json", "ceilings.schema.json", "alltoall-ceilings.schema.json"}
+    (saved,) = (elsewhere / "results" / "model-b200").glob("*.json")
+    shown = run_in([sys.executable, "-m", "mxbench", "table", str(saved)], env, elsewhere)
+    assert shown.returncode == 0 and "model, not measured" in shown.stdout, shown.stderr

@@ -13,13 +13,17 @@ from click.testing import CliRunner
 from helpers import committed_results
 from mxkernels.errors import InputError
 
-from mxbench import schema
 from mxbench.cli import cli
 from mxbench.results import Point, Record, Run, load_run, run_to_json
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = [p for p in committed_results() if not p.name.endswith("ceilings.json") and p.parent.name != "tuning"]
 # every stored run: the rooflines, peers, baselines, expert-parallel and sharded runs (not a user's own, made here)
+
+
+CEILINGS = {"card": "NVIDIA H200", "power_limit_w": 700.0, "copy_tbps": 4.1, "read2write1_tbps": 4.2, "read_tbps": 4.3,
+            "bandwidth_tbps": 4.3, "bf16_tflops": 700.0, "fp8_tflops": None}  # fmt: skip
+"""A ceilings entry with every field ``ceilings.Ceilings`` requires."""
 
 
 def valid_payload() -> dict:
@@ -63,15 +67,15 @@ def test_a_valid_run_round_trips(tmp_path):
 @pytest.mark.parametrize(
     "mutate, field, wanted",
     [
-        (lambda d: d["records"][0]["point"].update(M="abc"), "records[0].point.M", "must be an integer, got 'abc'"),
-        (lambda d: d["records"][0]["point"].update(M=True), "records[0].point.M", "must be an integer, got True"),
+        (lambda d: d["records"][0]["point"].update(M="abc"), "records[0].point.M", "must be an integer >= 1 and <= 2**31-1, got 'abc'"),
+        (lambda d: d["records"][0]["point"].update(M=True), "records[0].point.M", "must be an integer >= 1 and <= 2**31-1, got True"),
         (lambda d: d["records"][0]["point"].update(M=0), "records[0].point.M", "must be an integer >= 1"),
-        (lambda d: d["records"][0]["samples_us"].insert(1, "fast"), "records[0].samples_us[1]", "finite number"),
+        (lambda d: d["records"][0]["samples_us"].insert(1, "fast"), "records[0].samples_us[1]", "a number >= -1e+12 and <= 1e+12"),
         (lambda d: d["records"][0].update(samples_us=[-1.0, -2.0, 3.0]), "records[0].samples_us", "positive median"),
         (lambda d: d["records"][0].update(samples_us="10"), "records[0].samples_us", "must be a list"),
-        (lambda d: d["records"][1].update(model_us=-3), "records[1].model_us", "a number >= 0 or null"),
+        (lambda d: d["records"][1].update(model_us=-3), "records[1].model_us", "a number >= 0 and <= 1e+12, got -3"),
         (lambda d: d["records"][0].update(shapes=[[1024, "K"]]), "records[0].shapes[0][1]", "must be an integer"),
-        (lambda d: d["records"][0].update(shapes="(1024, 7168)"), "records[0].shapes", "a list of shapes"),
+        (lambda d: d["records"][0].update(shapes="(1024, 7168)"), "records[0].shapes", "must be a list"),
         (lambda d: d["records"][0].update(measured="yes"), "records[0].measured", "true or false"),
         (lambda d: d["records"][0].update(bytes_read=1.5), "records[0].bytes_read", "an integer"),
         (lambda d: d["records"][0].update(telemetry=[]), "records[0].telemetry", "an object"),
@@ -86,9 +90,12 @@ def test_a_valid_run_round_trips(tmp_path):
         (lambda d: d["meta"].update(card=["H200"]), "meta.card", "must be a string"),
         (lambda d: d["meta"].update(measured="false"), "meta.measured", "true or false"),
         (lambda d: d["meta"]["timing"].update(samples="25"), "meta.timing.samples", "an integer"),
-        (lambda d: d["meta"].update(ceilings={"card": "x", "bandwidth_tbps": "fast", "bf16_tflops": 1}),
-         "meta.ceilings.bandwidth_tbps", "a finite number"),
-        (lambda d: d["meta"].update(ceilings={"card": "x", "bandwidth_tbps": 1, "bf16_tflops": 1, "sm90": 2}),
+        (lambda d: d["meta"].update(ceilings={**CEILINGS, "bandwidth_tbps": "fast"}),
+         "meta.ceilings.bandwidth_tbps", "a number > 0 and <= 1e+07"),
+        (lambda d: d["meta"].update(ceilings={**CEILINGS, "copy_tbps": 0}), "meta.ceilings.copy_tbps", "a number > 0"),
+        (lambda d: d["meta"].update(ceilings={k: v for k, v in CEILINGS.items() if k != "power_limit_w"}),
+         "meta.ceilings.power_limit_w", "is missing"),
+        (lambda d: d["meta"].update(ceilings={**CEILINGS, "sm90": 2}),
          "meta.ceilings", "unknown fields ['sm90']"),
         (lambda d: d["meta"]["implementations"]["mxkernels"].update(dirty="no"),
          "meta.implementations['mxkernels'].dirty", "true or false or null"),
@@ -130,9 +137,16 @@ def test_old_peers_runs_name_their_implementations_and_load_as_entries_of_unknow
 
 
 def test_the_ceilings_schema_is_the_ceilings_record():
+    """The published entry names every field of ``Ceilings`` and requires those without a default (an entry without
+    power_limit_w once crashed `table --denominator measured`)."""
     from mxbench.ceilings import Ceilings
+    from mxbench.validation import Published, schema_file
 
-    assert set(schema.CEILINGS) == {f.name for f in dataclasses.fields(Ceilings)}
+    entry = schema_file(Published.CEILINGS)["$defs"]["entry"]
+    fields = dataclasses.fields(Ceilings)
+    assert set(entry["properties"]) == {f.name for f in fields}
+    no_default = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    assert set(entry["required"]) == no_default
 
 
 def wrong_values():
@@ -180,5 +194,5 @@ def test_the_commands_name_the_file_and_field_and_exit_2(tmp_path, command):
     args = [a.format(bad=bad, good=good, tmp=tmp_path) for a in command]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2, result.output
-    assert f"Error: {bad}: records[0].point.M must be an integer, got 'abc'" in result.output
+    assert f"Error: {bad}: records[0].point.M must be an integer >= 1 and <= 2**31-1, got 'abc'" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1

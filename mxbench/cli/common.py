@@ -216,6 +216,8 @@ def echo_comparison(cmp, fmt: str, base: str, new: str) -> None:
     else:
         click.echo(render(comparison_rows(cmp), fmt), nl=False)
         click.echo(cmp.summary())
+        if cmp.model_note:
+            click.echo(cmp.model_note)
         if code := code_text(cmp):
             click.echo(code)
         click.echo(verdict_line(cmp))
@@ -255,7 +257,8 @@ def gate_help(summary: str) -> str:
 EXIT_CODES_HELP = (
     "Exit codes: 0 no stage slower; 1 a stage SLOWER (or it ran in the baseline and only errors now); 2 unusable "
     "input: a file that is not a run, runs of different cards (without --force), no comparable stage, or stages "
-    "of the baseline missing from the new run (without --allow-missing)."
+    "of the baseline missing from the new run (without --allow-missing). Two model runs (no samples) give ratios "
+    "without statistics: their stages are MODEL, which never fails (exit 0)."
 )
 REGRESS_EXIT_CODES_HELP = (
     "Exit codes: 0 no stage slower; 1 a stage SLOWER again when re-measured (or it ran in the baseline and only "

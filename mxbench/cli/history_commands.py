@@ -39,7 +39,7 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
     """
     from ..frame import load_runs
     from ..history import history as build
-    from ..history import history_rows, latest_summary, step_rows
+    from ..history import history_rows, latest_summary, model_note, step_rows
     from ..render import render
 
     if by == "mxbench":
@@ -63,6 +63,8 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
             click.echo(f"left out ({why}): {', '.join(p for p, w in h.left_out if w == why)}\n")
         click.echo(render(rows, fmt))
         click.echo(latest_summary(h))
+        if note := model_note(h):
+            click.echo(note)
     if plot_file is not None:
         from ..figures.history import history_figure
         from ..plots import save

@@ -93,7 +93,9 @@ CHECK_FORMATS = (*FORMATS, "json")
 @click.option("--K", "K", type=int, help=f"Model dim. [default: {CHECK_DEFAULTS['K']}, or the preset's]")
 @click.option("--N", "N", type=int, help=f"Expert hidden dim. [default: {CHECK_DEFAULTS['N']}, or the preset's]")
 @click.option("--G", "G", type=click.IntRange(1, 512), help=f"Experts. [default: {CHECK_DEFAULTS['G']}]")
-@click.option("--M", "M", type=click.IntRange(min=1), default=CHECK_DEFAULTS["M"], show_default=True,
+# M below 2**31 as for the sweeps (points.MAX_TOKENS: int32 group ends); found by the fuzz test: 2**31 went on to
+# allocate half a terabyte and crash
+@click.option("--M", "M", type=click.IntRange(1, 2**31 - 1), default=CHECK_DEFAULTS["M"], show_default=True,
               help="Tokens (group 0 is empty, the others uneven); a second pass runs G-1 tokens (--no-pad: see there).")
 @click.option("--preset", help="K, N, G of a model preset.")
 @click.option("--pad/--no-pad", default=True, show_default=True,

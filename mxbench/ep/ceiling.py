@@ -19,12 +19,13 @@ import torch.distributed as dist
 
 from ..ceilings import read_entries, write_entries
 from ..hardware import Peak, card_slug
+from ..validation import Published, schema_file
 from .dist import Context, gather
 from .metadata import nccl_version
 from .rank_timing import across_ranks, time_on_ranks
 
 FILE = "alltoall_ceilings.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: int = schema_file(Published.ALLTOALL_CEILINGS)["x-mxbench-schema"]
 DEFAULT_BYTES = 2**30
 
 
@@ -69,7 +70,7 @@ def save_alltoall_ceiling(entry: dict[str, Any], results_dir: str | Path) -> Pat
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    return read_entries(path, SCHEMA_VERSION, "all-to-all ceilings")
+    return read_entries(path, Published.ALLTOALL_CEILINGS)
 
 
 def load_alltoall_ceiling(results_dir: str | Path, card: str, world: int) -> dict[str, Any] | None:
