@@ -276,16 +276,28 @@ def _dispatch(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, x
     _to_experts(b, payload, rows, ("dispatch", "permute", "pad_a"), src, xq, s.K)
 
 
-def _combine(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
+def _from_experts(b: _LayerBuilder, L: EPLayerShape, rows: _Rows, names: tuple[str, str, str, str],
+                  tensors: tuple[str, str, str], weighted: bool) -> None:
+    """Rows of the experts' rank back to their tokens: (unpad) -> unpermute -> all-to-all -> unsort into the token
+    order, summing each token's top_k copies (weighted by the scores when ``weighted``). ``names``: the unpad,
+    unpermute, all-to-all and unsort stages; ``tensors``: the expert-side rows, what the all-to-all returns, the
+    tokens' result."""
     s, B = L.ep, Recipe.BF16
+    unpad, unpermute, a2a, unsort = names
+    src, received, dst = tensors
     if rows.pad:
         align = padding_alignment(rows.recipe)
-        b.add(rows.recipe, "unpad_out", [(rows.Rp, s.K)], padding.unpad_cost(s.R, s.K, s.E, align, 2),
-              ("out_p", "offs", "offs_p"), ("out",), {"num_tokens": s.R})  # fmt: skip
-    b.permute(B, "unpermute", s.K, ("out",), ("outr",))
-    b.a2a(B, "combine", s.K, ("outr",), ("ys",), forward=False)
-    b.add(B, "unsort_combine", [(s.S, s.K), (s.S,)], moe_rows.combine_rows_cost(s.T, s.K, s.top_k, not L.score_before),
-          ("ys", "pos", "top"), ("y",), {"weighted": not L.score_before})  # fmt: skip
+        b.add(rows.recipe, unpad, [(rows.Rp, s.K)], padding.unpad_cost(s.R, s.K, s.E, align, 2),
+              (f"{src}_p", "offs", "offs_p"), (src,), {"num_tokens": s.R})  # fmt: skip
+    b.permute(B, unpermute, s.K, (src,), (f"{src}r",))
+    b.a2a(B, a2a, s.K, (f"{src}r",), (received,), forward=False)
+    b.add(B, unsort, [(s.S, s.K), (s.S,)], moe_rows.combine_rows_cost(s.T, s.K, s.top_k, weighted),
+          (received, "pos", "top"), (dst,), {"weighted": weighted})  # fmt: skip
+
+
+def _combine(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
+    _from_experts(b, L, rows, ("unpad_out", "unpermute", "combine", "unsort_combine"), ("out", "ys", "y"),
+                  not L.score_before)  # fmt: skip
 
 
 def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, dyq, mode: str) -> None:
@@ -301,14 +313,8 @@ def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: 
 
 def _dispatch_backward(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
     s, B = L.ep, Recipe.BF16
-    if rows.pad:
-        align = padding_alignment(rows.recipe)
-        b.add(rows.recipe, "unpad_grad_a", [(rows.Rp, s.K)], padding.unpad_cost(s.R, s.K, s.E, align, 2),
-              ("grad_a_p", "offs", "offs_p"), ("grad_a",), {"num_tokens": s.R})  # fmt: skip
-    b.permute(B, "unpermute_grad", s.K, ("grad_a",), ("grad_ar",))
-    b.a2a(B, "dispatch_grad", s.K, ("grad_ar",), ("grad_xs",), forward=False)
-    b.add(B, "unsort_grad", [(s.S, s.K), (s.S,)], moe_rows.combine_rows_cost(s.T, s.K, s.top_k, L.score_before),
-          ("grad_xs", "pos", "top"), ("grad_x_routed",), {"weighted": L.score_before})  # fmt: skip
+    _from_experts(b, L, rows, ("unpad_grad_a", "unpermute_grad", "dispatch_grad", "unsort_grad"),
+                  ("grad_a", "grad_xs", "grad_x_routed"), L.score_before)  # fmt: skip
     if L.score_before:
         b.add(B, "permute_score_grad", [(s.S, s.K), (s.T, s.K)], moe_rows.row_dot_cost(s.S, s.K),
               ("grad_xs", "pos", "x", "copy_token"), ("grad_top",))  # fmt: skip

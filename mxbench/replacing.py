@@ -107,15 +107,20 @@ def _differs(old: RunIdentity, new: RunIdentity) -> str:
     return ""
 
 
-def _set_aside(path: Path, stamp: str) -> Path:
-    """Move ``path`` into ``.replaced/`` beside it (a name no other copy has); returns where it went."""
+def _set_aside(path: Path, stamp: str) -> Path | None:
+    """Move ``path`` into ``.replaced/`` beside it (a name no other copy has: another process's copies carry its
+    pid); returns where it went, or None where a concurrent writer moved it first (that writer kept it)."""
     folder = path.parent / REPLACED_DIR
     folder.mkdir(exist_ok=True)
-    target, n = folder / f"{path.stem}.{stamp}{path.suffix}", 1
+    base = f"{path.stem}.{stamp}.{os.getpid()}"
+    target, n = folder / f"{base}{path.suffix}", 1
     while target.exists():
         n += 1
-        target = folder / f"{path.stem}.{stamp}.{n}{path.suffix}"
-    os.replace(path, target)
+        target = folder / f"{base}.{n}{path.suffix}"
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:
+        return None
     return target
 
 
@@ -138,7 +143,8 @@ def write_files(texts: dict[Path, str], owner: object | None = None) -> None:
             digest, writer = _written.get(key, (None, None))
             if current is not None and (_digest(current) != digest or writer is None or writer() is not owner):
                 kept = _set_aside(path, stamp)
-                print(f"replaced {path}: the old copy is at {kept}", file=sys.stderr)
+                if kept is not None:
+                    print(f"replaced {path}: the old copy is at {kept}", file=sys.stderr)
             os.replace(tmp, path)
             if owner is not None:
                 _written[key] = (_digest(data), weakref.ref(owner))

@@ -171,7 +171,7 @@ def test_figures_take_a_frame_of_one_run_and_return_figures():
     one = df[df["file"] == str(RESULTS / "roofline-deepseek-v3.json")]
     for make in (plots.net_speedup_figure, plots.gemm_speedup_figure, plots.breakdown_figure, plots.roofline_figure):
         assert isinstance(make(one), Figure)
-    with pytest.raises(ValueError, match="a figure draws one run; this frame holds 6 files"):
+    with pytest.raises(ValueError, match=r"a figure draws one run; this frame holds \d+ files"):
         plots.breakdown_figure(df)
 
 
