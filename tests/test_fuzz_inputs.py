@@ -230,10 +230,8 @@ def test_numeric_options_at_their_edges_exit_0_or_2(tmp_path):
         base, options = OPTIONS[command]
         option = data.draw(st.sampled_from(options))
         value = data.draw(st.sampled_from(EDGES))
-        if command == "check" and value in ("1", "0", "-0"):
-            # 1 is a valid size, and check takes a K or N of 0 for "the default" (issue 26 item 6, another branch's):
-            # either way it runs the kernels under the interpreter for a minute instead of checking input
-            return
+        if command == "check" and value == "1":
+            return  # a valid size: check would run its kernels under the interpreter for a minute
         args = [a for a in base if a != option]
         if option in base:  # replace the base's value of the option
             args = base[: base.index(option)] + base[base.index(option) + 2:]
