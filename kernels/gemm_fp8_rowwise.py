@@ -209,10 +209,13 @@ def _launch(kernel, tiles: int, args: tuple, G: int, config: Fp8Config, device: 
     kernel[(programs,)](*args, G, programs, **launch)
 
 
-def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, config: Fp8Config | None = None):
-    """The backend on operands ``grouped_gemm`` has checked (module doc)."""
+def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, config: Fp8Config | None = None,
+                    fast: bool = False):  # fmt: skip
+    """The backend on operands ``grouped_gemm`` has checked (module doc); ``fast``: ``FAST_CONFIGS`` where no config
+    is given (backend "triton_fast")."""
     two_d_three_d = b_q.dim() == 3
-    config = config or default_config("2d3d" if two_d_three_d else "2d2d")
+    case = "2d3d" if two_d_three_d else "2d2d"
+    config = config or (FAST_CONFIGS[case] if fast and not INTERPRET else default_config(case))
     contraction = a_q.shape[1]
     if contraction % 16:
         raise InputError(f"triton FP8 rowwise grouped GEMM: the contraction dim's row stride ({contraction} bytes) must "

@@ -79,13 +79,13 @@ from .runtime import (
 RECIPES = ("mxfp8", "fp8_rowwise", "bf16")
 BACKENDS = {
     "bf16": ("native", "emulated"),
-    "fp8_rowwise": ("native", "triton", "emulated"),
+    "fp8_rowwise": ("native", "triton", "triton_fast", "emulated"),
     "mxfp8": ("native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated"),
 }
 # The launch configuration type of each backend that takes ``config=``, by recipe (a backend's name means one kernel
 # family within a recipe: "triton" is ``gemm_triton`` for MXFP8 and ``gemm_fp8_rowwise`` for FP8 rowwise).
 CONFIG_TYPES = {"mxfp8": {"triton": TileConfig, "triton_fp8": TileConfig, "triton_fused": FusedConfig},
-                "fp8_rowwise": {"triton": Fp8Config}}  # fmt: skip
+                "fp8_rowwise": {"triton": Fp8Config, "triton_fast": Fp8Config}}  # fmt: skip
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -138,7 +138,7 @@ def _preference(recipe: str, device: torch.device) -> tuple[str, ...]:
     cap = _capability(device)
     if recipe == "fp8_rowwise":
         # On CPU the Triton kernel runs in the interpreter, for tests; the emulation is the fast one there.
-        return ("emulated", "native", "triton") if cap is None else BACKENDS[recipe]
+        return ("emulated", "native", "triton", "triton_fast") if cap is None else BACKENDS[recipe]
     if recipe != "mxfp8":
         return BACKENDS[recipe]
     if cap is None:
@@ -312,7 +312,9 @@ def fp8_rowwise_scaled_grouped_mm(
     2D x 3D: a_q (M, K), a_scale (M,), b_q (G, N, K), b_scale (G, N) -> (M, N).
     2D x 2D: a_q (N, M), a_scale (G, N), b_q (K, M), b_scale (G, K) -> (G, N, K) (per-group scales). "native"
     (``torch._scaled_grouped_mm``, SM90/SM100) has shape rules of its own (``gemm_native``) and writes bf16 only;
-    "triton" (``gemm_fp8_rowwise``, SM90+: TMA) needs the contraction's row stride a multiple of 16 bytes.
+    "triton" (``gemm_fp8_rowwise``, SM90+: TMA; torch's sums) and "triton_fast" (the same kernels summing in the
+    tensor core's accumulator throughout, as ``use_fast_accum``: faster, a lower SQNR) need the contraction's row
+    stride a multiple of 16 bytes.
     ``use_fast_accum``: the native kernel's fast (less precise) accumulation. ``config``: "triton"'s launch (None:
     ``gemm_fp8_rowwise.default_config``).
     """
@@ -331,8 +333,9 @@ def fp8_rowwise_scaled_grouped_mm(
 
     if backend == "emulated":
         return gemm_emulated.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype)
-    if backend == "triton":
-        return gemm_fp8_rowwise.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, config)
+    if backend in ("triton", "triton_fast"):
+        return gemm_fp8_rowwise.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, config,
+                                                fast=backend == "triton_fast")  # fmt: skip
     return gemm_native.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, use_fast_accum)
 
 

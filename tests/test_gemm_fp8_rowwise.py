@@ -64,6 +64,18 @@ def small(**fields):
 # ---- against the oracle, under the interpreter ---------------------------------------------------------------------
 
 
+def test_the_fast_backend_is_the_same_kernel_and_contract():
+    """"triton_fast" differs only in its default configs on the GPU (no promotion): same contract, same results
+    wherever the sums are exact (here, and under the interpreter, which has no reduced-precision accumulator)."""
+    ops = case_2d3d([40, 0, 72], N=48, K=96)
+    out = GG.fp8_rowwise_scaled_grouped_mm(*ops, backend="triton_fast", out_dtype=torch.float32)
+    assert_matches(out, ops, rows=112)
+    ops2 = case_2d2d([48, 0, 32], N=32, K=48)
+    assert_matches(GG.fp8_rowwise_scaled_grouped_mm(*ops2, backend="triton_fast", out_dtype=torch.float32), ops2)
+    assert all(c.promote is None for c in F.FAST_CONFIGS.values())
+    assert all(c.promote == c.block_k for c in F._DEFAULT_CONFIGS.values())
+
+
 @pytest.mark.parametrize("sizes", [[40, 0, 72, 1], [0, 0, 16], [3], [33, 31, 0, 0, 64]])
 def test_2d3d_ragged_empty_tiny_groups(sizes):
     ops = case_2d3d(sizes, N=48, K=96, extra_rows=5)  # rows past offs[-1] are not the kernel's to write

@@ -443,9 +443,9 @@ def native_probe_passes(monkeypatch):
 @pytest.mark.parametrize(
     "cap,expected",
     [
-        ((10, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "triton", "emulated"],
+        ((10, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "triton", "triton_fast", "emulated"],
                    "mxfp8": ["native", "triton", "triton_dequant", "triton_fp8", "emulated"]}),
-        ((9, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "triton", "emulated"],
+        ((9, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "triton", "triton_fast", "emulated"],
                   "mxfp8": ["triton_dequant", "triton_fp8", "triton", "emulated"]}),
         ((8, 9), {"fp8_rowwise": ["emulated"],
                   "mxfp8": ["triton_fp8", "triton_dequant", "triton", "emulated"]}),
