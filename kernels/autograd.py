@@ -86,12 +86,15 @@ def mxfp8_grouped_mm(
     return _staged("mxfp8", a, b_t, offs, mode=mode, backend=backend, pad=pad, impls=impls, fuse_scales=fuse_scales)
 
 
-def fp8_rowwise_grouped_mm(a, b_t, offs, *, pad: bool = True, impls=None, fuse_scales: bool = False) -> torch.Tensor:
-    """The FP8 rowwise sibling of ``mxfp8_grouped_mm`` (groups padded to multiples of 16). ``fuse_scales=True``:
-    the forward quantizers of A and w and the backward one of grad_out also fold the column amaxes that the
-    transposed copies are scaled by (A's and w's, 4 * G * K bytes each, kept on the autograd context), so each
-    transposed copy reads its tensor once (``fp8_amax``)."""
-    return _staged("fp8_rowwise", a, b_t, offs, pad=pad, impls=impls, fuse_scales=fuse_scales)
+def fp8_rowwise_grouped_mm(
+    a, b_t, offs, *, backend=None, pad: bool = True, impls=None, fuse_scales: bool = False
+) -> torch.Tensor:
+    """The FP8 rowwise sibling of ``mxfp8_grouped_mm`` (groups padded to multiples of 16). ``backend``: the GEMMs'
+    (``grouped_gemm.BACKENDS["fp8_rowwise"]``; None: the device's default). ``fuse_scales=True``: the forward
+    quantizers of A and w and the backward one of grad_out also fold the column amaxes that the transposed copies are
+    scaled by (A's and w's, 4 * G * K bytes each, kept on the autograd context), so each transposed copy reads its
+    tensor once (``fp8_amax``)."""
+    return _staged("fp8_rowwise", a, b_t, offs, backend=backend, pad=pad, impls=impls, fuse_scales=fuse_scales)
 
 
 def bf16_grouped_mm(a, b_t, offs, *, pad: bool = True, impls=None) -> torch.Tensor:
@@ -114,7 +117,7 @@ def end_to_end(
     pad = needs_padding(recipe, group_sizes)
     kwargs = {
         "mxfp8": {"mode": mode, "backend": backend, "fuse_scales": fuse_scales},
-        "fp8_rowwise": {"fuse_scales": fuse_scales},
+        "fp8_rowwise": {"backend": backend, "fuse_scales": fuse_scales},
     }.get(recipe, {})
     op = _AUTOGRAD[recipe]
 

@@ -252,3 +252,21 @@ def test_the_readme_table_is_what_the_script_prints():
     words = block.group(1).split()
     done = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, cwd=repo, check=True)
     assert readme[block.end() : block.end() + len(done.stdout)] == done.stdout
+
+
+def test_the_end_to_end_step_runs_the_backend_it_is_given(monkeypatch):
+    """The forward+backward a run times must use the run's backend in all three GEMMs, as its stages do (it once
+    dropped it for FP8 rowwise and timed torch's kernel whatever the run asked for)."""
+    from mxkernels import autograd
+
+    used = []
+    real = GG.fp8_rowwise_scaled_grouped_mm
+
+    def spy(*args, backend=None, **kwargs):
+        used.append(backend)
+        return real(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(GG, "fp8_rowwise_scaled_grouped_mm", spy)
+    step = autograd.end_to_end("fp8_rowwise", 64, 32, 64, 2, [32, 32], backend="triton", device="cpu")
+    step()
+    assert len(used) == 3 and set(used) == {"triton"}, used
