@@ -36,13 +36,8 @@ export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 python -m pip install --no-deps --no-build-isolation -q -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 
-run() {  # run NAME SECONDS CMD...: time-limited, output to $OUT/NAME.log, status line in $OUT/summary.txt
-  local name=$1 limit=$2 t0=$SECONDS; shift 2
-  timeout --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  printf '%-40s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" | tee -a "$OUT/summary.txt"
-  return "$rc"
-}
+RUN_WIDTH=40
+source "$(dirname "$0")/run_step.sh"  # run NAME SECONDS CMD...
 
 measure() {  # measure NPROC GROUPS: the DeepSeek-V3 layer at that EP degree; events timing if graphs fail
   local nproc=$1 groups=$2

@@ -34,13 +34,8 @@ for f in results/*/ceilings.json results/*/alltoall_ceilings.json; do
   [ -f "$f" ] && [ ! -f "$RES/${f#results/}" ] && mkdir -p "$RES/$(dirname "${f#results/}")" && cp "$f" "$RES/${f#results/}"
 done
 
-run() {  # run NAME SECONDS CMD...: time-limited, output to $OUT/NAME.log, status line in $OUT/summary.txt
-  local name=$1 limit=$2 t0=$SECONDS; shift 2
-  timeout --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  printf '%-26s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" | tee -a "$OUT/summary.txt"
-  return "$rc"
-}
+RUN_WIDTH=26
+source "$(dirname "$0")/run_step.sh"  # run NAME SECONDS CMD...
 
 measure() {  # measure NAME ARGS...: one mxbench ep run of the issue's layer; events timing if graphs fail
   local name=$1; shift

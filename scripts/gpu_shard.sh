@@ -19,14 +19,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 python -m pip install --no-deps --no-build-isolation -q -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 
-run() {  # run NAME SECONDS CMD...: time-limited, output to $OUT/NAME.log, status line in $OUT/summary.txt
-  local name=$1 limit=$2 t0=$SECONDS; shift 2
-  timeout --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  printf '%-10s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" | tee -a "$OUT/summary.txt"
-  tail -n "${TAIL:-4}" "$OUT/$name.log" >>"$OUT/summary.txt"
-  return "$rc"
-}
+RUN_WIDTH=10 RUN_TAIL=${TAIL:-4}
+source "$(dirname "$0")/run_step.sh"  # run NAME SECONDS CMD...
 
 for step in "${@:-env single sharded compare gpu1 noise}"; do
   for s in $step; do

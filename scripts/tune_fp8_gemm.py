@@ -29,6 +29,7 @@ import torch
 from mxkernels import grouped_gemm as GG
 from mxkernels.gemm_fp8_rowwise import Fp8Config
 from mxbench.timing import time_fn
+from tune_gemm import sqnr_db
 
 # isort: on
 
@@ -67,11 +68,6 @@ def _operands(pass_: str, K: int, N: int, sizes: list[int], seed: int):
     return GG._quantize_fp8_rowwise(a, b, offs), offs
 
 
-def _sqnr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    return (10 * torch.log10(ref.pow(2).sum() / (x - ref).pow(2).sum())).item()
-
-
 def _check(pass_: str, K: int, N: int, sizes: list[int], config: Fp8Config | None, backend: str) -> float:
     """SQNR (dB) of ``backend`` against "emulated"; raises where an empty group's output is not all zeros."""
     ops, offs = _operands(pass_, K, N, sizes, seed=11)
@@ -82,8 +78,8 @@ def _check(pass_: str, K: int, N: int, sizes: list[int], config: Fp8Config | Non
         for g, size in enumerate(sizes):
             if size == 0 and bool((out[g] != 0).any()):
                 raise AssertionError(f"group {g} is empty but its output is not all zeros")
-        return _sqnr_db(out, ref)
-    return _sqnr_db(out[: sum(sizes)], ref[: sum(sizes)])
+        return sqnr_db(out, ref)
+    return sqnr_db(out[: sum(sizes)], ref[: sum(sizes)])
 
 
 def _us(fn) -> float:
@@ -162,7 +158,7 @@ def main() -> int:
                     fn = lambda c=config: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="triton",
                                                                             config=c)  # fmt: skip
                     out, ref = fn(), GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="native")
-                    row["sqnr_vs_native_db"] = _sqnr_db(out, ref)
+                    row["sqnr_vs_native_db"] = sqnr_db(out, ref)
                     if min(row["sqnr_small_db"], row["sqnr_vs_native_db"]) < MIN_SQNR_DB:
                         raise AssertionError(f"SQNR {row['sqnr_small_db']:.1f} / {row['sqnr_vs_native_db']:.1f} dB")
                     del out, ref
