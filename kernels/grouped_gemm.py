@@ -48,11 +48,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import gemm_dequant, gemm_emulated, gemm_fp8_rowwise, gemm_fused, gemm_native, gemm_triton
+from . import gemm_dequant, gemm_emulated, gemm_fp8_rowwise, gemm_fp8_ws, gemm_fused, gemm_native, gemm_triton
 from .cost import Cost
 from .format import BLOCK_SIZE, DATA_DTYPE, ScaleMode
 from .fp8_rowwise import quantize_fp8_rowwise, quantize_fp8_rowwise_3d, quantize_fp8_rowwise_k_groups
 from .gemm_fp8_rowwise import Fp8Config
+from .gemm_fp8_ws import WsConfig
 from .gemm_fused import FusedConfig
 from .gemm_triton import TileConfig
 from .layouts import (
@@ -79,13 +80,13 @@ from .runtime import (
 RECIPES = ("mxfp8", "fp8_rowwise", "bf16")
 BACKENDS = {
     "bf16": ("native", "emulated"),
-    "fp8_rowwise": ("native", "triton", "triton_fast", "emulated"),
+    "fp8_rowwise": ("native", "triton", "triton_fast", "triton_ws", "emulated"),
     "mxfp8": ("native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated"),
 }
 # The launch configuration type of each backend that takes ``config=``, by recipe (a backend's name means one kernel
 # family within a recipe: "triton" is ``gemm_triton`` for MXFP8 and ``gemm_fp8_rowwise`` for FP8 rowwise).
 CONFIG_TYPES = {"mxfp8": {"triton": TileConfig, "triton_fp8": TileConfig, "triton_fused": FusedConfig},
-                "fp8_rowwise": {"triton": Fp8Config, "triton_fast": Fp8Config}}  # fmt: skip
+                "fp8_rowwise": {"triton": Fp8Config, "triton_fast": Fp8Config, "triton_ws": WsConfig}}  # fmt: skip
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -116,6 +117,9 @@ def backend_unavailable(recipe: str, backend: str, device: torch.device) -> str 
         return None
     if backend == "native":
         return gemm_native.unavailable(recipe, cap, device)
+    if backend == "triton_ws":
+        # Gluon has no interpreter, and the kernel is built of SM90's wgmma (SM100 has none).
+        return None if cap == (9, 0) else f"triton_ws is an SM90 (Hopper) kernel, this device is {cap or device}"
     if cap is None:
         return None if INTERPRET else f"the Triton backends need a CUDA device (or TRITON_INTERPRET=1), got {device}"
     if cap < (8, 9):
@@ -137,8 +141,11 @@ FUSED_WITHHELD = (
 def _preference(recipe: str, device: torch.device) -> tuple[str, ...]:
     cap = _capability(device)
     if recipe == "fp8_rowwise":
-        # On CPU the Triton kernel runs in the interpreter, for tests; the emulation is the fast one there.
-        return ("emulated", "native", "triton", "triton_fast") if cap is None else BACKENDS[recipe]
+        # On CPU the Triton kernel runs in the interpreter, for tests; the emulation is the fast one there. On SM90
+        # the warp-specialized kernel sums as torch's does and is faster in every pass (docs/perf-log.md).
+        if cap is None:
+            return ("emulated", "native", "triton", "triton_fast")
+        return ("triton_ws", "native", "triton", "triton_fast", "emulated") if cap == (9, 0) else BACKENDS[recipe]
     if recipe != "mxfp8":
         return BACKENDS[recipe]
     if cap is None:
@@ -228,9 +235,9 @@ def _check_launch_config(config: object, recipe: str, backend: str) -> None:
     types = CONFIG_TYPES[recipe]
     if backend in types:
         check_config("config", config, types[backend], f" for backend {backend!r} of recipe {recipe!r}")
-    elif config is not None and not isinstance(config, (TileConfig, FusedConfig, Fp8Config)):
-        raise InputError(f"config must be a launch configuration ({TileConfig.__name__}, {FusedConfig.__name__} or "
-                         f"{Fp8Config.__name__}) or None, got {config!r}")  # fmt: skip
+    elif config is not None and not isinstance(config, (TileConfig, FusedConfig, Fp8Config, WsConfig)):
+        raise InputError(f"config must be a launch configuration ({TileConfig.__name__}, {FusedConfig.__name__}, "
+                         f"{Fp8Config.__name__} or {WsConfig.__name__}) or None, got {config!r}")  # fmt: skip
 
 
 def _check_out_dtype(out_dtype: object, backend: str) -> torch.dtype:
@@ -336,6 +343,8 @@ def fp8_rowwise_scaled_grouped_mm(
     if backend in ("triton", "triton_fast"):
         return gemm_fp8_rowwise.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, config,
                                                 fast=backend == "triton_fast")  # fmt: skip
+    if backend == "triton_ws":
+        return gemm_fp8_ws.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, config)
     return gemm_native.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, use_fast_accum)
 
 

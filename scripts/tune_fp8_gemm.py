@@ -1,16 +1,18 @@
-"""Our FP8 rowwise grouped GEMMs ("triton", ``gemm_fp8_rowwise``) against torch's ``_scaled_grouped_mm`` ("native").
+"""Our FP8 rowwise grouped GEMMs ("triton_ws", ``gemm_fp8_ws``; "triton", ``gemm_fp8_rowwise``) against torch's
+``_scaled_grouped_mm`` ("native").
 
     python scripts/tune_fp8_gemm.py --out $OUT/tune_fp8_gemm.json      # ~2 minutes on an H100
     python scripts/tune_fp8_gemm.py --table RUN.json [RUN.json ...]    # markdown: each pass's best of ours vs torch's
 
 For each model (DeepSeek-V3: K 7168, N 2048; Llama 4 Scout: K 5120, N 8192; G = 8 balanced groups, M = 131072
 tokens) and each GEMM of the FP8 rowwise step -- fwd (M, K) x (G, N, K), dgrad (M, N) x (G, K, N), wgrad (N, M) x
-(K, M) -> (G, N, K) -- it times "native" (the denominator of every ratio), a dense ``torch._scaled_mm`` of the
-same FLOPs (rowwise scales: the dense ceiling at this shape), and each candidate ``Fp8Config`` of ours (``CANDIDATES``,
-the first of a case is the default). Each candidate is first checked against "emulated" on a small ragged case
-with an empty group (SQNR in dB), then at the full size against "emulated" too: under ``MIN_SQNR_DB``, an empty
-group's output not all zeros, or an exception, it is reported and skipped. Every time is ``mxbench.timing.time_fn``
-(cold-L2 CUDA-graph replays after warm-up calls).
+(K, M) -> (G, N, K) -- it times "native" (the denominator of every ratio; with and without its fast accumulation), a
+dense ``torch._scaled_mm`` of the same FLOPs (rowwise scales), and each candidate of ours (``CANDIDATES``: backend
+"triton" with an ``Fp8Config``, "triton_ws" with a ``WsConfig``; ``--quick`` keeps the single-warpgroup kernel's
+defaults only). Each candidate is first checked against "emulated" on a small ragged case with an empty group (SQNR
+in dB), then at the full size against "native" (SQNR in dB; inf: torch's outputs bit for bit): under
+``MIN_SQNR_DB``, an empty group's output not all zeros, or an exception, it is reported and skipped. Every time is
+``mxbench.timing.time_fn`` (cold-L2 CUDA-graph replays after warm-up calls).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tuning import start
 import torch
 from mxkernels import grouped_gemm as GG
 from mxkernels.gemm_fp8_rowwise import Fp8Config
+from mxkernels.gemm_fp8_ws import WsConfig
 from mxbench.timing import time_fn
 from tune_gemm import sqnr_db
 
@@ -49,7 +52,19 @@ _FAST = [  # the tensor core's own accumulator throughout (torch's use_fast_accu
     Fp8Config(128, 256, 128, num_warps=8, num_stages=3, promote=None),
     Fp8Config(128, 256, 128, num_warps=8, num_stages=4, promote=None),
 ]
-CANDIDATES = {"2d3d": _PRECISE + _FAST, "2d2d": _PRECISE + _FAST}
+_WS = [  # the warp-specialized Gluon kernel (torch's sums): ring depth, tile order, tile width, stores
+    WsConfig(),
+    WsConfig(num_stages=4),
+    WsConfig(group_m=16),
+    WsConfig(num_stages=4, group_m=16),
+    WsConfig(block_n=128, num_stages=4),
+    WsConfig(block_n=128, num_stages=4, tma_store=False),
+]
+CANDIDATES = {case: [("triton", c) for c in _PRECISE + _FAST] + [("triton_ws", c) for c in _WS] for case in ("2d3d", "2d2d")}
+if "--quick" in sys.argv:  # the single-warpgroup kernels' defaults only, beside every warp-specialized candidate
+    sys.argv.remove("--quick")
+    _QUICK = {"2d3d": [_PRECISE[5], _FAST[1]], "2d2d": [_PRECISE[4], _FAST[0]]}
+    CANDIDATES = {case: [("triton", c) for c in _QUICK[case]] + [("triton_ws", c) for c in _WS] for case in _QUICK}
 PASSES = {"fwd": "2d3d", "dgrad": "2d3d", "wgrad": "2d2d"}
 
 
@@ -72,7 +87,7 @@ def _check(pass_: str, K: int, N: int, sizes: list[int], config: Fp8Config | Non
     """SQNR (dB) of ``backend`` against "emulated"; raises where an empty group's output is not all zeros."""
     ops, offs = _operands(pass_, K, N, sizes, seed=11)
     ref = GG.fp8_rowwise_scaled_grouped_mm(*ops, offs, backend="emulated")
-    kwargs = {"config": config} if backend == "triton" else {}
+    kwargs = {"config": config} if config is not None else {}
     out = GG.fp8_rowwise_scaled_grouped_mm(*ops, offs, backend=backend, **kwargs)
     if PASSES[pass_] == "2d2d":
         for g, size in enumerate(sizes):
@@ -94,33 +109,53 @@ def _dense_fp8_us(rows: int, n: int, k: int) -> float:
     return _us(lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16))
 
 
+def _best(rows: list[dict]) -> dict | None:
+    timed = [r for r in rows if "us" in r]
+    return min(timed, key=lambda r: r["us"]) if timed else None
+
+
+def _config_label(row: dict) -> str:
+    c = row["config"]
+    if row["backend"] == "triton_ws":
+        return "{block_m}x{block_n}x{block_k} s{num_stages} g{group_m}".format(**c) + ("" if c["tma_store"] else " st")
+    return "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages} x{programs_per_sm}".format(**c)
+
+
+def _bits(row: dict | None) -> str:
+    """How the candidate's full-size outputs compare with torch's: "equal" (bit for bit), else the SQNR against them."""
+    if row is None or "sqnr_vs_native_db" not in row:
+        return "-"
+    return "equal" if row["sqnr_vs_native_db"] == float("inf") else f"{row['sqnr_vs_native_db']:.0f} dB"
+
+
 def table(paths: list[str]) -> str:
     """Markdown of stored runs: per model and pass, torch's kernel (default and fast accumulation), the dense
-    ``_scaled_mm``, and our fastest candidate of each accumulation (precise: promotion every 128 elements, torch's
-    sums; fast: none), with TFLOP/s, the ratio to torch's default and the SQNR against "emulated" (small case)."""
-    lines = ["| card | model | pass | torch | torch fast acc | dense _scaled_mm | ours, precise (config) | ours, fast "
-             "(config) | precise / torch | fast / torch | fast / torch fast |", "|" + "---|" * 11]
+    ``_scaled_mm`` of the same FLOPs, and our fastest candidate of each kind with TFLOP/s: the warp-specialized kernel
+    ("triton_ws", torch's sums), the single-warpgroup kernel with torch's sums (promotion every 128 elements) and
+    without (fast: the tensor core's accumulator throughout); ratios to torch's kernel of the same accumulation."""
+    lines = ["| card | model | pass | torch | torch fast acc | dense _scaled_mm | ours, warp-specialized (config) | "
+             "ws / torch | ws / dense | ws vs torch's bits | ours, one warpgroup (config) | ours, fast (config) | "
+             "fast / torch fast |", "|" + "---|" * 13]  # fmt: skip
     for path in paths:
         with open(path) as f:
             run = json.load(f)
         rows = run["rows"]
         for model, pass_ in dict.fromkeys((r["model"], r["pass"]) for r in rows):
             mine = [r for r in rows if r["model"] == model and r["pass"] == pass_]
-            by = {r["backend"]: r for r in mine if r["backend"] != "triton"}
+            by = {r["backend"]: r for r in mine if r["backend"] in ("native", "native_fast_accum", "dense_scaled_mm")}
             if "native_fast_accum" not in by:
                 continue  # runs before both accumulations were timed
-            ours = [r for r in mine if r["backend"] == "triton" and "us" in r]
-            best = {}
-            for mode, precise in (("precise", True), ("fast", False)):
-                cands = [r for r in ours if (r["config"]["promote"] is not None) == precise]
-                best[mode] = min(cands, key=lambda r: r["us"]) if cands else None
-            cfg = lambda r: "{block_m}x{block_n}x{block_k} w{num_warps} s{num_stages} x{programs_per_sm}".format(**r["config"])
+            single = [r for r in mine if r["backend"] == "triton"]
+            ws = _best([r for r in mine if r["backend"] == "triton_ws"])
+            precise = _best([r for r in single if r["config"]["promote"] is not None])
+            fast = _best([r for r in single if r["config"]["promote"] is None])
             tf = lambda r: f"{r['tflops']:.0f}" if r else "-"
+            mark = lambda r: f"{tf(r)} ({_config_label(r)})" if r else "-"
             ratio = lambda r, base: f"{base['us'] / r['us']:.2f}x" if r else "-"
-            p, fa = best["precise"], best["fast"]
             lines.append(f"| {run['device']} | {model} | {pass_} | {tf(by['native'])} | {tf(by['native_fast_accum'])} | "
-                         f"{tf(by['dense_scaled_mm'])} | {tf(p)} ({cfg(p) if p else '-'}) | {tf(fa)} ({cfg(fa) if fa else '-'}) "
-                         f"| {ratio(p, by['native'])} | {ratio(fa, by['native'])} | {ratio(fa, by['native_fast_accum'])} |")
+                         f"{tf(by['dense_scaled_mm'])} | {mark(ws)} | {ratio(ws, by['native'])} | "
+                         f"{ratio(ws, by['dense_scaled_mm'])} | {_bits(ws)} | {mark(precise)} | {mark(fast)} | "
+                         f"{ratio(fast, by['native_fast_accum'])} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -147,16 +182,16 @@ def main() -> int:
             for name, us in (("native", native_us), ("native_fast_accum", fast_us), ("dense_scaled_mm", dense_us)):
                 rows_out.append({**base, "backend": name, "config": None, "us": us, "tflops": flops / us / 1e6})
                 print(f"{model:13s} {pass_:5s} {name:16s} {us:9.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
-            for config in CANDIDATES[case]:
+            for backend, config in CANDIDATES[case]:
                 if time.monotonic() - session.t0 > session.args.budget_s:
-                    skipped.append({**base, "config": dataclasses.asdict(config)})
+                    skipped.append({**base, "backend": backend, "config": dataclasses.asdict(config)})
                     continue
-                row = {**base, "backend": "triton", "config": dataclasses.asdict(config)}
+                row = {**base, "backend": backend, "config": dataclasses.asdict(config)}
                 try:
                     row["sqnr_small_db"] = _check(pass_, K % 2048 + 448, N % 1024 + 320, [608, 0, 800, 640], config,
-                                                  "triton")  # fmt: skip
-                    fn = lambda c=config: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="triton",
-                                                                            config=c)  # fmt: skip
+                                                  backend)  # fmt: skip
+                    fn = lambda c=config, b=backend: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend=b,
+                                                                                       config=c)  # fmt: skip
                     out, ref = fn(), GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="native")
                     row["sqnr_vs_native_db"] = sqnr_db(out, ref)
                     if min(row["sqnr_small_db"], row["sqnr_vs_native_db"]) < MIN_SQNR_DB:
@@ -166,9 +201,7 @@ def main() -> int:
                     row["tflops"] = flops / row["us"] / 1e6
                     row["vs_native"] = native_us / row["us"]
                     row["of_dense"] = dense_us / row["us"]
-                    print(f"{model:13s} {pass_:5s} triton {config.block_m}x{config.block_n}x{config.block_k} "
-                          f"w{config.num_warps} s{config.num_stages} g{config.group_m} p{config.promote} x{config.programs_per_sm} "
-                          f"r{config.maxnreg}: {row['us']:9.1f} us "
+                    print(f"{model:13s} {pass_:5s} {backend} {config}: {row['us']:9.1f} us "
                           f"{row['tflops']:7.1f} TFLOP/s  {row['vs_native']:.3f}x native  {row['of_dense']:.3f} of dense",
                           flush=True)  # fmt: skip
                 except Exception as e:  # noqa: BLE001 -- a candidate that fails is reported, not fatal

@@ -445,7 +445,8 @@ def native_probe_passes(monkeypatch):
     [
         ((10, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "triton", "triton_fast", "emulated"],
                    "mxfp8": ["native", "triton", "triton_dequant", "triton_fp8", "emulated"]}),
-        ((9, 0), {"bf16": ["native", "emulated"], "fp8_rowwise": ["native", "triton", "triton_fast", "emulated"],
+        ((9, 0), {"bf16": ["native", "emulated"],
+                  "fp8_rowwise": ["triton_ws", "native", "triton", "triton_fast", "emulated"],
                   "mxfp8": ["triton_dequant", "triton_fp8", "triton", "emulated"]}),
         ((8, 9), {"fp8_rowwise": ["emulated"],
                   "mxfp8": ["triton_fp8", "triton_dequant", "triton", "emulated"]}),

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Our FP8 rowwise grouped GEMMs against torch's on one Hopper GPU (issue 25; device kind nvidia-h100-x1), from the
+# repository root. Everything lands in $OUT: a log per step and summary.txt, each run's JSON.
+#
+#   OUT=/tmp/g MXBENCH_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/fp8_gemm_session.sh env tests tune
+#
+# Steps: env (card, clocks, power as found, versions), tests (the GPU tests of both FP8 rowwise kernels: against the
+# oracle with ragged, empty, tiny and unaligned groups, at model sizes against torch's SQNR, CUDA-graph capture),
+# tune (scripts/tune_fp8_gemm.py: torch's kernel with both accumulations, the dense _scaled_mm, our candidates;
+# TUNE_ARGS adds options, e.g. --quick), step (the FP8 rowwise fwd+bwd step over bf16 with the backends in
+# STEP_BACKENDS at DeepSeek-V3 and Llama 4 Scout, M = 131072, fused scales: `mxbench roofline ... --backend`).
+# Reads the card's settings, never changes them.
+set -u
+OUT=${OUT:?set OUT to the folder the results go to}
+TUNE_ARGS=${TUNE_ARGS:-}
+STEP_BACKENDS=${STEP_BACKENDS:-native triton_ws}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+python -m pip install --no-deps --no-build-isolation -q -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+source "$(dirname "$0")/run_step.sh"  # run NAME SECONDS CMD...
+
+for step in "${@:-env tests tune}"; do
+  case $step in
+    env)
+      run env 60 bash -c 'nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,clocks.sm --format=csv;
+        python -c "import torch, triton; print(torch.__version__, triton.__version__)"' ;;
+    tests)
+      run tests 420 python -m pytest -q -m gpu tests/test_gemm_fp8_ws.py tests/test_gemm_fp8_rowwise.py ;;
+    tune)
+      # shellcheck disable=SC2086  # TUNE_ARGS is a list of options
+      run tune 540 python scripts/tune_fp8_gemm.py --out "$OUT/tune_fp8_gemm.json" --budget-s 420 $TUNE_ARGS ;;
+    step)
+      for preset in deepseek-v3 llama4-scout; do
+        for backend in $STEP_BACKENDS; do
+          run "step-$preset-$backend" 300 mxbench roofline --preset "$preset" --M 131072 --recipe fp8_rowwise \
+            --fuse-scales --backend "$backend" --denominator measured --samples 10 \
+            --out "$OUT/results/roofline-$preset-fp8_rowwise-$backend.json"
+        done
+      done ;;
+    *) echo "unknown step $step (env tests tune step)"; exit 2 ;;
+  esac
+done
+cat "$OUT/summary.txt"
