@@ -6,6 +6,7 @@
 #
 # Steps: env (card, clocks, power as found, versions), tests (the GPU tests of both FP8 rowwise kernels: against the
 # oracle with ragged, empty, tiny and unaligned groups, at model sizes against torch's SQNR, CUDA-graph capture),
+# alltests (every GPU test),
 # tune (scripts/tune_fp8_gemm.py: torch's kernel with both accumulations, the dense _scaled_mm, our candidates;
 # TUNE_ARGS adds options, e.g. --quick), step (the FP8 rowwise fwd+bwd step over bf16 with the backends in
 # STEP_BACKENDS at DeepSeek-V3 and Llama 4 Scout, M = 131072, fused scales: `mxbench roofline ... --backend`).
@@ -26,6 +27,8 @@ for step in "${@:-env tests tune}"; do
         python -c "import torch, triton; print(torch.__version__, triton.__version__)"' ;;
     tests)
       run tests 420 python -m pytest -q -m gpu tests/test_gemm_fp8_ws.py tests/test_gemm_fp8_rowwise.py ;;
+    alltests)  # every GPU test of the suite (what the SM90 default backend reaches: steps, layers, autograd)
+      run alltests 540 python -m pytest -q -m gpu -x tests/ ;;
     tune)
       # shellcheck disable=SC2086  # TUNE_ARGS is a list of options
       run tune 540 python scripts/tune_fp8_gemm.py --out "$OUT/tune_fp8_gemm.json" --budget-s 420 $TUNE_ARGS ;;
@@ -37,7 +40,7 @@ for step in "${@:-env tests tune}"; do
             --out "$OUT/results/roofline-$preset-fp8_rowwise-$backend.json"
         done
       done ;;
-    *) echo "unknown step $step (env tests tune step)"; exit 2 ;;
+    *) echo "unknown step $step (env tests alltests tune step)"; exit 2 ;;
   esac
 done
 cat "$OUT/summary.txt"
