@@ -467,11 +467,22 @@ class WsConfig:
 
 
 DEFAULT_CONFIG = WsConfig()
+# The defaults per case: scripts/tune_fp8_gemm.py's candidates at DeepSeek-V3 and Llama 4 Scout shapes on an H100, two
+# runs (docs/perf-log.md). 2D x 3D: three or four slots and either band height are within 1% over fwd and dgrad; 2D x
+# 2D: four slots and bands of 16 were 2-3% ahead in wgrad (its (N, K) outputs share B panels across more rows).
+_DEFAULT_CONFIGS = {"2d3d": DEFAULT_CONFIG, "2d2d": WsConfig(num_stages=4, group_m=16)}
+
+
+def default_config(case: str) -> WsConfig:
+    """The ``WsConfig`` a call uses when none is given (case "2d3d" / "2d2d")."""
+    if case not in _DEFAULT_CONFIGS:
+        raise InputError(f"case must be '2d3d' or '2d2d', got {case!r}")
+    return _DEFAULT_CONFIGS[case]
 
 
 def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, config: WsConfig | None = None):
     """The backend on operands ``grouped_gemm`` has checked (module doc: ``gemm_fp8_rowwise``'s contract)."""
-    config = config or DEFAULT_CONFIG
+    config = config or default_config("2d3d" if b_q.dim() == 3 else "2d2d")
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     contraction = a_q.shape[1]
     if contraction % 16:

@@ -32,8 +32,11 @@ SHAPE = ["--K", "7168", "--N", "2048", "--G", "8"]
 
 
 def mxbench(args: list[str], env: dict, log: Path) -> int:
+    """Run ``mxbench args``: its stdout to ``log`` (a JSON report stays parseable), its stderr (progress lines,
+    notes) beside it in ``log``.stderr."""
     done = subprocess.run([sys.executable, "-m", "mxbench", *args], env=env, capture_output=True, text=True)
-    log.write_text(done.stdout + done.stderr)
+    log.write_text(done.stdout)
+    log.with_name(log.name + ".stderr").write_text(done.stderr)
     print(f"rc={done.returncode} mxbench {' '.join(args)}", flush=True)
     return done.returncode
 
