@@ -31,10 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .topology import LinkClass, Topology
+
+if TYPE_CHECKING:  # numpy is imported where it is used: `mxbench --help` loads this module for ep-project's defaults
+    import numpy as np
 
 DEEPEP_SOURCE = ("DeepEP README (github.com/deepseek-ai/DeepEP), normal kernels on H800 (NVLink ~160 GB/s) with "
                  "CX7 InfiniBand 400 Gb/s (~50 GB/s), DeepSeek-V3 pretraining setting (4096 tokens, hidden 7168, "
@@ -86,6 +88,8 @@ def bytes_per_copy(ep: int, gpus_per_node: int, top_k: int, max_nodes: int) -> d
 
 def rank_shares(groups: str, seed: int, ep: int, experts_per_rank: int) -> np.ndarray:
     """Each rank's share of all copies: 1 / W balanced, the sum of its experts' router shares when skewed."""
+    import numpy as np
+
     if groups != "skewed":
         return np.full(ep, 1.0 / ep)
     from .inputs import expert_shares
@@ -95,6 +99,8 @@ def rank_shares(groups: str, seed: int, ep: int, experts_per_rank: int) -> np.nd
 
 def imbalance(shares: np.ndarray) -> float:
     """The busiest rank's one-way all-to-all rows (max of sent and received) over the balanced figure."""
+    import numpy as np
+
     ep = len(shares)
     busiest = np.maximum(1 - shares, (ep - 1) * shares).max()
     return float(busiest / ((ep - 1) / ep))
@@ -167,6 +173,8 @@ class Prediction:
 def _compute_at(s: StrategyRun, received: Sequence[int], target_received: np.ndarray) -> float:
     """The compute of the slowest rank at the target (module doc): the measured sum of per-stage maxima, scaled by
     the fitted line's slowest target rank over its slowest measured rank."""
+    import numpy as np
+
     r, c = np.asarray(received, dtype=float), np.asarray(s.compute_per_rank, dtype=float)
     if np.ptp(r) == 0:  # every rank received the same: the measured work is the held work
         return s.compute_us * (1.0 if np.ptp(target_received) == 0 else float(target_received.max() / r[0]))
@@ -219,6 +227,8 @@ def _off_rank_copies(meta, ep: int, copies: int) -> tuple[int, tuple[int, ...]]:
     counts = (meta.get("routing") or {}).get("send_counts")
     if not counts:
         return ep * (copies - copies // ep), (copies,) * ep
+    import numpy as np
+
     c = np.asarray(counts)  # [src][dst][local expert]
     per_pair = c.sum(axis=2)
     return int(per_pair.sum() - np.trace(per_pair)), tuple(int(v) for v in per_pair.sum(axis=0))
