@@ -17,6 +17,50 @@ from .errors import InputError
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+
+def _patch_language_once_per_launch() -> None:
+    """The Triton interpreter patches triton.language (an inspect.getmembers scan of its modules) on every call of a
+    device function, not only when a kernel launches: about a third of an interpreted kernel's time on CPU (the
+    test suite, ``mxbench check`` and the EP workers without a GPU). Inside a launch, the modules that the launch
+    (or an earlier call in it) patched stay patched until the launch ends, so such a call has nothing to do: it is
+    skipped. Calls outside a launch, and device functions that see other language modules, patch as before. This
+    leans on Triton's private names: where they are missing (another Triton), the interpreter runs as it comes."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    real_patch = getattr(interpreter, "_patch_lang", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    if real_patch is None or executor is None or getattr(real_patch, "once_per_launch", False):
+        return
+    real_launch = executor.__call__
+    launches: list[frozenset] = []  # per launch in progress: the language modules patched in it so far
+
+    def patch_lang(fn):
+        langs = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        if launches and langs and langs <= launches[-1]:
+            return None  # a device function's call: the launch's own call, its first, has patched these
+        scope = real_patch(fn)
+        if launches:
+            launches[-1] |= langs
+        return scope
+
+    def launch(self, *args, **kwargs):
+        launches.append(frozenset())
+        try:
+            return real_launch(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    patch_lang.once_per_launch = True
+    interpreter._patch_lang = patch_lang
+    executor.__call__ = launch
+
+
+if INTERPRET:
+    _patch_language_once_per_launch()
+
 MAX_GROUPS = 512
 """Most token groups (local experts) one call takes: the grouped kernels map tiles to groups in one pass over offs,
 and torch's grouped GEMMs share the limit."""
