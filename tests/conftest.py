@@ -19,7 +19,29 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 POISON = 0xA5
 
 
+SLOWEST_FIRST = (
+    "tests/test_readme.py::test_each_cpu_command_of_the_readme_runs_as_written[mxbench check --layer",
+    "tests/test_cli_registry.py::test_a_plain_check_on_a_clean_cpu_install_exits_0",
+    "tests/test_ep.py::test_four_and_eight_processes_check_those_world_sizes_paths",
+    "tests/test_ep_layer.py::test_two_processes_check_every_strategy",
+    "tests/test_ep_layer.py::test_three_processes_check",
+    "tests/test_layer.py::test_fused_layer_is_bit_identical_to_the_chains",
+    "tests/test_quantize.py::test_512_experts",
+    "tests/test_b200_first_run.py::test_the_first_run_commands_pass",
+    "tests/test_ep_multinode.py::test_two_launchers",
+    "tests/test_ep.py::test_two_processes_check_every_strategy",
+)
+"""Tests of 10 s to a minute on CI's two cores (`--durations`), run first: pytest-xdist hands tests out in collection
+order, and one of these drawn last keeps a worker busy while the other has nothing left (no module-scoped fixtures
+among them, so moving them sets nothing up twice)."""
+
+
+def _slowness_rank(item) -> int:
+    return next((i for i, prefix in enumerate(SLOWEST_FIRST) if item.nodeid.startswith(prefix)), len(SLOWEST_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_slowness_rank)  # stable: the rest keep their order
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
