@@ -6,7 +6,8 @@
 #
 # Steps: env (card, clocks, power as found, versions), tests (the GPU tests of both FP8 rowwise kernels: against the
 # oracle with ragged, empty, tiny and unaligned groups, at model sizes against torch's SQNR, CUDA-graph capture),
-# alltests (every GPU test),
+# related (the GPU tests of what the FP8 rowwise default reaches), gate (the regression gate's GPU test), alltests
+# (every GPU test: over 10 minutes),
 # tune (scripts/tune_fp8_gemm.py: torch's kernel with both accumulations, the dense _scaled_mm, our candidates;
 # TUNE_ARGS adds options, e.g. --quick), step (the FP8 rowwise fwd+bwd step over bf16 with the backends in
 # STEP_BACKENDS at DeepSeek-V3 and Llama 4 Scout, M = 131072, fused scales: `mxbench roofline ... --backend`).
@@ -27,6 +28,12 @@ for step in "${@:-env tests tune}"; do
         python -c "import torch, triton; print(torch.__version__, triton.__version__)"' ;;
     tests)
       run tests 420 python -m pytest -q -m gpu tests/test_gemm_fp8_ws.py tests/test_gemm_fp8_rowwise.py ;;
+    related)  # the GPU tests of everything the FP8 rowwise default backend reaches: steps, layers, sweeps, guards
+      run related 540 python -m pytest -q -m gpu tests/test_grouped_gemm.py tests/test_pipeline.py tests/test_layer.py \
+        tests/test_moe_layer_gpu.py tests/test_sweep.py tests/test_native_guards.py tests/test_fp8_rowwise.py \
+        tests/test_fp8_amax.py ;;
+    gate)  # the regression gate catching a planted 10% slowdown of an outside kernel (~7 minutes)
+      run gate 540 python -m pytest -q -m gpu tests/test_gate_scripts.py ;;
     alltests)  # every GPU test of the suite (what the SM90 default backend reaches: steps, layers, autograd)
       run alltests 540 python -m pytest -q -m gpu -x tests/ ;;
     tune)
@@ -40,7 +47,7 @@ for step in "${@:-env tests tune}"; do
             --out "$OUT/results/roofline-$preset-fp8_rowwise-$backend.json"
         done
       done ;;
-    *) echo "unknown step $step (env tests alltests tune step)"; exit 2 ;;
+    *) echo "unknown step $step (env tests related gate alltests tune step)"; exit 2 ;;
   esac
 done
 cat "$OUT/summary.txt"
