@@ -114,6 +114,11 @@ def _tiles_2d3d(w: _Walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _tiles_2d2d(w: _Walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    return w.G * ((w.N + BLOCK_M - 1) // BLOCK_M) * ((w.K + BLOCK_N - 1) // BLOCK_N)
+
+
+@gluon.jit
 def _locate_2d3d(w: _Walk, t, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """2D x 3D tile ``t`` (tiles numbered group after group): (group, the tile's first row, the group's rows from
     there on, the tile's first column)."""
@@ -207,39 +212,36 @@ def _load_edge(ring: _Ring, slot, a_row, b_row, col, lo, hi, landed):
 
 
 @gluon.jit
-def _producer_2d3d(ring: _Ring, w: _Walk):
+def _producer(ring: _Ring, w: _Walk, WGRAD: gl.constexpr):
+    """Every step of every tile into the ring: TMA, and at a 2D x 2D group's edges ``_load_edge``."""
     BLOCK_M: gl.constexpr = ring.a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = ring.a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ring.b_desc.block_type.shape[0]
-    step = 0
-    for t in range(gl.program_id(0), _tiles_2d3d(w, BLOCK_M, BLOCK_N), w.PROGRAMS):
-        g, row0, rows_left, n0 = _locate_2d3d(w, t, BLOCK_M, BLOCK_N)
-        for k in range((w.K + BLOCK_K - 1) // BLOCK_K):
-            _load(ring, _acquire(ring, step), row0, g * w.N + n0, k * BLOCK_K)
-            step += 1
-
-
-@gluon.jit
-def _producer_2d2d(ring: _Ring, w: _Walk):
-    BLOCK_M: gl.constexpr = ring.a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = ring.a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = ring.b_desc.block_type.shape[0]
-    tiles = w.G * ((w.N + BLOCK_M - 1) // BLOCK_M) * ((w.K + BLOCK_N - 1) // BLOCK_N)
+    if WGRAD:
+        tiles = _tiles_2d2d(w, BLOCK_M, BLOCK_N)
+    else:
+        tiles = _tiles_2d3d(w, BLOCK_M, BLOCK_N)
     step = 0
     landed = 0
     for t in range(gl.program_id(0), tiles, w.PROGRAMS):
-        g, start, size, m0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
-        first, steps = _steps_2d2d(start, size, BLOCK_K)
-        for k in range(steps):
-            slot = _acquire(ring, step)
-            col = first + k * BLOCK_K
-            lo = start - col  # the group's columns in this box: [lo, hi)
-            hi = start + size - col
-            if (lo > 0) | (hi < BLOCK_K):
-                landed = _load_edge(ring, slot, m0, n0, col, lo, hi, landed)
-            else:
-                _load(ring, slot, m0, n0, col)
-            step += 1
+        if WGRAD:
+            g, start, size, m0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
+            first, steps = _steps_2d2d(start, size, BLOCK_K)
+            for k in range(steps):
+                slot = _acquire(ring, step)
+                col = first + k * BLOCK_K
+                lo = start - col  # the group's columns in this box: [lo, hi)
+                hi = start + size - col
+                if (lo > 0) | (hi < BLOCK_K):
+                    landed = _load_edge(ring, slot, m0, n0, col, lo, hi, landed)
+                else:
+                    _load(ring, slot, m0, n0, col)
+                step += 1
+        else:
+            g, row0, rows_left, n0 = _locate_2d3d(w, t, BLOCK_M, BLOCK_N)
+            for k in range((w.K + BLOCK_K - 1) // BLOCK_K):
+                _load(ring, _acquire(ring, step), row0, g * w.N + n0, k * BLOCK_K)
+                step += 1
 
 
 @gluon.jit
@@ -312,8 +314,8 @@ def _mma_layout(sub):
 
 
 @gluon.jit
-def _consumer_2d3d(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr):
-    """Rows [HALF * BLOCK_M / 2, +BLOCK_M / 2) of every tile, in one warpgroup."""
+def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr, WGRAD: gl.constexpr):
+    """Rows [HALF * BLOCK_M / 2, +BLOCK_M / 2) of every tile, in one warpgroup: A's rows (2D x 3D) or X's (WGRAD)."""
     BLOCK_M: gl.constexpr = ring.a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = ring.a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ring.b_desc.block_type.shape[0]
@@ -322,48 +324,44 @@ def _consumer_2d3d(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.cons
     mma: gl.constexpr = _mma_layout(SUB)
     r = HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
     c = gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
-    step = 0
-    part = gl.zeros([ROWS, SUB], gl.float32, mma)
-    for t in range(gl.program_id(0), _tiles_2d3d(w, BLOCK_M, BLOCK_N), w.PROGRAMS):
-        g, row0, rows_left, n0 = _locate_2d3d(w, t, BLOCK_M, BLOCK_N)
-        acc, acc_hi, step, part = _contract(ring, step, (w.K + BLOCK_K - 1) // BLOCK_K, part, HALF)
-        row_ok = r < rows_left
-        sa = gl.load(sa_ptr + row0 + r, mask=row_ok, other=0.0)
-        whole = rows_left >= (HALF + 1) * ROWS
-        for h in gl.static_range(BLOCK_N // SUB):
-            cols = n0 + h * SUB + c
-            col_ok = cols < w.N
-            sb = gl.load(sb_ptr + g * w.N + cols, mask=col_ok, other=0.0)
-            _epilogue(ring, acc if h == 0 else acc_hi, sa, sb, True, out_ptr, row0 + r, cols, row_ok, col_ok, w.N,
-                      whole, row0 + HALF * ROWS, n0 + h * SUB, HALF)  # fmt: skip
-
-
-@gluon.jit
-def _consumer_2d2d(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr):
-    """X rows [HALF * BLOCK_M / 2, +BLOCK_M / 2) of every tile, in one warpgroup."""
-    BLOCK_M: gl.constexpr = ring.a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = ring.a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = ring.b_desc.block_type.shape[0]
-    ROWS: gl.constexpr = BLOCK_M // 2
-    SUB: gl.constexpr = min(BLOCK_N, 128)
-    mma: gl.constexpr = _mma_layout(SUB)
-    r = HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
-    c = gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
-    tiles = w.G * ((w.N + BLOCK_M - 1) // BLOCK_M) * ((w.K + BLOCK_N - 1) // BLOCK_N)
+    if WGRAD:
+        tiles = _tiles_2d2d(w, BLOCK_M, BLOCK_N)
+    else:
+        tiles = _tiles_2d3d(w, BLOCK_M, BLOCK_N)
     step = 0
     part = gl.zeros([ROWS, SUB], gl.float32, mma)
     for t in range(gl.program_id(0), tiles, w.PROGRAMS):
-        g, start, size, m0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
-        acc, acc_hi, step, part = _contract(ring, step, _steps_2d2d(start, size, BLOCK_K)[1], part, HALF)
-        row_ok = m0 + r < w.N
-        sx = gl.load(sa_ptr + g * w.N + m0 + r, mask=row_ok, other=0.0)
-        whole = m0 + (HALF + 1) * ROWS <= w.N  # the block's rows are all group g's (out viewed as (G * N, K))
+        # Per case: the tile's first row in its output block (row0, rows_left of that block from there), its first
+        # column, the output's columns, where the tile's output block and scales start, its row in the descriptor.
+        if WGRAD:  # out[g] (N, K), seen as rows [g * N, (g + 1) * N) of (G * N, K) by the descriptor
+            g, start, size, row0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
+            k_steps = _steps_2d2d(start, size, BLOCK_K)[1]
+            rows_left = w.N - row0
+            cols_total = w.K
+            out_block = out_ptr + g.to(gl.int64) * w.N * w.K
+            sa_base = sa_ptr + g * w.N
+            sb_base = sb_ptr + g * w.K
+            desc_row = g * w.N + row0
+            nonempty = size > 0
+        else:  # out (M, N): rows past the group's end are the next group's
+            g, row0, rows_left, n0 = _locate_2d3d(w, t, BLOCK_M, BLOCK_N)
+            k_steps = (w.K + BLOCK_K - 1) // BLOCK_K
+            cols_total = w.N
+            out_block = out_ptr
+            sa_base = sa_ptr
+            sb_base = sb_ptr + g * w.N
+            desc_row = row0
+            nonempty = True
+        acc, acc_hi, step, part = _contract(ring, step, k_steps, part, HALF)
+        row_ok = r < rows_left
+        sa = gl.load(sa_base + row0 + r, mask=row_ok, other=0.0)
+        whole = rows_left >= (HALF + 1) * ROWS
         for h in gl.static_range(BLOCK_N // SUB):
             cols = n0 + h * SUB + c
-            col_ok = cols < w.K
-            sy = gl.load(sb_ptr + g * w.K + cols, mask=col_ok, other=0.0)
-            _epilogue(ring, acc if h == 0 else acc_hi, sx, sy, size > 0, out_ptr + g.to(gl.int64) * w.N * w.K, m0 + r,
-                      cols, row_ok, col_ok, w.K, whole, g * w.N + m0 + HALF * ROWS, n0 + h * SUB, HALF)  # fmt: skip
+            col_ok = cols < cols_total
+            sb = gl.load(sb_base + cols, mask=col_ok, other=0.0)
+            _epilogue(ring, acc if h == 0 else acc_hi, sa, sb, nonempty, out_block, row0 + r, cols, row_ok, col_ok,
+                      cols_total, whole, desc_row + HALF * ROWS, n0 + h * SUB, HALF)  # fmt: skip
 
 
 @gluon.jit
@@ -388,35 +386,20 @@ def _ring(a_desc, b_desc, out_desc, STAGES: gl.constexpr, TMA_STORE: gl.constexp
 
 
 @gluon.jit
-def _fp8_2d3d_ws(
+def _fp8_ws(
     a_desc, b_desc, out_desc, sa_ptr, sb_ptr, offs_ptr, out_ptr, M, N, K, G, PROGRAMS,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr, TMA_STORE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
+    WGRAD: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, TMA_STORE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):  # fmt: skip
-    """out (M, N) = (A (M, K) @ B_g (N, K)^T) * sa[:, None] * sb[g][None, :] per row group g."""
+    """2D x 3D: out (M, N) = (A (M, K) @ B_g (N, K)^T) * sa[:, None] * sb[g][None, :] per row group g.
+    WGRAD (2D x 2D): out[g] (N, K) = (X[:, group g] @ Y[:, group g]^T) * sx[g][:, None] * sy[g][None, :], X = a_q
+    (N, M), Y = b_q (K, M), offs splitting the contraction M; sx (G, N), sy (G, K)."""
     ring = _ring(a_desc, b_desc, out_desc, STAGES, TMA_STORE)
     w = _Walk(offs_ptr, M, N, K, G, PROGRAMS, GROUP_M)
     gl.warp_specialize([
-        (_consumer_2d3d, (ring, w, sa_ptr, sb_ptr, out_ptr, 0)),
-        (_consumer_2d3d, (ring, w, sa_ptr, sb_ptr, out_ptr, 1)),
-        (_producer_2d3d, (ring, w)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
-
-
-@gluon.jit
-def _fp8_2d2d_ws(
-    a_desc, b_desc, out_desc, sa_ptr, sb_ptr, offs_ptr, out_ptr, M, N, K, G, PROGRAMS,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr, TMA_STORE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
-):  # fmt: skip
-    """out[g] (N, K) = (X[:, group g] @ Y[:, group g]^T) * sx[g][:, None] * sy[g][None, :]: X = a_q (N, M),
-    Y = b_q (K, M), offs splitting the contraction M; sx (G, N), sy (G, K)."""
-    ring = _ring(a_desc, b_desc, out_desc, STAGES, TMA_STORE)
-    w = _Walk(offs_ptr, M, N, K, G, PROGRAMS, GROUP_M)
-    gl.warp_specialize([
-        (_consumer_2d2d, (ring, w, sa_ptr, sb_ptr, out_ptr, 0)),
-        (_consumer_2d2d, (ring, w, sa_ptr, sb_ptr, out_ptr, 1)),
-        (_producer_2d2d, (ring, w)),
+        (_consumer, (ring, w, sa_ptr, sb_ptr, out_ptr, 0, WGRAD)),
+        (_consumer, (ring, w, sa_ptr, sb_ptr, out_ptr, 1, WGRAD)),
+        (_producer, (ring, w, WGRAD)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
 
 
@@ -494,7 +477,6 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
         b_rows = b_q.view(G * N, K)  # group g's weights: rows [g * N, (g + 1) * N)
         out_rows = out
         tiles = (triton.cdiv(M, bm) + G) * triton.cdiv(N, bn)  # any group sizes
-        kernel = _fp8_2d3d_ws
     else:
         (N, M), K, G = a_q.shape, b_q.shape[0], offs.numel()
         if M == 0:  # every group empty (and no columns for a descriptor to stride over)
@@ -503,7 +485,6 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
         b_rows = b_q
         out_rows = out.view(G * N, K)
         tiles = G * triton.cdiv(N, bm) * triton.cdiv(K, bn)
-        kernel = _fp8_2d2d_ws
     if out.numel() == 0:
         return out
     sub = min(bn, 128)
@@ -519,8 +500,8 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
     sms = torch.cuda.get_device_properties(a_q.device).multi_processor_count
     programs = max(min(tiles, sms, config.max_programs or tiles), 1)
     # The program count is a plain argument, not a constexpr: a call at another size reuses the compiled kernel.
-    kernel[(programs,)](a_desc, b_desc, out_desc, a_scale, b_scale, offs, out, M, N, K, G, programs,
-                        STAGES=config.num_stages, GROUP_M=config.group_m, TMA_STORE=tma_store,
+    _fp8_ws[(programs,)](a_desc, b_desc, out_desc, a_scale, b_scale, offs, out, M, N, K, G, programs,
+                        WGRAD=b_q.dim() == 2, STAGES=config.num_stages, GROUP_M=config.group_m, TMA_STORE=tma_store,
                         PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=config.consumer_regs,
                         num_warps=4)  # fmt: skip
     return out
