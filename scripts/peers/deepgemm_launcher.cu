@@ -1,0 +1,216 @@
+// Our host launcher for DeepGEMM's SM90 FP8 grouped GEMM (the m-grouped "contiguous" layout, 1D2D kernel:
+// 1x128 activation scales, 128x128 weight scales), so the GEMM can be timed beside ours without DeepGEMM's JIT,
+// torch extension or Python package -- none of which the device has. The kernel template is DeepGEMM's own
+// (deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh, sources under .peers/src, see scripts/peers/build_deepgemm.sh);
+// this file only does what DeepGEMM's host side does for it (csrc/jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp,
+// runtime_utils.hpp, jit/handle.hpp): pick the configuration, build the TMA descriptors, launch.
+//
+// Contract (all device pointers, row-major, no host sync, graph-capturable):
+//   a   (M, K) e4m3, K contiguous;      sfa: float, MN-major: element (m, kb) at sfa[kb * align(M, 4) + m]
+//   b   (G, N, K) e4m3, K contiguous;   sfb: float (G, ceil(N/128), ceil(K/128)) contiguous (K-major)
+//   d   (M, N) bf16;                    m_indices: int32 (M,), each row's group, -1 for padding rows
+// Each group's rows start on a multiple of 128 (BLOCK_M); rows of -1 are skipped (their output is left as is).
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>
+
+namespace {
+
+using deep_gemm::GemmType;
+
+// The configuration DeepGEMM's heuristic (csrc/jit_kernels/heuristics/sm90.hpp, get_best_config) picks on a
+// 132-SM H100 for every one of our four shapes (M = 131072; N, K in {2048, 7168}, {7168, 2048}, {8192, 5120},
+// {5120, 8192}): BLOCK_M 128 (the contiguous layout's alignment), BLOCK_N 192, 2-CTA clusters multicasting B
+// (cluster_m = 2), 4 stages, 128-byte swizzles, 128 TMA + 256 math threads. scripts/peers/deepgemm_config.py
+// ports the heuristic so this claim is checked, not trusted.
+constexpr uint32_t kBlockM = 128, kBlockN = 192, kBlockK = 128;
+constexpr uint32_t kStages = 4, kTmaThreads = 128, kMathThreads = 256;
+constexpr uint32_t kCluster = 2;
+constexpr bool kMulticastOnA = false;  // cluster_n == 1: the two CTAs of a cluster share B's tile
+constexpr uint32_t kSwizzleAB = 128, kSwizzleD = 128;
+// kNumSMs is a template constant of the persistent scheduler (its stride); the H100 SXM and H200 both have 132.
+constexpr uint32_t kNumSMs = 132;
+constexpr int kSmemCapacity = 232448;
+
+template <uint32_t N, uint32_t K, uint32_t G>
+constexpr auto kernel_of() {
+    // "nk" compiled, as DeepGEMM's m_grouped_fp8_gemm_nt_contiguous does by default (compiled_dims = "nk");
+    // N = K = 0 is the generic instance (sizes at run time), used for the tests' small shapes.
+    return &deep_gemm::sm90_fp8_gemm_1d2d_impl<
+        cute::UMMA::Major::K, 0, N, K, G, kBlockM, kBlockN, kBlockK, kSwizzleAB, kSwizzleAB, kSwizzleD, kStages,
+        kTmaThreads, kMathThreads, kCluster, kMulticastOnA, kNumSMs, GemmType::MGroupedContiguous,
+        cutlass::bfloat16_t, deep_gemm::epilogue::transform::EpilogueIdentity>;
+}
+
+using KernelFn = void (*)(float*, int*, uint32_t, uint32_t, uint32_t, const cute::TmaDescriptor,
+                          const cute::TmaDescriptor, const cute::TmaDescriptor, const cute::TmaDescriptor);
+
+struct Instance {
+    int n, k, g;  // 0 = at run time
+    KernelFn fn;
+};
+
+// The shapes of scripts/tune_fp8_gemm.py (fwd: N, K; dgrad: K, N of each model), G = 8, and the generic one.
+// MXDG_GENERIC_ONLY builds the generic one alone (a quick compile check).
+const Instance kInstances[] = {
+#ifndef MXDG_GENERIC_ONLY
+    {2048, 7168, 8, kernel_of<2048, 7168, 8>()},  // DeepSeek-V3 fwd
+    {7168, 2048, 8, kernel_of<7168, 2048, 8>()},  // DeepSeek-V3 dgrad
+    {8192, 5120, 8, kernel_of<8192, 5120, 8>()},  // Llama 4 Scout fwd
+    {5120, 8192, 8, kernel_of<5120, 8192, 8>()},  // Llama 4 Scout dgrad
+#endif
+    {0, 0, 0, kernel_of<0, 0, 0>()},              // any other (N, K, G)
+};
+
+thread_local char g_error[512] = "";
+
+int fail(const char* what, int code) {
+    std::snprintf(g_error, sizeof(g_error), "%s", what);
+    return code;
+}
+
+uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+uint32_t align_up(uint32_t a, uint32_t b) { return ceil_div(a, b) * b; }
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point, so the library needs no -lcuda at link time
+// (torch's process has the driver loaded already).
+using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeFn encode_fn() {
+    static EncodeFn fn = [] {
+        void* ptr = nullptr;
+        cudaDriverEntryPointQueryResult status;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status)
+                != cudaSuccess or status != cudaDriverEntryPointSuccess)
+            return static_cast<EncodeFn>(nullptr);
+        return reinterpret_cast<EncodeFn>(ptr);
+    }();
+    return fn;
+}
+
+CUtensorMapSwizzle swizzle_of(uint32_t bytes) {
+    switch (bytes) {
+        case 32: return CU_TENSOR_MAP_SWIZZLE_32B;
+        case 64: return CU_TENSOR_MAP_SWIZZLE_64B;
+        case 128: return CU_TENSOR_MAP_SWIZZLE_128B;
+        default: return CU_TENSOR_MAP_SWIZZLE_NONE;
+    }
+}
+
+// DeepGEMM's make_tma_2d_desc: a 2D box over (inner, outer) with the outer stride in elements; under a swizzle the
+// box's inner extent is one swizzle atom (the kernel issues BLOCK_INNER / atom copies).
+bool make_2d(CUtensorMap* map, CUtensorMapDataType dtype, uint32_t elem_size, const void* ptr, uint64_t inner,
+             uint64_t outer, uint32_t box_inner, uint32_t box_outer, uint64_t outer_stride, uint32_t swizzle) {
+    if (swizzle != 0)
+        box_inner = swizzle / elem_size;
+    const cuuint64_t dims[2] = {inner, outer};
+    const cuuint64_t strides[1] = {outer_stride * elem_size};
+    const cuuint32_t box[2] = {box_inner, box_outer};
+    const cuuint32_t elem_strides[2] = {1, 1};
+    auto encode = encode_fn();
+    return encode != nullptr and
+           encode(map, dtype, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_of(swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// DeepGEMM's get_pipeline_config for this configuration: the output tile, the barriers (16 stages' worth, as it
+// reserves), B's scales for one tile (two rows when BLOCK_N does not divide 128) and the stages.
+int smem_bytes(uint32_t k) {
+    const uint32_t smem_d = align_up(kBlockM * kBlockN * 2, 1024);
+    const uint32_t barriers = 16 * 8 * 2;
+    const uint32_t sfb = align_up(ceil_div(k, kBlockK) * 4 * (kBlockK % kBlockN == 0 ? 1 : 2), 8);
+    const uint32_t per_stage = kBlockM * kBlockK + kBlockN * kBlockK + align_up(kBlockM * 4, 128);
+    return static_cast<int>(smem_d + barriers + sfb + kStages * per_stage);
+}
+
+}  // namespace
+
+extern "C" {
+
+// The last error of this thread's calls, for the Python side's exception.
+const char* mxdg_last_error() { return g_error; }
+
+// The configuration the launcher runs, so the results can say which: block M, N, K, stages, cluster size,
+// multicast operand (0: B, 1: A), SM count it was compiled for, whether (n, k, g) has a compiled instance, and
+// the dynamic shared memory of a launch; returns how many values there are.
+int mxdg_config(int n, int k, int g, int* out, int out_len) {
+    int compiled = 0;
+    for (const auto& inst: kInstances)
+        compiled |= (inst.n == n and inst.k == k and inst.g == g);
+    const int values[] = {int(kBlockM), int(kBlockN), int(kBlockK), int(kStages), int(kCluster),
+                          int(kMulticastOnA), int(kNumSMs), compiled, smem_bytes(static_cast<uint32_t>(k))};
+    const int count = static_cast<int>(sizeof(values) / sizeof(values[0]));
+    for (int i = 0; i < out_len and i < count; ++i)
+        out[i] = values[i];
+    return count;
+}
+
+// d = per-group (a * sfa) @ (b[g] * sfb[g])^T for the m-grouped contiguous layout; 0 on success, else an error
+// code with mxdg_last_error() saying why. `stream` is a cudaStream_t (torch's current stream).
+int mxdg_m_grouped_fp8_gemm_nt_contiguous(const void* a, const float* sfa, const void* b, const float* sfb,
+                                         void* d, const int* m_indices, int m, int n, int k, int g,
+                                         void* stream) {
+    if (m <= 0 or n <= 0 or k <= 0 or g <= 0)
+        return fail("m, n, k and g must be positive", 1);
+    if (m % kBlockM != 0)
+        return fail("m must be a multiple of 128 (the contiguous layout's alignment)", 1);
+    if (k % kBlockK != 0 or n % 16 != 0)
+        return fail("k must be a multiple of 128 and n of 16 (TMA strides, the kernel's 8-column steps)", 1);
+    KernelFn fn = nullptr;
+    for (const auto& inst: kInstances)
+        if ((inst.n == n and inst.k == k and inst.g == g) or (inst.n == 0 and fn == nullptr))
+            fn = inst.fn;
+    const int smem = smem_bytes(static_cast<uint32_t>(k));
+    if (smem > kSmemCapacity)
+        return fail("k too large for the shared memory of this configuration", 1);
+
+    CUtensorMap map_a, map_b, map_d, map_sfa;
+    const uint64_t mk = static_cast<uint64_t>(m), nk = static_cast<uint64_t>(n), kk = static_cast<uint64_t>(k);
+    const uint64_t m_aligned = align_up(static_cast<uint32_t>(m), 4);  // 16 bytes of float
+    bool ok = make_2d(&map_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a, kk, mk, kBlockK, kBlockM, kk, kSwizzleAB) and
+              make_2d(&map_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, b, kk, nk * g, kBlockK, kBlockN, kk, kSwizzleAB) and
+              make_2d(&map_d, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, d, nk, mk, kBlockN, kBlockM, nk, kSwizzleD) and
+              make_2d(&map_sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, sfa, m_aligned, kk / kBlockK, kBlockM, 1,
+                      m_aligned, 0);
+    if (not ok)
+        return fail("cuTensorMapEncodeTiled failed (alignment of a pointer or stride?)", 2);
+
+    auto kernel = reinterpret_cast<const void*>(fn);
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+        return fail(cudaGetErrorString(cudaGetLastError()), 3);
+
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kNumSMs, 1, 1);
+    config.blockDim = dim3(kTmaThreads + kMathThreads, 1, 1);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    config.stream = static_cast<cudaStream_t>(stream);
+    cudaLaunchAttribute attrs[1];
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = kCluster;
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    config.attrs = attrs;
+    config.numAttrs = 1;  // no programmatic dependent launch: each timed call stands alone
+
+    float* sfb_arg = const_cast<float*>(sfb);
+    int* layout_arg = const_cast<int*>(m_indices);
+    uint32_t um = static_cast<uint32_t>(m), un = static_cast<uint32_t>(n), uk = static_cast<uint32_t>(k);
+    const cudaError_t err = cudaLaunchKernelEx(&config, fn, sfb_arg, layout_arg, um, un, uk,
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_a),
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_b),
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_d),
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_sfa));
+    if (err != cudaSuccess)
+        return fail(cudaGetErrorString(err), 4);
+    return 0;
+}
+
+}  // extern "C"
