@@ -1,0 +1,225 @@
+"""DeepGEMM's SM90 FP8 m-grouped GEMM as a timed peer: its scaling recipe in plain torch, its reference, and a call of
+the kernel through our launcher (``scripts/peers/deepgemm_launcher.cu``, built into ``.peers/lib/libmxdg.so`` by
+``scripts/peers/build_deepgemm.sh``).
+
+DeepGEMM's recipe is not ours. FP8 rowwise scales each row of A once and each output column of B once; DeepGEMM
+scales A per row *and per 128 of K* ("1x128") and B per 128x128 block ("128x128"), with float32 scales, and its
+kernel promotes the tensor core's sums into fp32 with both scales every 128 of K. So a table showing it beside
+``torch._scaled_grouped_mm`` must say so, and its accuracy is checked against this module's reference of *its* recipe,
+not against ours.
+
+Layout, DeepGEMM's "contiguous" m-grouped one: the rows of A (M, K) are sorted by group, each group's rows start on a
+multiple of 128 (``ALIGN_M``), ``m_indices`` (M,) int32 names each row's group (-1: a padding row, output zero). B is
+(G, N, K), K contiguous ("nt"), so the dgrad GEMM (M, N) x (G, N, K)^T -> wants the weights as (G, K, N).
+
+This module imports without CUDA and without the library (CI's CPU suite tests the recipe and the reference);
+``load()`` raises ``PeerUnavailable`` saying why when the library cannot be used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .format import DATA_DTYPE
+from .fp8_rowwise import quantize_with_amax_reference
+
+BLOCK = 128  # both scale granularities and the contiguous layout's row alignment
+ALIGN_M = BLOCK
+RECIPE = "1x128/128x128 scales"  # how tables mark the peer's rows
+LIBRARY_ENV = "MXBENCH_DEEPGEMM_LIB"  # where the library is, when not in the checkout's .peers/lib
+_DEFAULT_LIBRARY = Path(__file__).resolve().parents[1] / ".peers" / "lib" / "libmxdg.so"
+
+
+class PeerUnavailable(RuntimeError):
+    """The peer cannot run here (no library, no CUDA, not an SM90 card); the message says which."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The recipe and its reference (plain torch, any device)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    pad = -x.shape[dim] % multiple
+    if not pad:
+        return x
+    shape = list(x.shape)
+    shape[dim] = pad
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (q (M, K) e4m3, scale (M, ceil(K / 128)) fp32): one scale per row per 128 of K, amax / 448 (our
+    rowwise recipe's rounding and amax floor, applied per 128-element segment; zero padding of a ragged last segment
+    does not change its amax)."""
+    m, k = x.shape
+    segments = _pad_to(x, 1, BLOCK).reshape(m, -1, BLOCK)
+    q, scale = quantize_with_amax_reference(segments, segments.float().abs().amax(dim=-1))
+    return q.reshape(m, -1)[:, :k].contiguous(), scale
+
+
+def quantize_128x128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (G, N, K) -> (q (G, N, K) e4m3, scale (G, ceil(N / 128), ceil(K / 128)) fp32): one scale per 128x128 block.
+    The blocks are square, so quantizing w.transpose(-2, -1) gives the same values and the transposed scales: the
+    dgrad GEMM's (G, K, N) weights are the forward's, requantized for nothing."""
+    g, n, k = w.shape
+    padded = _pad_to(_pad_to(w, 1, BLOCK), 2, BLOCK)
+    nb, kb = padded.shape[1] // BLOCK, padded.shape[2] // BLOCK
+    blocks = padded.reshape(g, nb, BLOCK, kb, BLOCK).permute(0, 1, 3, 2, 4).reshape(g, nb, kb, BLOCK * BLOCK)
+    q, scale = quantize_with_amax_reference(blocks, blocks.float().abs().amax(dim=-1))
+    q = q.reshape(g, nb, kb, BLOCK, BLOCK).permute(0, 1, 3, 2, 4).reshape(g, nb * BLOCK, kb * BLOCK)
+    return q[:, :n, :k].contiguous(), scale
+
+
+def dequantize_1x128(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp64 values of ``quantize_1x128``'s output: each element times its row's scale of its 128-column segment."""
+    return q.double() * scale.double().repeat_interleave(BLOCK, dim=1)[:, : q.shape[1]]
+
+
+def dequantize_128x128(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp64 values of ``quantize_128x128``'s output."""
+    full = scale.double().repeat_interleave(BLOCK, dim=1).repeat_interleave(BLOCK, dim=2)
+    return q.double() * full[:, : q.shape[1], : q.shape[2]]
+
+
+def m_indices(sizes: list[int], device: torch.device | str = "cpu") -> tuple[torch.Tensor, list[int]]:
+    """(m_indices (M,) int32, starts): the contiguous layout of groups of these sizes, each padded up to a multiple of
+    128 rows (the padding rows -1); ``starts[g]`` is group g's first row."""
+    ids, starts, row = [], [], 0
+    for g, size in enumerate(sizes):
+        padded = -(-size // ALIGN_M) * ALIGN_M
+        starts.append(row)
+        ids += [g] * size + [-1] * (padded - size)
+        row += padded
+    return torch.tensor(ids, dtype=torch.int32, device=device), starts
+
+
+def reference(a_q, a_scale, b_q, b_scale, indices: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """The recipe's product in ``dtype`` (fp64 on CPU; fp32 where fp64 matmuls are too slow), bf16 out: each row of
+    the dequantized A times its group's dequantized B transposed; padding rows (-1) zero, as the kernel writes."""
+    a = dequantize_1x128(a_q, a_scale).to(dtype)
+    b = dequantize_128x128(b_q, b_scale).to(dtype)
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=dtype, device=a.device)
+    for g in range(b.shape[0]):
+        rows = (indices == g).nonzero().squeeze(1)
+        if rows.numel():
+            out[rows] = a[rows] @ b[g].t()
+    return out.to(torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operands:
+    """DeepGEMM's inputs for one GEMM: a (M, K) and b (G, N, K) e4m3 with their scales, sfa already in the kernel's
+    MN-major TMA-aligned layout (``sfa_mn_major``), and the rows' group indices."""
+
+    a: torch.Tensor
+    sfa: torch.Tensor
+    b: torch.Tensor
+    sfb: torch.Tensor
+    indices: torch.Tensor
+
+
+def sfa_mn_major(scale: torch.Tensor) -> torch.Tensor:
+    """(M, Kb) scales -> the same values as an (M, Kb) view of a (Kb, align(M, 4)) buffer: the layout DeepGEMM's
+    kernel loads by TMA (``get_mn_major_tma_aligned_tensor``: M contiguous, rows padded to 16 bytes)."""
+    m, kb = scale.shape
+    buffer = scale.new_zeros(kb, -(-m // 4) * 4)
+    buffer[:, :m] = scale.t()
+    return buffer[:, :m].t()
+
+
+def operands(a: torch.Tensor, b: torch.Tensor, indices: torch.Tensor) -> Operands:
+    """Quantize bf16/fp32 a (M, K) and b (G, N, K) into DeepGEMM's recipe and layout."""
+    a_q, a_scale = quantize_1x128(a)
+    b_q, b_scale = quantize_128x128(b)
+    return Operands(a_q, sfa_mn_major(a_scale), b_q, b_scale, indices)
+
+
+class Library:
+    """The loaded launcher (``load()``)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        p, i = ctypes.c_void_p, ctypes.c_int
+        lib.mxdg_m_grouped_fp8_gemm_nt_contiguous.argtypes = [p, p, p, p, p, p, i, i, i, i, p]
+        lib.mxdg_m_grouped_fp8_gemm_nt_contiguous.restype = i
+        lib.mxdg_config.argtypes = [i, i, i, ctypes.POINTER(ctypes.c_int), i]
+        lib.mxdg_config.restype = i
+        lib.mxdg_last_error.restype = ctypes.c_char_p
+        self._lib = lib
+
+    def config(self, n: int, k: int, g: int) -> dict[str, int]:
+        """The launch configuration for (n, k, g): tile, stages, cluster, multicast operand, SM count compiled for,
+        whether a shape-specialised instance exists, dynamic shared memory."""
+        names = ("block_m", "block_n", "block_k", "stages", "cluster", "multicast_on_a", "num_sms", "specialised",
+                 "smem_bytes")  # fmt: skip
+        out = (ctypes.c_int * len(names))()
+        self._lib.mxdg_config(n, k, g, out, len(names))
+        return dict(zip(names, out, strict=True))
+
+    def gemm(self, ops: Operands, out: torch.Tensor | None = None) -> torch.Tensor:
+        """d (M, N) bf16 = the grouped GEMM of ``ops`` on the current stream (no host sync: graph-capturable)."""
+        (m, k), (g, n, k_) = ops.a.shape, ops.b.shape
+        _check_operands(ops, m, n, k, k_, g)
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=ops.a.device) if out is None else out
+        stream = torch.cuda.current_stream(ops.a.device).cuda_stream
+        status = self._lib.mxdg_m_grouped_fp8_gemm_nt_contiguous(
+            ops.a.data_ptr(), ops.sfa.data_ptr(), ops.b.data_ptr(), ops.sfb.data_ptr(), out.data_ptr(),
+            ops.indices.data_ptr(), m, n, k, g, stream)  # fmt: skip
+        if status:
+            raise RuntimeError(f"DeepGEMM launcher: {self._lib.mxdg_last_error().decode()} (code {status})")
+        return out
+
+
+def _check_operands(ops: Operands, m: int, n: int, k: int, k_: int, g: int) -> None:
+    """The launcher takes raw pointers: every layout it assumes is checked here, where a wrong one is a message and not
+    a wrong answer or a fault."""
+    if k != k_ or ops.a.dtype != DATA_DTYPE or ops.b.dtype != DATA_DTYPE:
+        raise ValueError(f"a {tuple(ops.a.shape)} {ops.a.dtype} and b {tuple(ops.b.shape)} {ops.b.dtype}: need e4m3, "
+                         "shared K")  # fmt: skip
+    if not (ops.a.is_contiguous() and ops.b.is_contiguous() and ops.sfb.is_contiguous()):
+        raise ValueError("a, b and sfb must be contiguous")
+    kb, nb = -(-k // BLOCK), -(-n // BLOCK)
+    if ops.sfa.shape != (m, kb) or ops.sfa.stride() != (1, -(-m // 4) * 4) or ops.sfa.dtype != torch.float32:
+        raise ValueError(f"sfa {tuple(ops.sfa.shape)} strides {ops.sfa.stride()}: need sfa_mn_major's layout")
+    if ops.sfb.shape != (g, nb, kb) or ops.sfb.dtype != torch.float32:
+        raise ValueError(f"sfb {tuple(ops.sfb.shape)}: need ({g}, {nb}, {kb}) float32")
+    if ops.indices.shape != (m,) or ops.indices.dtype != torch.int32 or not ops.indices.is_contiguous():
+        raise ValueError("m_indices must be (M,) int32, contiguous")
+    devices = {t.device for t in (ops.a, ops.sfa, ops.b, ops.sfb, ops.indices)}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        raise ValueError(f"all operands on one CUDA device, not {devices}")
+
+
+_LOADED: Library | None = None
+
+
+def library_path() -> Path:
+    return Path(os.environ.get(LIBRARY_ENV, _DEFAULT_LIBRARY))
+
+
+def load() -> Library:
+    """The launcher library, loaded once; ``PeerUnavailable`` says why it cannot run here."""
+    global _LOADED
+    if _LOADED is not None:
+        return _LOADED
+    path = library_path()
+    if not path.is_file():
+        raise PeerUnavailable(f"{path} not built (bash scripts/peers/build_deepgemm.sh, sources in .peers/src)")
+    if not torch.cuda.is_available():
+        raise PeerUnavailable("no CUDA device")
+    if torch.cuda.get_device_capability() != (9, 0):
+        raise PeerUnavailable(f"built for sm_90a; this card is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
+    _LOADED = Library(path)
+    return _LOADED

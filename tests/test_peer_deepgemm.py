@@ -1,0 +1,208 @@
+"""DeepGEMM's grouped FP8 GEMM as a peer (kernels/peer_deepgemm.py, scripts/peers/): its recipe (1x128 activation and
+128x128 weight scales) and reference against hand-worked values on CPU, the launcher's fixed configuration against
+DeepGEMM's heuristic, and on an SM90 GPU with the built library (``.peers/lib/libmxdg.so``) the kernel against the
+reference at ragged-but-aligned groups, a padding block, the timed shapes' compiled instances and a CUDA graph."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mxkernels import peer_deepgemm as D
+from mxkernels.comparison import sqnr_db
+
+REPO = Path(__file__).resolve().parents[1]
+E4M3 = torch.float8_e4m3fn
+MIN_SQNR_DB = 30.0  # the floor scripts/tune_fp8_gemm.py holds every backend to
+
+
+def _config_module():
+    spec = importlib.util.spec_from_file_location("deepgemm_config", REPO / "scripts/peers/deepgemm_config.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- the recipe, by hand -----------------------------------------------------------------------------------------
+
+
+def _f32(values) -> torch.Tensor:
+    """Expected scales: amax / 448 rounded once to fp32, as the recipe divides."""
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def test_1x128_scales_each_row_per_128_columns():
+    x = torch.zeros(2, 256)
+    x[0, :128], x[0, 5], x[0, 128:] = 1.0, 896.0, 0.5
+    x[1, 200] = -3.0
+    q, scale = D.quantize_1x128(x)
+    # row 0: amax 896 -> scale 2, so 1.0 -> 0.5 and 896 -> 448; second segment amax 0.5 -> scale 0.5 / 448, q 448.
+    # row 1: an all-zero segment takes the amax floor (2**-112); -3 alone in its segment -> -448.
+    assert torch.equal(scale, _f32([896.0, 0.5, 2.0**-112, 3.0]).reshape(2, 2) / 448)
+    assert q[0, :3].float().tolist() == [0.5] * 3 and q[0, 5].item() == 448.0 and q[0, 128:].float().eq(448).all()
+    assert q[1, 200].item() == -448.0 and q[1, :128].float().eq(0).all()
+    # a ragged last segment: zero padding changes no amax
+    q2, s2 = D.quantize_1x128(x[:, :200])
+    assert s2.shape == (2, 2) and torch.equal(s2[0], scale[0]) and torch.equal(q2.float(), q[:, :200].float())
+
+
+def test_128x128_scales_each_block_and_transposes_with_the_weights():
+    w = torch.ones(1, 256, 384)
+    w[0, 130, 300] = -7.0  # block (1, 2): amax 7
+    w[0, 0:128, 128:256] = 0.25  # block (0, 1): amax 0.25
+    q, scale = D.quantize_128x128(w)
+    assert torch.equal(scale, _f32([[[1, 0.25, 1], [1, 1, 7]]]) / 448)
+    assert q[0, 130, 300].item() == -448.0 and q[0, 131, 300].item() == 64.0 and q[0, 5, 200].item() == 448.0
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2, 200, 384, generator=g) * torch.rand(2, 1, 384, generator=g)  # ragged N, uneven blocks
+    q, scale = D.quantize_128x128(w)
+    qt, st = D.quantize_128x128(w.transpose(-2, -1))
+    assert torch.equal(qt.float(), q.transpose(-2, -1).float()) and torch.equal(st, scale.transpose(-2, -1))
+
+
+def test_contiguous_layout_pads_each_group_to_128_rows():
+    indices, starts = D.m_indices([130, 0, 128, 1])
+    assert starts == [0, 256, 256, 384] and indices.shape == (512,) and indices.dtype == torch.int32
+    assert indices[:130].eq(0).all() and indices[130:256].eq(-1).all() and indices[256:384].eq(2).all()
+    assert indices[384].item() == 3 and indices[385:].eq(-1).all()
+
+
+def test_reference_by_hand():
+    # A: rows 0..1 of ones, scales per 128 columns; B: one group, N = 2, all ones, block scales 1 and 3 along K.
+    a_q, b_q = torch.ones(3, 256).to(E4M3), torch.ones(1, 2, 256).to(E4M3)
+    a_scale = torch.tensor([[1.0, 2.0], [0.5, 0.0], [9.0, 9.0]])
+    b_scale = torch.tensor([[[1.0, 3.0]]])
+    out = D.reference(a_q, a_scale, b_q, b_scale, torch.tensor([0, 0, -1], dtype=torch.int32))
+    # row 0: 128 * 1 * 1 + 128 * 2 * 3 = 896; row 1: 128 * 0.5 = 64; row 2 pads (-1): zero.
+    assert out.dtype == torch.bfloat16 and out.float().tolist() == [[896.0, 896.0], [64.0, 64.0], [0.0, 0.0]]
+
+
+def _kernel_view_of_sfa(sfa: torch.Tensor, m: int) -> torch.Tensor:
+    """What the kernel reads as scale (m, kb): the storage at kb * align(m, 4) + m (its TMA descriptor's layout),
+    whatever the tensor's own strides say (past the storage's end, zeros: on the device, whatever lies there)."""
+    kb = sfa.shape[1]
+    aligned = -(-m // 4) * 4
+    storage = torch.as_strided(sfa, (sfa.untyped_storage().nbytes() // 4,), (1,), 0)
+    storage = torch.cat([storage, storage.new_zeros(max(0, kb * aligned - storage.numel()))])
+    return torch.stack([storage[j * aligned : j * aligned + m] for j in range(kb)], dim=1)
+
+
+def test_a_planted_scale_layout_fault_fails_the_check():
+    """The GPU check compares the kernel with ``reference`` by SQNR; a wrong A-scale layout (row-major scales where
+    the kernel reads MN-major ones) must land far under the floor -- and ``_check_operands`` refuses it first."""
+    g = torch.Generator().manual_seed(1)
+    m, k, n = 130, 512, 256
+    a = torch.randn(m, k, generator=g) * torch.logspace(-3, 3, k // 128).repeat_interleave(128)  # scales differ
+    b = torch.randn(1, n, k, generator=g)
+    indices = torch.zeros(m, dtype=torch.int32)
+    ops = D.operands(a, b, indices)
+    right = D.reference(ops.a, _kernel_view_of_sfa(ops.sfa, m), ops.b, ops.sfb, indices)
+    expected = D.reference(ops.a, ops.sfa, ops.b, ops.sfb, indices)
+    assert sqnr_db(right, expected) == float("inf")  # the kernel's reading of the right layout is the values
+    wrong_sfa = ops.sfa.contiguous()  # the same values, row-major: the planted fault
+    wrong = D.reference(ops.a, _kernel_view_of_sfa(wrong_sfa, m), ops.b, ops.sfb, indices)
+    assert sqnr_db(wrong, expected) < MIN_SQNR_DB
+    with pytest.raises(ValueError, match="sfa_mn_major"):
+        D._check_operands(D.Operands(ops.a, wrong_sfa, ops.b, ops.sfb, indices), m, n, k, k, 1)
+    with pytest.raises(ValueError, match="CUDA"):  # right layouts, but on CPU
+        D._check_operands(ops, m, n, k, k, 1)
+
+
+def test_load_says_why_without_the_library(monkeypatch, tmp_path):
+    monkeypatch.setattr(D, "_LOADED", None)
+    monkeypatch.setenv(D.LIBRARY_ENV, str(tmp_path / "absent.so"))
+    with pytest.raises(D.PeerUnavailable, match="not built"):
+        D.load()
+
+
+# ---- the launcher's configuration is DeepGEMM's own choice ----------------------------------------------------------
+
+
+def test_the_launchers_configuration_is_deepgemms_heuristic_choice():
+    source = (REPO / "scripts/peers/deepgemm_launcher.cu").read_text()
+    const = lambda name: re.search(rf"\b{name} = (\w+)", source).group(1)
+    config = _config_module()
+    for name, shape in config.TIMED.items():
+        choice = config.best(*shape)
+        assert (choice.block_m, choice.block_n, choice.stages) == tuple(
+            int(const(c)) for c in ("kBlockM", "kBlockN", "kStages")
+        ), name
+        assert choice.cluster_m * choice.cluster_n == int(const("kCluster"))
+        assert str(choice.multicast_on_a).lower() == const("kMulticastOnA")
+        # and the launcher has a compiled instance of each (N, K) with G = 8
+        assert f"{{{shape[1]}, {shape[2]}, 8, kernel_of<{shape[1]}, {shape[2]}, 8>()}}" in source
+
+
+@pytest.mark.skipif(not D.library_path().is_file(), reason="the DeepGEMM launcher is not built (.peers/lib)")
+def test_the_built_library_reports_that_configuration():
+    config = _config_module()
+    lib = D.Library(D.library_path())  # loads without a GPU: the CUDA runtime starts at the first launch
+    for name, (m, n, k) in config.TIMED.items():
+        got, choice = lib.config(n, k, 8), config.best(m, n, k)
+        assert got["specialised"] == 1 and got["smem_bytes"] == choice.smem_bytes and got["num_sms"] == 132, name
+    assert lib.config(256, 512, 4)["specialised"] == 0
+
+
+# ---- on an SM90 GPU ------------------------------------------------------------------------------------------------
+
+
+def _gpu_lib():
+    try:
+        return D.load()
+    except D.PeerUnavailable as e:
+        pytest.skip(str(e))
+
+
+def _case(sizes, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    indices, _ = D.m_indices(sizes, "cuda")
+    a = torch.randn(indices.numel(), k, device="cuda", generator=g).bfloat16()
+    b = (torch.randn(len(sizes), n, k, device="cuda", generator=g) * k**-0.5).bfloat16()
+    ops = D.operands(a, b, indices)
+    return ops, D.reference(ops.a, ops.sfa, ops.b, ops.sfb, indices, dtype=torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("sizes", "n", "k"),
+    [([256, 0, 384, 130, 128], 320, 512), ([2048, 128, 0, 1024, 640, 256, 1920, 128], 2048, 7168)],
+    ids=["generic", "deepseek-v3-fwd-instance"],
+)
+def test_gpu_matches_the_recipe_reference(sizes, n, k):
+    lib = _gpu_lib()
+    ops, ref = _case(sizes, n, k)
+    out = lib.gemm(ops)
+    torch.cuda.synchronize()
+    assert sqnr_db(out, ref) >= MIN_SQNR_DB
+    pad = ops.indices == -1
+    assert out[pad].eq(0).all(), "padding rows are written as zeros"
+    # the planted fault, on the device: the same scales in the wrong layout (bypassing the operand check)
+    bad = D.Operands(ops.a, ops.sfa.contiguous(), ops.b, ops.sfb, ops.indices)
+    monkey = D._check_operands
+    try:
+        D._check_operands = lambda *args: None
+        wrong = lib.gemm(bad)
+    finally:
+        D._check_operands = monkey
+    torch.cuda.synchronize()
+    assert sqnr_db(wrong, ref) < MIN_SQNR_DB
+
+
+@pytest.mark.gpu
+def test_gpu_graph_capturable():
+    lib = _gpu_lib()
+    ops, ref = _case([384, 256, 0, 128], 256, 512, seed=3)
+    out = torch.empty(ops.a.shape[0], 256, dtype=torch.bfloat16, device="cuda")
+    lib.gemm(ops, out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lib.gemm(ops, out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert sqnr_db(out, ref) >= MIN_SQNR_DB
