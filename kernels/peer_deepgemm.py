@@ -76,15 +76,16 @@ def quantize_128x128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q[:, :n, :k].contiguous(), scale
 
 
-def dequantize_1x128(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """fp64 values of ``quantize_1x128``'s output: each element times its row's scale of its 128-column segment."""
-    return q.double() * scale.double().repeat_interleave(BLOCK, dim=1)[:, : q.shape[1]]
+def dequantize_1x128(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """Values of ``quantize_1x128``'s output: each element times its row's scale of its 128-column segment (exact in
+    fp64; fp32 rounds the product once)."""
+    return q.to(dtype) * scale.to(dtype).repeat_interleave(BLOCK, dim=1)[:, : q.shape[1]]
 
 
-def dequantize_128x128(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """fp64 values of ``quantize_128x128``'s output."""
-    full = scale.double().repeat_interleave(BLOCK, dim=1).repeat_interleave(BLOCK, dim=2)
-    return q.double() * full[:, : q.shape[1], : q.shape[2]]
+def dequantize_128x128(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """Values of ``quantize_128x128``'s output."""
+    full = scale.to(dtype).repeat_interleave(BLOCK, dim=1).repeat_interleave(BLOCK, dim=2)
+    return q.to(dtype) * full[:, : q.shape[1], : q.shape[2]]
 
 
 def m_indices(sizes: list[int], device: torch.device | str = "cpu") -> tuple[torch.Tensor, list[int]]:
@@ -102,8 +103,8 @@ def m_indices(sizes: list[int], device: torch.device | str = "cpu") -> tuple[tor
 def reference(a_q, a_scale, b_q, b_scale, indices: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
     """The recipe's product in ``dtype`` (fp64 on CPU; fp32 where fp64 matmuls are too slow), bf16 out: each row of
     the dequantized A times its group's dequantized B transposed; padding rows (-1) zero, as the kernel writes."""
-    a = dequantize_1x128(a_q, a_scale).to(dtype)
-    b = dequantize_128x128(b_q, b_scale).to(dtype)
+    a = dequantize_1x128(a_q, a_scale, dtype)
+    b = dequantize_128x128(b_q, b_scale, dtype)
     out = torch.zeros(a.shape[0], b.shape[1], dtype=dtype, device=a.device)
     for g in range(b.shape[0]):
         rows = (indices == g).nonzero().squeeze(1)
@@ -220,6 +221,8 @@ def load() -> Library:
     if not torch.cuda.is_available():
         raise PeerUnavailable("no CUDA device")
     if torch.cuda.get_device_capability() != (9, 0):
-        raise PeerUnavailable(f"built for sm_90a; this card is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
+        raise PeerUnavailable(
+            f"built for sm_90a; this card is sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
+        )
     _LOADED = Library(path)
     return _LOADED

@@ -206,3 +206,35 @@ def test_gpu_graph_capturable():
     graph.replay()
     torch.cuda.synchronize()
     assert sqnr_db(out, ref) >= MIN_SQNR_DB
+
+
+# ---- the table -----------------------------------------------------------------------------------------------------
+
+
+def test_the_table_marks_the_peer_and_compares_it_with_torch_of_the_same_run(tmp_path):
+    import json
+    import subprocess
+
+    stored = REPO / "results/nvidia-h100-80gb-hbm3/tuning/tune_fp8_gemm-3.json"
+    run = json.loads(stored.read_text())
+    native = {(r["model"], r["pass"]): r for r in run["rows"] if r["backend"] == "native"}
+    model, planted = next(iter(native))[0], {"fwd": 3000.0, "dgrad": 3500.0}  # timings: the cells are known
+    for pass_, us in planted.items():
+        base = {k: native[model, pass_][k] for k in ("model", "pass", "M", "N", "K", "G")}
+        tflops = 2 * base["M"] * base["N"] * base["K"] / us / 1e6
+        run["rows"].append({**base, "backend": "deepgemm", "recipe": D.RECIPE, "us": us, "tflops": tflops})
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    script = lambda *paths: subprocess.run([sys.executable, "scripts/tune_fp8_gemm.py", "--table", *map(str, paths)],
+                                           capture_output=True, text=True, cwd=REPO, check=True).stdout  # fmt: skip
+    with_peer, without = script(tmp_path / "run.json").splitlines(), script(stored).splitlines()
+    assert with_peer[0] == without[0][:-1] + "| DeepGEMM (1x128/128x128 scales) | DeepGEMM / torch |"
+    for line, old in zip(with_peer[2:], without[2:], strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert line.startswith(old) and len(cells) == 13
+        pass_ = cells[2]
+        if cells[1] == model and pass_ in planted:
+            row = run["rows"][-2 if pass_ == "fwd" else -1]
+            assert cells[11] == f"{row['tflops']:.0f}"
+            assert cells[12] == f"{native[model, pass_]['us'] / planted[pass_]:.2f}x"
+        else:
+            assert cells[11:] == ["-", "-"], line  # wgrad, and the other model: no peer row
