@@ -9,7 +9,8 @@ kernel promotes the tensor core's sums into fp32 with both scales every 128 of K
 not against ours.
 
 Layout, DeepGEMM's "contiguous" m-grouped one: the rows of A (M, K) are sorted by group, each group's rows start on a
-multiple of 128 (``ALIGN_M``), ``m_indices`` (M,) int32 names each row's group (-1: a padding row, output zero). B is
+multiple of 128 (``ALIGN_M``), ``m_indices`` (M,) int32 names each row's group (-1: a padding row, whose output is
+zero where its row of A is: the kernel skips only 64-row halves that start with -1 and computes the rest). B is
 (G, N, K), K contiguous ("nt"), so the dgrad GEMM (M, N) x (G, N, K)^T -> wants the weights as (G, K, N).
 
 This module imports without CUDA and without the library (CI's CPU suite tests the recipe and the reference);
@@ -30,6 +31,7 @@ from .fp8_rowwise import quantize_with_amax_reference
 
 BLOCK = 128  # both scale granularities and the contiguous layout's row alignment
 ALIGN_M = BLOCK
+NUM_SMS = 132  # the launcher's kNumSMs
 RECIPE = "1x128/128x128 scales"  # how tables mark the peer's rows
 LIBRARY_ENV = "MXBENCH_DEEPGEMM_LIB"  # where the library is, when not in the checkout's .peers/lib
 _DEFAULT_LIBRARY = Path(__file__).resolve().parents[1] / ".peers" / "lib" / "libmxdg.so"
@@ -140,7 +142,9 @@ def sfa_mn_major(scale: torch.Tensor) -> torch.Tensor:
 
 
 def operands(a: torch.Tensor, b: torch.Tensor, indices: torch.Tensor) -> Operands:
-    """Quantize bf16/fp32 a (M, K) and b (G, N, K) into DeepGEMM's recipe and layout."""
+    """Quantize bf16/fp32 a (M, K) and b (G, N, K) into DeepGEMM's recipe and layout; A's padding rows (-1) are
+    zeroed first, as a token permutation leaves them, so the kernel's output there is zero as the reference's."""
+    a = a.masked_fill((indices == -1).unsqueeze(1), 0)
     a_q, a_scale = quantize_1x128(a)
     b_q, b_scale = quantize_128x128(b)
     return Operands(a_q, sfa_mn_major(a_scale), b_q, b_scale, indices)
@@ -224,5 +228,9 @@ def load() -> Library:
         raise PeerUnavailable(
             f"built for sm_90a; this card is sm_{''.join(map(str, torch.cuda.get_device_capability()))}"
         )
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if sms != NUM_SMS:
+        # the persistent scheduler's stride is a template constant: another count runs, but not as DeepGEMM would
+        raise PeerUnavailable(f"built for {NUM_SMS} SMs (H100 SXM, H200); this card has {sms}")
     _LOADED = Library(path)
     return _LOADED

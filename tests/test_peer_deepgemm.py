@@ -70,6 +70,9 @@ def test_contiguous_layout_pads_each_group_to_128_rows():
     assert starts == [0, 256, 256, 384] and indices.shape == (512,) and indices.dtype == torch.int32
     assert indices[:130].eq(0).all() and indices[130:256].eq(-1).all() and indices[256:384].eq(2).all()
     assert indices[384].item() == 3 and indices[385:].eq(-1).all()
+    # A's padding rows are zeroed before quantizing: the kernel computes some of them (see operands())
+    ops = D.operands(torch.ones(512, 128), torch.ones(4, 16, 128), indices)
+    assert ops.a[indices == -1].float().eq(0).all() and ops.a[indices != -1].float().eq(448).all()
 
 
 def test_reference_by_hand():

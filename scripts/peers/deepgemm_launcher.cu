@@ -9,7 +9,9 @@
 //   a   (M, K) e4m3, K contiguous;      sfa: float, MN-major: element (m, kb) at sfa[kb * align(M, 4) + m]
 //   b   (G, N, K) e4m3, K contiguous;   sfb: float (G, ceil(N/128), ceil(K/128)) contiguous (K-major)
 //   d   (M, N) bf16;                    m_indices: int32 (M,), each row's group, -1 for padding rows
-// Each group's rows start on a multiple of 128 (BLOCK_M); rows of -1 are skipped (their output is left as is).
+// Each group's rows start on a multiple of 128 (BLOCK_M). The kernel skips a 64-row half of a block only when its first
+// row is -1 (writing zeros); it computes the other padding rows like their group's, so their output is zero only
+// where A's padding rows are (as a token permutation's zero fill leaves them).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
