@@ -13,6 +13,10 @@ multiple of 128 (``ALIGN_M``), ``m_indices`` (M,) int32 names each row's group (
 zero where its row of A is: the kernel skips only 64-row halves that start with -1 and computes the rest). B is
 (G, N, K), K contiguous ("nt"), so the dgrad GEMM (M, N) x (G, N, K)^T -> wants the weights as (G, K, N).
 
+The wgrad GEMM is DeepGEMM's k-grouped one, another kernel in another recipe: dW[g] (M, N) fp32 = A_g B_g^T over
+the group's tokens, A_g = dY_g^T and B_g = X_g^T each stored K(tokens)-contiguous one group after another, *both*
+scaled 1x128 along the tokens ("1x128/1x128", ``K_GROUPED_RECIPE``), the output accumulated into (TMA reduce-add).
+
 This module imports without CUDA and without the library (CI's CPU suite tests the recipe and the reference);
 ``load()`` raises ``PeerUnavailable`` saying why when the library cannot be used.
 """
@@ -33,6 +37,7 @@ BLOCK = 128  # both scale granularities and the contiguous layout's row alignmen
 ALIGN_M = BLOCK
 NUM_SMS = 132  # the launcher's kNumSMs
 RECIPE = "1x128/128x128 scales"  # how tables mark the peer's rows
+K_GROUPED_RECIPE = "1x128/1x128 scales"  # the wgrad kernel's
 LIBRARY_ENV = "MXBENCH_DEEPGEMM_LIB"  # where the library is, when not in the checkout's .peers/lib
 _DEFAULT_LIBRARY = Path(__file__).resolve().parents[1] / ".peers" / "lib" / "libmxdg.so"
 
@@ -115,6 +120,65 @@ def reference(a_q, a_scale, b_q, b_scale, indices: torch.Tensor, dtype=torch.flo
     return out.to(torch.bfloat16)
 
 
+@dataclass(frozen=True)
+class KOperands:
+    """DeepGEMM's k-grouped inputs: a (sum(ks) * m,) and b (sum(ks) * n,) e4m3, group g's (m, ks[g]) and (n, ks[g])
+    K-contiguous tiles one after another; sfa (sum(ks) / 128, align(m, 4)) and sfb (same rows, align(n, 4)) fp32,
+    row j of a group's block scaling its 128 tokens j; ks on the host and on the device (int32)."""
+
+    a: torch.Tensor
+    sfa: torch.Tensor
+    b: torch.Tensor
+    sfb: torch.Tensor
+    ks: tuple[int, ...]
+    ks_device: torch.Tensor
+    m: int
+    n: int
+
+
+def _k_grouped_side(x: torch.Tensor, ks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (tokens, mn) -> (flat e4m3 of each group's x_g^T one after another, MN-major scales (sum(ks) / 128, align))."""
+    mn = x.shape[1]
+    aligned = -(-mn // 4) * 4
+    qs, sf, start = [], x.new_zeros(sum(ks) // BLOCK, aligned, dtype=torch.float32), 0
+    for k in ks:
+        q, scale = quantize_1x128(x[start : start + k].t())
+        qs.append(q.reshape(-1))
+        sf[start // BLOCK : (start + k) // BLOCK, :mn] = scale.t()
+        start += k
+    return torch.cat(qs) if qs else x.new_empty(0, dtype=DATA_DTYPE), sf
+
+
+def k_grouped_operands(a: torch.Tensor, b: torch.Tensor, ks: list[int]) -> KOperands:
+    """Quantize the wgrad operands a (tokens, m) (dY) and b (tokens, n) (X), tokens sorted by group with group g's
+    ks[g] (a multiple of 128) rows, into DeepGEMM's k-grouped recipe and layout."""
+    if any(k % BLOCK for k in ks) or sum(ks) != a.shape[0] or a.shape[0] != b.shape[0]:
+        raise ValueError(f"groups {ks}: each a multiple of 128, summing to the {a.shape[0]} tokens of a and b")
+    a_q, sfa = _k_grouped_side(a, ks)
+    b_q, sfb = _k_grouped_side(b, ks)
+    ks_device = torch.tensor(ks, dtype=torch.int32, device=a.device)
+    return KOperands(a_q, sfa, b_q, sfb, tuple(ks), ks_device, a.shape[1], b.shape[1])
+
+
+def k_grouped_reference(ops: KOperands, dtype=torch.float64) -> torch.Tensor:
+    """(G, m, n) fp32: each group's dequantized a_g @ b_g^T in ``dtype``; an empty group's zeros (the kernel leaves
+    its output as it was: zero when it starts zeroed)."""
+    out = torch.zeros(len(ops.ks), ops.m, ops.n, dtype=dtype, device=ops.a.device)
+    start = 0
+    for g, k in enumerate(ops.ks):
+        if k:
+            rows = slice(start // BLOCK, (start + k) // BLOCK)
+            a = dequantize_1x128(
+                ops.a[ops.m * start : ops.m * (start + k)].view(ops.m, k), ops.sfa[rows, : ops.m].t(), dtype
+            )
+            b = dequantize_1x128(
+                ops.b[ops.n * start : ops.n * (start + k)].view(ops.n, k), ops.sfb[rows, : ops.n].t(), dtype
+            )
+            out[g] = a @ b.t()
+        start += k
+    return out.float()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,19 +223,57 @@ class Library:
         p, i = ctypes.c_void_p, ctypes.c_int
         lib.mxdg_m_grouped_fp8_gemm_nt_contiguous.argtypes = [p, p, p, p, p, p, i, i, i, i, p]
         lib.mxdg_m_grouped_fp8_gemm_nt_contiguous.restype = i
-        lib.mxdg_config.argtypes = [i, i, i, ctypes.POINTER(ctypes.c_int), i]
-        lib.mxdg_config.restype = i
+        lib.mxdg_k_grouped_fp8_gemm_nt_contiguous.argtypes = [p, p, p, p, p, p, p, p, i, i, i, p]
+        lib.mxdg_k_grouped_fp8_gemm_nt_contiguous.restype = i
+        for name in ("mxdg_config", "mxdg_k_grouped_config"):
+            getattr(lib, name).argtypes = [i, i, i, ctypes.POINTER(ctypes.c_int), i]
+            getattr(lib, name).restype = i
         lib.mxdg_last_error.restype = ctypes.c_char_p
         self._lib = lib
+        self._tensormaps: dict[torch.device, torch.Tensor] = {}
 
-    def config(self, n: int, k: int, g: int) -> dict[str, int]:
-        """The launch configuration for (n, k, g): tile, stages, cluster, multicast operand, SM count compiled for,
-        whether a shape-specialised instance exists, dynamic shared memory."""
+    def _config(self, fn, x: int, y: int, g: int) -> dict[str, int]:
         names = ("block_m", "block_n", "block_k", "stages", "cluster", "multicast_on_a", "num_sms", "specialised",
                  "smem_bytes")  # fmt: skip
         out = (ctypes.c_int * len(names))()
-        self._lib.mxdg_config(n, k, g, out, len(names))
+        fn(x, y, g, out, len(names))
         return dict(zip(names, out, strict=True))
+
+    def config(self, n: int, k: int, g: int) -> dict[str, int]:
+        """The m-grouped launch configuration for (n, k, g): tile, stages, cluster, multicast operand, SM count
+        compiled for, whether a shape-specialised instance exists, dynamic shared memory."""
+        return self._config(self._lib.mxdg_config, n, k, g)
+
+    def k_grouped_config(self, m: int, n: int, g: int) -> dict[str, int]:
+        """The k-grouped (wgrad) launch configuration for output (g, m, n)."""
+        return self._config(self._lib.mxdg_k_grouped_config, m, n, g)
+
+    def k_grouped_gemm(self, ops: KOperands, out: torch.Tensor | None = None) -> torch.Tensor:
+        """out (G, m, n) fp32 += each group's a_g b_g^T (zeros first where ``out`` is None), on the current stream."""
+        g = len(ops.ks)
+        if ops.a.dtype != DATA_DTYPE or ops.b.dtype != DATA_DTYPE or ops.a.numel() != ops.m * sum(ops.ks):
+            raise ValueError("a and b: the flat e4m3 tiles of k_grouped_operands")
+        for name, sf, mn in (("sfa", ops.sfa, ops.m), ("sfb", ops.sfb, ops.n)):
+            if (
+                sf.shape != (sum(ops.ks) // BLOCK, -(-mn // 4) * 4)
+                or not sf.is_contiguous()
+                or sf.dtype != torch.float32
+            ):
+                raise ValueError(f"{name} {tuple(sf.shape)}: need k_grouped_operands' layout")
+        out = torch.zeros(g, ops.m, ops.n, device=ops.a.device) if out is None else out
+        if out.shape != (g, ops.m, ops.n) or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"out {tuple(out.shape)} {out.dtype}: need ({g}, {ops.m}, {ops.n}) float32, contiguous")
+        device = ops.a.device
+        if device not in self._tensormaps:  # the kernel's per-SM room for the descriptors it rewrites per group
+            self._tensormaps[device] = torch.empty(NUM_SMS * 4 * 128, dtype=torch.uint8, device=device)
+        ks = (ctypes.c_int * g)(*ops.ks)
+        status = self._lib.mxdg_k_grouped_fp8_gemm_nt_contiguous(
+            ops.a.data_ptr(), ops.sfa.data_ptr(), ops.b.data_ptr(), ops.sfb.data_ptr(), out.data_ptr(),
+            ctypes.cast(ks, ctypes.c_void_p), ops.ks_device.data_ptr(), self._tensormaps[device].data_ptr(),
+            ops.m, ops.n, g, torch.cuda.current_stream(device).cuda_stream)  # fmt: skip
+        if status:
+            raise RuntimeError(f"DeepGEMM launcher: {self._lib.mxdg_last_error().decode()} (code {status})")
+        return out
 
     def gemm(self, ops: Operands, out: torch.Tensor | None = None) -> torch.Tensor:
         """d (M, N) bf16 = the grouped GEMM of ``ops`` on the current stream (no host sync: graph-capturable)."""

@@ -85,6 +85,24 @@ def test_reference_by_hand():
     assert out.dtype == torch.bfloat16 and out.float().tolist() == [[896.0, 896.0], [64.0, 64.0], [0.0, 0.0]]
 
 
+def test_k_grouped_layout_and_reference_by_hand():
+    """wgrad: dW[g] = dY_g^T X_g; group 0 of dY all 2, group 2 all 1 (128 tokens each), X all 0.5, other groups empty."""
+    ks = [128, 0, 128, 0, 0, 0, 0, 0]
+    dy, x = torch.ones(256, 4), torch.full((256, 3), 0.5)
+    dy[:128] = 2.0
+    ops = D.k_grouped_operands(dy, x, ks)
+    assert ops.a.shape == (256 * 4,) and ops.b.shape == (256 * 3,) and ops.a.float().eq(448).all()
+    assert torch.equal(ops.sfa, _f32([[2.0] * 4, [1.0] * 4]) / 448)  # (sum(ks) / 128, align(4, 4))
+    assert ops.sfb.shape == (2, 4) and ops.sfb[:, 3].eq(0).all()  # n = 3 padded to 4 (16 bytes) with zeros
+    out = D.k_grouped_reference(ops)
+    # 128 tokens * 2 * 0.5 and * 1 * 0.5, up to the scales' fp32 rounding (amax / 448 is inexact)
+    assert out.shape == (8, 4, 3) and torch.allclose(out[0], torch.full((4, 3), 128.0), rtol=1e-6, atol=0)
+    assert torch.allclose(out[2], torch.full((4, 3), 64.0), rtol=1e-6, atol=0)
+    assert out[[1, 3, 4, 5, 6, 7]].eq(0).all()
+    with pytest.raises(ValueError, match="multiple of 128"):
+        D.k_grouped_operands(dy, x, [100, 156, 0, 0, 0, 0, 0, 0])
+
+
 def _kernel_view_of_sfa(sfa: torch.Tensor, m: int) -> torch.Tensor:
     """What the kernel reads as scale (m, kb): the storage at kb * align(m, 4) + m (its TMA descriptor's layout),
     whatever the tensor's own strides say (past the storage's end, zeros: on the device, whatever lies there)."""
@@ -141,6 +159,21 @@ def test_the_launchers_configuration_is_deepgemms_heuristic_choice():
         assert f"{{{shape[1]}, {shape[2]}, 8, kernel_of<{shape[1]}, {shape[2]}, 8>()}}" in source
 
 
+def test_the_launchers_k_grouped_configuration_is_deepgemms_heuristic_choice():
+    source = (REPO / "scripts/peers/deepgemm_launcher.cu").read_text()
+    const = lambda name: int(re.search(rf"\b{name} = (\d+)", source).group(1))
+    config = _config_module()
+    for name, (m, n, k, g) in config.TIMED_K_GROUPED.items():
+        choice = config.best_k_grouped(m, n, k, g)
+        assert (choice.block_m, choice.block_n, choice.stages) == (
+            const("kKgBlockM"),
+            const("kKgBlockN"),
+            const("kKgStages"),
+        )
+        assert choice.cluster_m * choice.cluster_n == 1, name  # the launcher launches no cluster for it
+        assert f"{{{m}, {n}, {g}, k_grouped_kernel_of<{m}, {n}, {g}>()}}" in source
+
+
 @pytest.mark.skipif(not D.library_path().is_file(), reason="the DeepGEMM launcher is not built (.peers/lib)")
 def test_the_built_library_reports_that_configuration():
     config = _config_module()
@@ -149,6 +182,9 @@ def test_the_built_library_reports_that_configuration():
         got, choice = lib.config(n, k, 8), config.best(m, n, k)
         assert got["specialised"] == 1 and got["smem_bytes"] == choice.smem_bytes and got["num_sms"] == 132, name
     assert lib.config(256, 512, 4)["specialised"] == 0
+    for name, (m, n, k, g) in config.TIMED_K_GROUPED.items():
+        got, choice = lib.k_grouped_config(m, n, g), config.best_k_grouped(m, n, k, g)
+        assert got["specialised"] == 1 and got["smem_bytes"] == choice.smem_bytes and got["block_n"] == 152, name
 
 
 # ---- on an SM90 GPU ------------------------------------------------------------------------------------------------
@@ -209,6 +245,25 @@ def test_gpu_graph_capturable():
     graph.replay()
     torch.cuda.synchronize()
     assert sqnr_db(out, ref) >= MIN_SQNR_DB
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n"), [(256, 320), (2048, 7168)], ids=["generic", "deepseek-v3-wgrad-instance"])
+def test_gpu_k_grouped_matches_the_recipe_reference(m, n):
+    lib = _gpu_lib()
+    ks = [256, 0, 384, 128, 512, 0, 128, 640]
+    g = torch.Generator(device="cuda").manual_seed(5)
+    dy = torch.randn(sum(ks), m, device="cuda", generator=g).bfloat16()
+    x = torch.randn(sum(ks), n, device="cuda", generator=g).bfloat16()
+    ops = D.k_grouped_operands(dy, x, ks)
+    ref = D.k_grouped_reference(ops, dtype=torch.float32)
+    out = lib.k_grouped_gemm(ops)
+    torch.cuda.synchronize()
+    assert sqnr_db(out, ref) >= MIN_SQNR_DB
+    assert out[1].eq(0).all() and out[5].eq(0).all(), "empty groups stay as they were (zero)"
+    lib.k_grouped_gemm(ops, out)  # it accumulates: twice the product
+    torch.cuda.synchronize()
+    assert sqnr_db(out, 2 * ref) >= MIN_SQNR_DB
 
 
 # ---- the table -----------------------------------------------------------------------------------------------------

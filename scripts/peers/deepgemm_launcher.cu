@@ -5,7 +5,10 @@
 // this file only does what DeepGEMM's host side does for it (csrc/jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp,
 // runtime_utils.hpp, jit/handle.hpp): pick the configuration, build the TMA descriptors, launch.
 //
-// Contract (all device pointers, row-major, no host sync, graph-capturable):
+// The wgrad GEMM is DeepGEMM's k-grouped one (deep_gemm/impls/sm90_fp8_gemm_1d1d.cuh, host side
+// sm90_k_grouped_fp8_gemm_1d1d), a different kernel and recipe: see mxdg_k_grouped_fp8_gemm_nt_contiguous below.
+//
+// m-grouped contract (all device pointers, row-major, no host sync, graph-capturable):
 //   a   (M, K) e4m3, K contiguous;      sfa: float, MN-major: element (m, kb) at sfa[kb * align(M, 4) + m]
 //   b   (G, N, K) e4m3, K contiguous;   sfb: float (G, ceil(N/128), ceil(K/128)) contiguous (K-major)
 //   d   (M, N) bf16;                    m_indices: int32 (M,), each row's group, -1 for padding rows
@@ -19,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include <deep_gemm/impls/sm90_fp8_gemm_1d1d.cuh>
 #include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>
 
 namespace {
@@ -67,6 +71,37 @@ const Instance kInstances[] = {
     {5120, 8192, 8, kernel_of<5120, 8192, 8>()},  // Llama 4 Scout dgrad
 #endif
     {0, 0, 0, kernel_of<0, 0, 0>()},              // any other (N, K, G)
+};
+
+// The k-grouped (wgrad) kernel: DeepGEMM's heuristic picks, at both models' wgrad shapes (M, N = 2048, 7168 and
+// 8192, 5120; 8 groups of 16384 tokens), BLOCK_M 128, BLOCK_N 152, 4 stages, no multicast (none above 4 groups);
+// 64-row stores of fp32 D, 128 + 256 threads (scripts/peers/deepgemm_config.py: best_k_grouped).
+constexpr uint32_t kKgBlockM = 128, kKgBlockN = 152, kKgStages = 4, kKgStoreBlockM = 64;
+
+template <uint32_t M, uint32_t N, uint32_t G>
+constexpr auto k_grouped_kernel_of() {
+    // "mn" compiled, as k_grouped_fp8_gemm_nt_contiguous does by default; K (the groups' sum) at run time. The group
+    // count is a template constant of the k-grouped scheduler, so the generic instance has G = 8 too.
+    return &deep_gemm::sm90_fp8_gemm_1d1d_impl<
+        M, N, 0, G, kKgBlockM, kKgBlockN, kBlockK, kSwizzleAB, kSwizzleAB, kKgStages, kTmaThreads, kMathThreads,
+        1, false, kNumSMs, GemmType::KGroupedContiguous, float>;
+}
+
+using KgKernelFn = void (*)(__nv_fp8_e4m3*, __nv_fp8_e4m3*, int*, cute::TmaDescriptor*, uint32_t, uint32_t, uint32_t,
+                            const cute::TmaDescriptor, const cute::TmaDescriptor, const cute::TmaDescriptor,
+                            const cute::TmaDescriptor, const cute::TmaDescriptor);
+
+struct KgInstance {
+    int m, n, g;  // m = n = 0: at run time
+    KgKernelFn fn;
+};
+
+const KgInstance kKgInstances[] = {
+#ifndef MXDG_GENERIC_ONLY
+    {2048, 7168, 8, k_grouped_kernel_of<2048, 7168, 8>()},  // DeepSeek-V3 wgrad: (N, K) per group
+    {8192, 5120, 8, k_grouped_kernel_of<8192, 5120, 8>()},  // Llama 4 Scout wgrad
+#endif
+    {0, 0, 8, k_grouped_kernel_of<0, 0, 8>()},
 };
 
 thread_local char g_error[512] = "";
@@ -133,6 +168,33 @@ int smem_bytes(uint32_t k) {
     return static_cast<int>(smem_d + barriers + sfb + kStages * per_stage);
 }
 
+// get_pipeline_config for the k-grouped kernel: fp32 D tile, barriers, 4 tensor maps' room, and per stage A, B and
+// both operands' scales (B's per row of N here: both are 1x128).
+int kg_smem_bytes() {
+    const uint32_t smem_d = align_up(kKgBlockM * kKgBlockN * 4, 1024);
+    const uint32_t per_stage = kKgBlockM * kBlockK + kKgBlockN * kBlockK + align_up(kKgBlockM * 4, 128) +
+                               align_up(kKgBlockN * 4, 128);
+    return static_cast<int>(smem_d + 16 * 8 * 2 + 4 * 128 + kKgStages * per_stage);
+}
+
+cudaLaunchConfig_t launch_config(int smem, void* stream, cudaLaunchAttribute* attrs, uint32_t cluster) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kNumSMs, 1, 1);
+    config.blockDim = dim3(kTmaThreads + kMathThreads, 1, 1);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    config.stream = static_cast<cudaStream_t>(stream);
+    config.attrs = attrs;
+    config.numAttrs = 0;  // no programmatic dependent launch: each timed call stands alone
+    if (cluster > 1) {
+        attrs[0].id = cudaLaunchAttributeClusterDimension;
+        attrs[0].val.clusterDim.x = cluster;
+        attrs[0].val.clusterDim.y = 1;
+        attrs[0].val.clusterDim.z = 1;
+        config.numAttrs = 1;
+    }
+    return config;
+}
+
 }  // namespace
 
 extern "C" {
@@ -189,18 +251,8 @@ int mxdg_m_grouped_fp8_gemm_nt_contiguous(const void* a, const float* sfa, const
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
         return fail(cudaGetErrorString(cudaGetLastError()), 3);
 
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(kNumSMs, 1, 1);
-    config.blockDim = dim3(kTmaThreads + kMathThreads, 1, 1);
-    config.dynamicSmemBytes = static_cast<size_t>(smem);
-    config.stream = static_cast<cudaStream_t>(stream);
     cudaLaunchAttribute attrs[1];
-    attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = kCluster;
-    attrs[0].val.clusterDim.y = 1;
-    attrs[0].val.clusterDim.z = 1;
-    config.attrs = attrs;
-    config.numAttrs = 1;  // no programmatic dependent launch: each timed call stands alone
+    const cudaLaunchConfig_t config = launch_config(smem, stream, attrs, kCluster);
 
     float* sfb_arg = const_cast<float*>(sfb);
     int* layout_arg = const_cast<int*>(m_indices);
@@ -213,6 +265,86 @@ int mxdg_m_grouped_fp8_gemm_nt_contiguous(const void* a, const float* sfa, const
     if (err != cudaSuccess)
         return fail(cudaGetErrorString(err), 4);
     return 0;
+}
+
+// The k-grouped GEMM of wgrad, DeepGEMM's k_grouped_fp8_gemm_nt_contiguous on SM90: for each group g with ks[g] > 0
+// (a multiple of 128), d[g] (m, n) fp32 += (a_g * sfa_g) @ (b_g * sfb_g)^T, where a_g (m, ks[g]) and b_g (n, ks[g])
+// e4m3 are K-contiguous and stored one group after another (a_g at a + m * sum(ks[:g])); both operands' scales are
+// 1x128 along K, float, MN-major: sfa (sum_g ks[g] / 128, align(m, 4)), sfb (same rows, align(n, 4)). d accumulates
+// (TMA reduce-add), so zero it first for a plain product; an empty group's d[g] is left as it is. `ks` is on the
+// host (the descriptors need the first group's K and the scales' extent), `ks_device` the same G values on the device;
+// `tensormap_buffer` is device memory for 2 * 132 descriptors of 128 bytes (the kernel rewrites A's and B's per
+// group). Returns 0 on success, else an error code with mxdg_last_error().
+int mxdg_k_grouped_fp8_gemm_nt_contiguous(const void* a, const float* sfa, const void* b, const float* sfb,
+                                         float* d, const int* ks, const int* ks_device, void* tensormap_buffer,
+                                         int m, int n, int g, void* stream) {
+    if (m <= 0 or n <= 0 or g <= 0)
+        return fail("m, n and g must be positive", 1);
+    if (m % 4 != 0 or n % 4 != 0)
+        return fail("m and n must be multiples of 4 (TMA strides of the scales and of fp32 D)", 1);
+    uint64_t sum_k = 0;
+    uint32_t first_k = 0, sum_sf_k = 0;
+    for (int i = 0; i < g; ++i) {
+        if (ks[i] < 0 or ks[i] % 128 != 0)
+            return fail("every group's K must be a non-negative multiple of 128", 1);
+        if (first_k == 0)
+            first_k = static_cast<uint32_t>(ks[i]);
+        sum_k += static_cast<uint64_t>(ks[i]);
+        sum_sf_k += static_cast<uint32_t>(ks[i]) / kBlockK;
+    }
+    if (sum_k == 0)
+        return 0;  // nothing to add
+    KgKernelFn fn = nullptr;
+    for (const auto& inst: kKgInstances)
+        if (inst.g == g and ((inst.m == m and inst.n == n) or (inst.m == 0 and fn == nullptr)))
+            fn = inst.fn;
+    if (fn == nullptr)
+        return fail("no instance for this group count (compiled for 8)", 1);
+
+    CUtensorMap map_a, map_b, map_sfa, map_sfb, map_d;
+    const uint64_t m_aligned = align_up(static_cast<uint32_t>(m), 4), n_aligned = align_up(static_cast<uint32_t>(n), 4);
+    bool ok = make_2d(&map_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, a, first_k, m, kBlockK, kKgBlockM, first_k, kSwizzleAB) and
+              make_2d(&map_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, b, first_k, n, kBlockK, kKgBlockN, first_k, kSwizzleAB) and
+              make_2d(&map_sfa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, sfa, m_aligned, sum_sf_k, kKgBlockM, 1, m_aligned, 0) and
+              make_2d(&map_sfb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, sfb, n_aligned, sum_sf_k, kKgBlockN, 1, n_aligned, 0) and
+              make_2d(&map_d, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, d, n, static_cast<uint64_t>(m) * g, kKgBlockN,
+                      kKgStoreBlockM, n, 0);
+    if (not ok)
+        return fail("cuTensorMapEncodeTiled failed (alignment of a pointer or stride?)", 2);
+
+    const int smem = kg_smem_bytes();
+    auto kernel = reinterpret_cast<const void*>(fn);
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+        return fail(cudaGetErrorString(cudaGetLastError()), 3);
+    cudaLaunchAttribute attrs[1];
+    const cudaLaunchConfig_t config = launch_config(smem, stream, attrs, 1);
+    auto a_arg = static_cast<__nv_fp8_e4m3*>(const_cast<void*>(a));
+    auto b_arg = static_cast<__nv_fp8_e4m3*>(const_cast<void*>(b));
+    auto layout_arg = const_cast<int*>(ks_device);
+    auto buffer_arg = static_cast<cute::TmaDescriptor*>(tensormap_buffer);
+    uint32_t um = static_cast<uint32_t>(m), un = static_cast<uint32_t>(n), uk = static_cast<uint32_t>(sum_k);
+    const cudaError_t err = cudaLaunchKernelEx(&config, fn, a_arg, b_arg, layout_arg, buffer_arg, um, un, uk,
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_a),
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_b),
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_sfa),
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_sfb),
+                                               *reinterpret_cast<cute::TmaDescriptor*>(&map_d));
+    if (err != cudaSuccess)
+        return fail(cudaGetErrorString(err), 4);
+    return 0;
+}
+
+// The k-grouped configuration for (m, n, g): block M, N, K, stages, cluster, SM count, compiled instance, smem.
+int mxdg_k_grouped_config(int m, int n, int g, int* out, int out_len) {
+    int compiled = 0;
+    for (const auto& inst: kKgInstances)
+        compiled |= (inst.m == m and inst.n == n and inst.g == g);
+    const int values[] = {int(kKgBlockM), int(kKgBlockN), int(kBlockK), int(kKgStages), 1, 0, int(kNumSMs),
+                          compiled, kg_smem_bytes()};
+    const int count = static_cast<int>(sizeof(values) / sizeof(values[0]));
+    for (int i = 0; i < out_len and i < count; ++i)
+        out[i] = values[i];
+    return count;
 }
 
 }  // extern "C"
