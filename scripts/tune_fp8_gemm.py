@@ -18,8 +18,7 @@ in dB), then at the full size against "native" (SQNR in dB; inf: torch's outputs
 ``--deepgemm`` adds, and ``--only-deepgemm`` times alone (beside torch's kernel and the dense ``_scaled_mm``, the
 ratios' denominators), DeepGEMM's grouped FP8 GEMM (backend "deepgemm", fwd and dgrad: ``scripts/peers/deepgemm.py``)
 in its own recipe -- 1x128 activation and 128x128 weight scales, which the table marks -- first checked against that
-recipe's reference. DeepGEMM's SM90 wgrad (k-grouped) kernel is another kernel (1D1D, fp32 accumulation into C), not
-built here.
+recipe's reference; ``--deepgemm-wgrad`` adds its k-grouped wgrad GEMM (1x128 scales on both operands, so marked).
 """
 
 from __future__ import annotations
@@ -187,7 +186,7 @@ def main() -> int:
     for model in only:
         K, N = MODELS[model]
         for pass_, case in PASSES.items():
-            if session.args.only_deepgemm and pass_ not in DG.PASSES:
+            if session.args.only_deepgemm and pass_ not in DG.passes(session.args):
                 continue
             flops = 2 * M * N * K
             shape = {"fwd": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[pass_]
@@ -202,7 +201,7 @@ def main() -> int:
             for name, us in (("native", native_us), ("native_fast_accum", fast_us), ("dense_scaled_mm", dense_us)):
                 rows_out.append({**base, "backend": name, "config": None, "us": us, "tflops": flops / us / 1e6})
                 print(f"{model:13s} {pass_:5s} {name:16s} {us:9.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
-            if peer and pass_ in DG.PASSES:
+            if peer and pass_ in DG.passes(session.args):
                 rows_out.append(peer.row(base, pass_, native_us, dense_us))
             for backend, config in [] if session.args.only_deepgemm else CANDIDATES[case]:
                 if time.monotonic() - session.t0 > session.args.budget_s:
