@@ -5,6 +5,7 @@ reference at ragged-but-aligned groups, a padding block, the timed shapes' compi
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import re
 import sys
@@ -182,6 +183,14 @@ def test_the_built_library_reports_that_configuration():
         got, choice = lib.config(n, k, 8), config.best(m, n, k)
         assert got["specialised"] == 1 and got["smem_bytes"] == choice.smem_bytes and got["num_sms"] == 132, name
     assert lib.config(256, 512, 4)["specialised"] == 0
+    # the launcher refuses shapes it cannot run before touching the device (so, here, without one)
+    status = lib._lib.mxdg_m_grouped_fp8_gemm_nt_contiguous(None, None, None, None, None, None, 100, 256, 512, 1, None)
+    assert status == 1 and b"multiple of 128" in lib._lib.mxdg_last_error()
+    ks = (ctypes.c_int * 8)(128, 0, 100, 0, 0, 0, 0, 0)
+    status = lib._lib.mxdg_k_grouped_fp8_gemm_nt_contiguous(
+        None, None, None, None, None, ks, None, None, 256, 320, 8, None
+    )
+    assert status == 1 and b"multiple of 128" in lib._lib.mxdg_last_error()
     for name, (m, n, k, g) in config.TIMED_K_GROUPED.items():
         got, choice = lib.k_grouped_config(m, n, g), config.best_k_grouped(m, n, k, g)
         assert got["specialised"] == 1 and got["smem_bytes"] == choice.smem_bytes and got["block_n"] == 152, name

@@ -21,6 +21,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include <deep_gemm/impls/sm90_fp8_gemm_1d1d.cuh>
 #include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>
@@ -177,6 +180,21 @@ int kg_smem_bytes() {
     return static_cast<int>(smem_d + 16 * 8 * 2 + 4 * 128 + kKgStages * per_stage);
 }
 
+// cudaFuncSetAttribute once per kernel and size: later calls may come inside a CUDA graph capture, where only the
+// launch should happen (torch.cuda.graph's capture mode refuses some runtime calls from any thread).
+bool ensure_smem(const void* kernel, int smem) {
+    static std::mutex lock;
+    static std::vector<std::pair<const void*, int>> done;
+    std::lock_guard<std::mutex> guard(lock);
+    for (const auto& [k, size]: done)
+        if (k == kernel and size >= smem)
+            return true;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+        return false;
+    done.emplace_back(kernel, smem);
+    return true;
+}
+
 cudaLaunchConfig_t launch_config(int smem, void* stream, cudaLaunchAttribute* attrs, uint32_t cluster) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(kNumSMs, 1, 1);
@@ -247,8 +265,7 @@ int mxdg_m_grouped_fp8_gemm_nt_contiguous(const void* a, const float* sfa, const
     if (not ok)
         return fail("cuTensorMapEncodeTiled failed (alignment of a pointer or stride?)", 2);
 
-    auto kernel = reinterpret_cast<const void*>(fn);
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    if (not ensure_smem(reinterpret_cast<const void*>(fn), smem))
         return fail(cudaGetErrorString(cudaGetLastError()), 3);
 
     cudaLaunchAttribute attrs[1];
@@ -280,8 +297,9 @@ int mxdg_k_grouped_fp8_gemm_nt_contiguous(const void* a, const float* sfa, const
                                          int m, int n, int g, void* stream) {
     if (m <= 0 or n <= 0 or g <= 0)
         return fail("m, n and g must be positive", 1);
-    if (m % 4 != 0 or n % 4 != 0)
-        return fail("m and n must be multiples of 4 (TMA strides of the scales and of fp32 D)", 1);
+    if (m % kKgBlockM != 0 or n % 4 != 0)
+        return fail("m must be a multiple of 128 (a block past m would read and add into the next group's rows) "
+                    "and n of 4 (TMA strides of the scales and of fp32 D)", 1);
     uint64_t sum_k = 0;
     uint32_t first_k = 0, sum_sf_k = 0;
     for (int i = 0; i < g; ++i) {
@@ -313,8 +331,7 @@ int mxdg_k_grouped_fp8_gemm_nt_contiguous(const void* a, const float* sfa, const
         return fail("cuTensorMapEncodeTiled failed (alignment of a pointer or stride?)", 2);
 
     const int smem = kg_smem_bytes();
-    auto kernel = reinterpret_cast<const void*>(fn);
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    if (not ensure_smem(reinterpret_cast<const void*>(fn), smem))
         return fail(cudaGetErrorString(cudaGetLastError()), 3);
     cudaLaunchAttribute attrs[1];
     const cudaLaunchConfig_t config = launch_config(smem, stream, attrs, 1);
