@@ -4,6 +4,7 @@
     python scripts/tune_fp8_gemm.py --out $OUT/tune_fp8_gemm.json      # ~2 minutes on an H100
     python scripts/tune_fp8_gemm.py --table RUN.json [RUN.json ...]    # markdown: each pass's best of ours vs torch's
     python scripts/tune_fp8_gemm.py --only-deepgemm --out $OUT/tune_fp8_gemm-deepgemm.json  # the DeepGEMM peer
+    python scripts/tune_fp8_gemm.py --only-deepgemm --deepgemm-passes wgrad --out $OUT/...     # its wgrad kernel
 
 For each model (DeepSeek-V3: K 7168, N 2048; Llama 4 Scout: K 5120, N 8192; G = 8 balanced groups, M = 131072
 tokens) and each GEMM of the FP8 rowwise step -- fwd (M, K) x (G, N, K), dgrad (M, N) x (G, K, N), wgrad (N, M) x
@@ -18,7 +19,7 @@ in dB), then at the full size against "native" (SQNR in dB; inf: torch's outputs
 ``--deepgemm`` adds, and ``--only-deepgemm`` times alone (beside torch's kernel and the dense ``_scaled_mm``, the
 ratios' denominators), DeepGEMM's grouped FP8 GEMM (backend "deepgemm", fwd and dgrad: ``scripts/peers/deepgemm.py``)
 in its own recipe -- 1x128 activation and 128x128 weight scales, which the table marks -- first checked against that
-recipe's reference; ``--deepgemm-wgrad`` adds its k-grouped wgrad GEMM (1x128 scales on both operands, so marked).
+recipe's reference; ``--deepgemm-passes wgrad`` its k-grouped wgrad GEMM (1x128 scales on both operands, so marked).
 """
 
 from __future__ import annotations

@@ -312,3 +312,26 @@ def test_the_table_marks_the_peer_and_compares_it_with_torch_of_the_same_run(tmp
             assert cells[12] == f"{native[model, pass_]['us'] / planted[pass_]:.2f}x"
         else:
             assert cells[11:] == ["-", "-"], line  # the other model: no timed peer row
+
+
+def test_the_scripts_options_without_the_library(monkeypatch, tmp_path, capsys):
+    """--only-deepgemm without a usable library exits saying why (nothing else to do); --deepgemm goes on without the
+    peer; --deepgemm-passes takes only the three passes."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from peers import deepgemm as DG
+
+    monkeypatch.setattr(D, "_LOADED", None)
+    monkeypatch.setenv(D.LIBRARY_ENV, str(tmp_path / "absent.so"))
+    parser = argparse.ArgumentParser()
+    DG.add_arguments(parser)
+    assert DG.passes(parser.parse_args([])) == ("fwd", "dgrad")
+    assert DG.passes(parser.parse_args(["--deepgemm-passes", "wgrad"])) == ("wgrad",)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--deepgemm-passes", "fwd,bwd"])
+    assert DG.Peer.from_args(parser.parse_args([]), None, MIN_SQNR_DB) is None
+    assert DG.Peer.from_args(parser.parse_args(["--deepgemm"]), None, MIN_SQNR_DB) is None
+    assert "peer skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--only-deepgemm: DeepGEMM peer unavailable: .*not built"):
+        DG.Peer.from_args(parser.parse_args(["--only-deepgemm"]), None, MIN_SQNR_DB)

@@ -5,7 +5,7 @@ scripts/peers/build_deepgemm.sh.
 Its rows time DeepGEMM's m-grouped contiguous GEMM for fwd, (M, K) x (G, N, K), and dgrad, (M, N) x (G, K, N), at the
 script's shapes, on operands drawn as the script draws its own (normal activations, weights scaled by 1/sqrt of the
 contraction) and quantized into DeepGEMM's recipe (1x128 / 128x128 scales). The balanced groups (M / G = 16384 rows)
-are already 128-aligned, so the timed layout has no padding rows. With ``--deepgemm-wgrad`` also its k-grouped GEMM
+are already 128-aligned, so the timed layout has no padding rows. With ``--deepgemm-passes`` naming wgrad, its k-grouped GEMM
 for wgrad, (N, M) x (K, M) -> (G, N, K) in its own recipe (1x128 scales on both operands, fp32 out accumulated into
 a zeroed buffer; the timed replays keep accumulating, as DeepGEMM's own benchmark does with c = d). wgrad is opt-in
 and best run as its own process: its kernel was built and checked here without a GPU, and a fault in it would end
@@ -24,7 +24,7 @@ import torch
 from mxkernels import peer_deepgemm as D
 from tune_gemm import sqnr_db
 
-PASSES = ("fwd", "dgrad", "wgrad")  # wgrad only with --deepgemm-wgrad
+PASSES = ("fwd", "dgrad", "wgrad")  # wgrad only where --deepgemm-passes names it
 BACKEND = "deepgemm"
 COLUMN = f"DeepGEMM ({D.RECIPE})"
 # The small check: 8 groups (the timed instance's G), ragged sizes padded to 128-row blocks, one empty group.
@@ -35,13 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deepgemm", action="store_true", help="also time DeepGEMM's grouped GEMM (fwd, dgrad)")
     parser.add_argument("--only-deepgemm", action="store_true",
                         help="time DeepGEMM's GEMM and the ratios' denominators (torch's, dense) only")  # fmt: skip
-    parser.add_argument("--deepgemm-wgrad", action="store_true",
-                        help="with --deepgemm / --only-deepgemm: DeepGEMM's k-grouped wgrad GEMM too")  # fmt: skip
+    parser.add_argument("--deepgemm-passes", default="fwd,dgrad", type=_passes,
+                        help="the peer's passes, comma list of fwd, dgrad, wgrad (default fwd,dgrad)")  # fmt: skip
+
+
+def _passes(text: str) -> tuple[str, ...]:
+    chosen = tuple(p for p in text.split(",") if p)
+    if not chosen or set(chosen) - set(PASSES):
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of {', '.join(PASSES)}")
+    return chosen
 
 
 def passes(args: argparse.Namespace) -> tuple[str, ...]:
     """The passes the peer runs in this run."""
-    return PASSES if args.deepgemm_wgrad else PASSES[:2]
+    return args.deepgemm_passes
 
 
 def _operands(pass_: str, K: int, N: int, sizes: list[int], seed: int) -> D.Operands:
