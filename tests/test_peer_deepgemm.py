@@ -209,7 +209,10 @@ def _gpu_lib():
 def _case(sizes, n, k, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     indices, _ = D.m_indices(sizes, "cuda")
-    a = torch.randn(indices.numel(), k, device="cuda", generator=g).bfloat16()
+    # each 128-column segment of A at its own magnitude (1e-2 .. 1e2): what 1x128 scales are for, and what makes a
+    # scale read from the wrong place show (segments of one magnitude would hide it within ~20 dB)
+    magnitude = torch.logspace(-2, 2, k // 128, device="cuda").repeat_interleave(128)
+    a = (torch.randn(indices.numel(), k, device="cuda", generator=g) * magnitude).bfloat16()
     b = (torch.randn(len(sizes), n, k, device="cuda", generator=g) * k**-0.5).bfloat16()
     ops = D.operands(a, b, indices)
     return ops, D.reference(ops.a, ops.sfa, ops.b, ops.sfb, indices, dtype=torch.float32)
