@@ -10,7 +10,10 @@
 # (every GPU test: over 10 minutes),
 # tune (scripts/tune_fp8_gemm.py: torch's kernel with both accumulations, the dense _scaled_mm, our candidates;
 # TUNE_ARGS adds options, e.g. --quick), step (the FP8 rowwise fwd+bwd step over bf16 with the backends in
-# STEP_BACKENDS at DeepSeek-V3 and Llama 4 Scout, M = 131072, fused scales: `mxbench roofline ... --backend`).
+# STEP_BACKENDS at DeepSeek-V3 and Llama 4 Scout, M = 131072, fused scales: `mxbench roofline ... --backend`),
+# deepgemm (the DeepGEMM peer, its own 1x128/128x128 recipe: needs .peers/lib/libmxdg.so built beside the checkout by
+# scripts/peers/build_deepgemm.sh and carried; its GPU tests, then scripts/tune_fp8_gemm.py --only-deepgemm for fwd
+# and dgrad, then wgrad's k-grouped kernel in a process of its own -- run it last: a fault ends only its own step).
 # Reads the card's settings, never changes them.
 set -u
 OUT=${OUT:?set OUT to the folder the results go to}
@@ -47,7 +50,13 @@ for step in "${@:-env tests tune}"; do
             --out "$OUT/results/roofline-$preset-fp8_rowwise-$backend.json"
         done
       done ;;
-    *) echo "unknown step $step (env tests related gate alltests tune step)"; exit 2 ;;
+    deepgemm)
+      run deepgemm-lib 60 bash scripts/peers/build_deepgemm.sh --check || continue
+      run deepgemm-tests 300 python -m pytest -q -m gpu tests/test_peer_deepgemm.py
+      run deepgemm-tune 420 python scripts/tune_fp8_gemm.py --only-deepgemm --out "$OUT/tune_fp8_gemm-deepgemm.json"
+      run deepgemm-wgrad 300 python scripts/tune_fp8_gemm.py --only-deepgemm --deepgemm-passes wgrad \
+        --out "$OUT/tune_fp8_gemm-deepgemm-wgrad.json" ;;
+    *) echo "unknown step $step (env tests related gate alltests tune step deepgemm)"; exit 2 ;;
   esac
 done
 cat "$OUT/summary.txt"

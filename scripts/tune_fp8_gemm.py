@@ -3,6 +3,8 @@
 
     python scripts/tune_fp8_gemm.py --out $OUT/tune_fp8_gemm.json      # ~2 minutes on an H100
     python scripts/tune_fp8_gemm.py --table RUN.json [RUN.json ...]    # markdown: each pass's best of ours vs torch's
+    python scripts/tune_fp8_gemm.py --only-deepgemm --out $OUT/tune_fp8_gemm-deepgemm.json  # the DeepGEMM peer
+    python scripts/tune_fp8_gemm.py --only-deepgemm --deepgemm-passes wgrad --out $OUT/...     # its wgrad kernel
 
 For each model (DeepSeek-V3: K 7168, N 2048; Llama 4 Scout: K 5120, N 8192; G = 8 balanced groups, M = 131072
 tokens) and each GEMM of the FP8 rowwise step -- fwd (M, K) x (G, N, K), dgrad (M, N) x (G, K, N), wgrad (N, M) x
@@ -13,6 +15,11 @@ defaults only). Each candidate is first checked against "emulated" on a small ra
 in dB), then at the full size against "native" (SQNR in dB; inf: torch's outputs bit for bit): under
 ``MIN_SQNR_DB``, an empty group's output not all zeros, or an exception, it is reported and skipped. Every time is
 ``mxbench.timing.time_fn`` (cold-L2 CUDA-graph replays after warm-up calls).
+
+``--deepgemm`` adds, and ``--only-deepgemm`` times alone (beside torch's kernel and the dense ``_scaled_mm``, the
+ratios' denominators), DeepGEMM's grouped FP8 GEMM (backend "deepgemm", fwd and dgrad: ``scripts/peers/deepgemm.py``)
+in its own recipe -- 1x128 activation and 128x128 weight scales, which the table marks -- first checked against that
+recipe's reference; ``--deepgemm-passes wgrad`` its k-grouped wgrad GEMM (1x128 scales on both operands, so marked).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from mxkernels.gemm_fp8_rowwise import Fp8Config
 from mxkernels.gemm_fp8_ws import WsConfig
 from mxbench.timing import time_fn
 from tune_gemm import sqnr_db
+from peers import deepgemm as DG
 
 # isort: on
 
@@ -132,13 +140,20 @@ def table(paths: list[str]) -> str:
     """Markdown of stored runs: per model and pass, torch's kernel (default and fast accumulation), the dense
     ``_scaled_mm`` of the same FLOPs, and our fastest candidate of each kind with TFLOP/s: the warp-specialized kernel
     ("triton_ws", torch's sums), the single-warpgroup kernel with torch's sums (promotion every 128 elements) and
-    without (fast: the tensor core's accumulator throughout); ratios to torch's kernel of the same accumulation."""
-    lines = ["| card | model | pass | torch | torch fast acc | dense _scaled_mm | ours, warp-specialized (config) | "
-             "ws / torch | ws / dense | ws vs torch's bits | ours, one warpgroup (config) | ours, fast (config) | "
-             "fast / torch fast |", "|" + "---|" * 13]  # fmt: skip
+    without (fast: the tensor core's accumulator throughout); ratios to torch's kernel of the same accumulation.
+    Where a run holds DeepGEMM rows, two more columns: its TFLOP/s (its own recipe, so marked) and ratio to torch's
+    default of the same run; without any, the table is what it was before the peer."""
+    runs = []
     for path in paths:
         with open(path) as f:
-            run = json.load(f)
+            runs.append(json.load(f))
+    peer = any(r["backend"] == DG.BACKEND for run in runs for r in run["rows"])
+    head = ["card", "model", "pass", "torch", "torch fast acc", "dense _scaled_mm", "ours, warp-specialized (config)",
+            "ws / torch", "ws / dense", "ws vs torch's bits", "ours, one warpgroup (config)", "ours, fast (config)",
+            "fast / torch fast"]  # fmt: skip
+    head += DG.header_cells() if peer else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
         rows = run["rows"]
         for model, pass_ in dict.fromkeys((r["model"], r["pass"]) for r in rows):
             mine = [r for r in rows if r["model"] == model and r["pass"] == pass_]
@@ -152,10 +167,11 @@ def table(paths: list[str]) -> str:
             tf = lambda r: f"{r['tflops']:.0f}" if r else "-"
             mark = lambda r: f"{tf(r)} ({_config_label(r)})" if r else "-"
             ratio = lambda r, base: f"{base['us'] / r['us']:.2f}x" if r else "-"
-            lines.append(f"| {run['device']} | {model} | {pass_} | {tf(by['native'])} | {tf(by['native_fast_accum'])} | "
-                         f"{tf(by['dense_scaled_mm'])} | {mark(ws)} | {ratio(ws, by['native'])} | "
-                         f"{ratio(ws, by['dense_scaled_mm'])} | {_bits(ws)} | {mark(precise)} | {mark(fast)} | "
-                         f"{ratio(fast, by['native_fast_accum'])} |")  # fmt: skip
+            line = (f"| {run['device']} | {model} | {pass_} | {tf(by['native'])} | {tf(by['native_fast_accum'])} | "
+                    f"{tf(by['dense_scaled_mm'])} | {mark(ws)} | {ratio(ws, by['native'])} | "
+                    f"{ratio(ws, by['dense_scaled_mm'])} | {_bits(ws)} | {mark(precise)} | {mark(fast)} | "
+                    f"{ratio(fast, by['native_fast_accum'])} |")  # fmt: skip
+            lines.append(line + "".join(f" {c} |" for c in DG.cells(mine, by["native"])) if peer else line)
     return "\n".join(lines)
 
 
@@ -163,12 +179,16 @@ def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--table":
         print(table(sys.argv[2:]))
         return 0
-    session = start("tune_fp8_gemm", __doc__.splitlines()[0], "all", "models, comma list, or all", 1 << 14, 1 << 14)
+    session = start("tune_fp8_gemm", __doc__.splitlines()[0], "all", "models, comma list, or all", 1 << 14, 1 << 14,
+                    DG.add_arguments)  # fmt: skip
     only = list(MODELS) if session.args.only == "all" else session.args.only.split(",")
+    peer = DG.Peer.from_args(session.args, _us, MIN_SQNR_DB)  # exits, saying why, where --only-deepgemm cannot run
     rows_out, skipped = [], []
     for model in only:
         K, N = MODELS[model]
         for pass_, case in PASSES.items():
+            if session.args.only_deepgemm and pass_ not in DG.passes(session.args):
+                continue
             flops = 2 * M * N * K
             shape = {"fwd": (M, N, K), "dgrad": (M, K, N), "wgrad": (N, K, M)}[pass_]
             (a_q, sa, b_q, sb), offs = _operands(pass_, K, N, [M // G] * G, seed=0)
@@ -182,7 +202,9 @@ def main() -> int:
             for name, us in (("native", native_us), ("native_fast_accum", fast_us), ("dense_scaled_mm", dense_us)):
                 rows_out.append({**base, "backend": name, "config": None, "us": us, "tflops": flops / us / 1e6})
                 print(f"{model:13s} {pass_:5s} {name:16s} {us:9.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
-            for backend, config in CANDIDATES[case]:
+            if peer and pass_ in DG.passes(session.args):
+                rows_out.append(peer.row(base, pass_, native_us, dense_us))
+            for backend, config in [] if session.args.only_deepgemm else CANDIDATES[case]:
                 if time.monotonic() - session.t0 > session.args.budget_s:
                     skipped.append({**base, "backend": backend, "config": dataclasses.asdict(config)})
                     continue
