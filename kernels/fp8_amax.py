@@ -52,6 +52,7 @@ from .runtime import (
     check_same_device,
     check_shape,
     check_tensor,
+    sm_count,
 )
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -202,8 +203,7 @@ def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None
     amax = torch.zeros(groups, cols, dtype=torch.int32, device=x2d.device)
     if rows and cols:
         block_r = config.block_rows or fp8_rowwise.default_rowwise_config(cols).block_rows
-        sms = torch.cuda.get_device_properties(x2d.device).multi_processor_count if x2d.is_cuda else 4
-        span = triton.cdiv(triton.cdiv(rows, sms * config.programs_per_sm), block_r) * block_r
+        span = triton.cdiv(triton.cdiv(rows, sm_count(x2d.device) * config.programs_per_sm), block_r) * block_r
         cap = {"maxnreg": config.max_registers} if config.max_registers and not INTERPRET else {}
         # A producer's arithmetic rounds every operation as its unfused kernel does: no FMA contraction.
         if producer is not None:

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .block_math import abs_max_bits, fp8_scale_and_reciprocal, to_e4m3_bits, to_fp32
 from .padding import group_bounds, locate, pick
-from .runtime import INTERPRET, InputError, check_fields_power_of_two, check_int
+from .runtime import INTERPRET, InputError, check_fields_power_of_two, check_int, persistent_programs
 
 # Rows per step of the strips kernel's pass 2 where a group is not on 16-row boundaries (byte stores).
 _UNALIGNED_STEP: tl.constexpr = tl.constexpr(64)
@@ -396,9 +396,7 @@ def launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_stride
     to q[g * q_strides[0] + c * q_strides[1] + m] (e4m3, the rows contiguous), column c's fp32 scale to
     scale[g * cols + c]."""
     if isinstance(config, WalkConfig):
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-        items = groups * triton.cdiv(cols, config.strip_cols)
-        programs = max(min(items, sms * config.programs_per_sm), 1)
+        programs = persistent_programs(groups * triton.cdiv(cols, config.strip_cols), x.device, config.programs_per_sm)
         _walk_kernel[(programs,)](
             x, offs, q.view(torch.uint8), scale, rows, cols, groups, programs, *x_strides, *q_strides,
             HAS_OFFS=offs is not None, STRIP=config.strip_cols, STEP=config.step_rows, STAGES=config.num_stages,

@@ -39,7 +39,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .gemm_fused import _band_tile, _tile_2d3d
 from .padding import group_bounds, pick
-from .runtime import INTERPRET, InputError, check_int, check_power_of_two, tile_launch
+from .runtime import INTERPRET, InputError, check_int, check_power_of_two, persistent_programs, tile_launch
 
 
 @triton.jit
@@ -201,8 +201,7 @@ def default_config(case: str) -> Fp8Config:
 
 
 def _launch(kernel, tiles: int, args: tuple, G: int, config: Fp8Config, device: torch.device) -> None:
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    programs = max(min(tiles, sms * config.programs_per_sm, config.max_programs or tiles), 1)
+    programs = persistent_programs(tiles, device, config.programs_per_sm, config.max_programs)
     launch = {"BLOCK_K": config.block_k, "BLOCK_G": triton.next_power_of_2(G), "GROUP_M": config.group_m,
               "STAGES": config.num_stages, "PROMOTE": config.promote, **tile_launch(config)}  # fmt: skip
     # The program count is a plain argument, not a constexpr: a call at another size reuses the compiled kernel.

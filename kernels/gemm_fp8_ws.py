@@ -31,12 +31,17 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
-from .runtime import InputError, check_int
+from .runtime import InputError, check_int, persistent_programs
 
 # Gluon is experimental and renames as it goes: triton 3.6 (the GPU image) has async_copy_global_to_shared, later
 # versions (this repo's CI, which cross-compiles the kernels) async_load.
@@ -238,7 +243,7 @@ def _producer(ring: _Ring, w: _Walk, WGRAD: gl.constexpr):
                     _load(ring, slot, m0, n0, col)
                 step += 1
         else:
-            g, row0, rows_left, n0 = _locate_2d3d(w, t, BLOCK_M, BLOCK_N)
+            g, row0, _, n0 = _locate_2d3d(w, t, BLOCK_M, BLOCK_N)
             for k in range((w.K + BLOCK_K - 1) // BLOCK_K):
                 _load(ring, _acquire(ring, step), row0, g * w.N + n0, k * BLOCK_K)
                 step += 1
@@ -497,8 +502,7 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
     out_type = gl.bfloat16 if out_dtype == torch.bfloat16 else gl.float32
     out_layout = gl.NVMMASharedLayout.get_default_for([bm // 2, sub], out_type)
     out_desc = TensorDescriptor.from_tensor(out_rows, [bm // 2, sub], out_layout)
-    sms = torch.cuda.get_device_properties(a_q.device).multi_processor_count
-    programs = max(min(tiles, sms, config.max_programs or tiles), 1)
+    programs = persistent_programs(tiles, a_q.device, cap=config.max_programs)
     # The program count is a plain argument, not a constexpr: a call at another size reuses the compiled kernel.
     _fp8_ws[(programs,)](a_desc, b_desc, out_desc, a_scale, b_scale, offs, out, M, N, K, G, programs,
                         WGRAD=b_q.dim() == 2, STAGES=config.num_stages, GROUP_M=config.group_m, TMA_STORE=tma_store,

@@ -37,7 +37,7 @@ import triton.language as tl
 from .gemm_dequant import dequantize_blocked
 from .layouts import blocked_word
 from .padding import group_bounds, locate, pick
-from .runtime import INTERPRET, InputError, check_int, check_power_of_two, tile_launch
+from .runtime import INTERPRET, InputError, check_int, check_power_of_two, persistent_programs, tile_launch
 
 # ---------------------------------------------------------------------------------------------------------------
 # Dequantization in registers
@@ -405,8 +405,7 @@ _KINDS = {torch.float8_e4m3fn: 0, torch.bfloat16: 1}  # _FP8, _BF16
 
 
 def _launch(kernel, tiles: int, args: tuple, constexprs: dict, G: int, config: FusedConfig, device) -> None:
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    programs = max(min(tiles, sms * config.programs_per_sm, config.max_programs or tiles), 1)
+    programs = persistent_programs(tiles, device, config.programs_per_sm, config.max_programs)
     launch = {"BLOCK_K": config.block_k, "BLOCK_G": triton.next_power_of_2(G), "GROUP_M": config.group_m,
               "EXACT_FP32": config.exact_fp32, **tile_launch(config)}  # fmt: skip
     # The program count is a plain argument, not a constexpr: a call at another size reuses the compiled kernel.

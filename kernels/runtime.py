@@ -140,6 +140,16 @@ def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return value
 
 
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device; 4 elsewhere (the interpreter: a few programs, so that each walks several work items)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def persistent_programs(items: int, device: torch.device, per_sm: int = 1, cap: int | None = None) -> int:
+    """The grid of a persistent kernel over ``items`` work items: min(items, SMs x per_sm, cap), at least 1."""
+    return max(min(items, sm_count(device) * per_sm, cap or items), 1)
+
+
 def tile_launch(config) -> dict:
     """Launch arguments of a tiled kernel's configuration (fields block_m, block_n, num_warps, num_stages, maxnreg):
     the BLOCK_M / BLOCK_N constexprs and Triton's options, maxnreg only when set (None leaves it to ptxas)."""

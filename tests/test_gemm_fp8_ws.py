@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_gemm_fp8_rowwise import case_2d2d, case_2d3d
 from mxkernels import gemm_fp8_ws as W
 from mxkernels import grouped_gemm as GG
 from mxkernels.gemm_reference import fp8_rowwise_reference
 from mxkernels.runtime import InputError
+from test_gemm_fp8_rowwise import case_2d2d, case_2d3d
 
 NAN_E4M3 = 0x7F  # e4m3fn's NaN (it has no infinities)
 
