@@ -36,6 +36,7 @@ from tuning import start
 
 import torch
 from mxkernels import grouped_gemm as GG
+from mxkernels import gemm_fp8_rowwise as F
 from mxkernels.gemm_fp8_rowwise import Fp8Config
 from mxkernels.gemm_fp8_ws import WsConfig
 from mxbench.timing import time_fn
@@ -69,10 +70,22 @@ _WS = [  # the warp-specialized Gluon kernel (torch's sums): ring depth, tile or
     WsConfig(block_n=128, num_stages=4, tma_store=False),
 ]
 CANDIDATES = {case: [("triton", c) for c in _PRECISE + _FAST] + [("triton_ws", c) for c in _WS] for case in ("2d3d", "2d2d")}
-if "--quick" in sys.argv:  # the single-warpgroup kernels' defaults only, beside every warp-specialized candidate
-    sys.argv.remove("--quick")
-    _QUICK = {"2d3d": [_PRECISE[5], _FAST[1]], "2d2d": [_PRECISE[4], _FAST[0]]}
-    CANDIDATES = {case: [("triton", c) for c in _QUICK[case]] + [("triton_ws", c) for c in _WS] for case in _QUICK}
+
+
+def _candidates(quick: bool) -> dict[str, list]:
+    """Per case the (backend, config) pairs to time: all of ``CANDIDATES``, or (``--quick``) the single-warpgroup
+    kernel's two defaults (precise and fast) beside every warp-specialized candidate."""
+    if not quick:
+        return CANDIDATES
+    single = lambda case: [("triton", F.default_config(case)), ("triton", F.FAST_CONFIGS[case])]
+    return {case: single(case) + [("triton_ws", c) for c in _WS] for case in CANDIDATES}
+
+
+def _add_arguments(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="time the single-warpgroup kernel's defaults only")
+    DG.add_arguments(parser)
+
+
 PASSES = {"fwd": "2d3d", "dgrad": "2d3d", "wgrad": "2d2d"}
 
 
@@ -180,8 +193,9 @@ def main() -> int:
         print(table(sys.argv[2:]))
         return 0
     session = start("tune_fp8_gemm", __doc__.splitlines()[0], "all", "models, comma list, or all", 1 << 14, 1 << 14,
-                    DG.add_arguments)  # fmt: skip
+                    _add_arguments)  # fmt: skip
     only = list(MODELS) if session.args.only == "all" else session.args.only.split(",")
+    candidates = _candidates(session.args.quick)
     peer = DG.Peer.from_args(session.args, _us, MIN_SQNR_DB)  # exits, saying why, where --only-deepgemm cannot run
     rows_out, skipped = [], []
     for model in only:
@@ -204,7 +218,7 @@ def main() -> int:
                 print(f"{model:13s} {pass_:5s} {name:16s} {us:9.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
             if peer and pass_ in DG.passes(session.args):
                 rows_out.append(peer.row(base, pass_, native_us, dense_us))
-            for backend, config in [] if session.args.only_deepgemm else CANDIDATES[case]:
+            for backend, config in [] if session.args.only_deepgemm else candidates[case]:
                 if time.monotonic() - session.t0 > session.args.budget_s:
                     skipped.append({**base, "backend": backend, "config": dataclasses.asdict(config)})
                     continue
