@@ -12,14 +12,17 @@ Partitions (``gl.warp_specialize``), each walking the same persistent tile seque
 * a producer warp issues the TMA loads of each step into a ring of STAGES slots, waiting on the slot's "empty"
   barrier (both consumers arrived: count 2) and arming its "ready" barrier with the bytes it expects;
 * two consumer warpgroups (the default partition and one worker), rows [0, BLOCK_M / 2) and [BLOCK_M / 2, BLOCK_M)
-  of the tile: per step wait "ready", one wgmma group into the partial, wait for it, release the slot, add the
-  partial into the fp32 accumulator; then the epilogue (both row scales, bf16, stores masked at the group's end).
+  of the tile: per step wait "ready", one wgmma group into the partial (two, of 128 columns each, for 256-column
+  tiles), wait for it, release the slot, add the partial into the fp32 sum; then the epilogue (both row scales;
+  whole blocks through a staging buffer and TMA stores, blocks that end a group through masked stores).
 
 The sums are torch's term for term (one partial per 128-wide step, added in order), so the outputs equal
 ``gemm_fp8_rowwise``'s precise configs' and torch's bit for bit.
 
-Contract: ``gemm_fp8_rowwise``'s 2D x 3D case (``grouped_gemm.fp8_rowwise_scaled_grouped_mm`` checks the operands):
-a_q (M, K), a_scale (M,), b_q (G, N, K), b_scale (G, N) -> (M, N), rows past offs[-1] unwritten; K a multiple of 16
+Contract: ``gemm_fp8_rowwise``'s (``grouped_gemm.fp8_rowwise_scaled_grouped_mm`` checks the operands). 2D x 3D:
+a_q (M, K), a_scale (M,), b_q (G, N, K), b_scale (G, N) -> (M, N), rows past offs[-1] unwritten. 2D x 2D (wgrad):
+a_q (N, M), a_scale (G, N), b_q (K, M), b_scale (G, K) -> (G, N, K), empty groups zero; at a group's edges the
+producer zeroes the neighbouring groups' columns of a box before its step is ready. The contraction a multiple of 16
 (TMA row strides). SM90 only: Gluon has no interpreter, so the CPU tests cross-compile this file and run
 ``gemm_fp8_rowwise`` (the same sums) under the interpreter.
 """
@@ -124,6 +127,13 @@ def _tiles_2d2d(w: _Walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _tiles(w: _Walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WGRAD: gl.constexpr):
+    if WGRAD:
+        return _tiles_2d2d(w, BLOCK_M, BLOCK_N)
+    return _tiles_2d3d(w, BLOCK_M, BLOCK_N)
+
+
+@gluon.jit
 def _locate_2d3d(w: _Walk, t, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """2D x 3D tile ``t`` (tiles numbered group after group): (group, the tile's first row, the group's rows from
     there on, the tile's first column)."""
@@ -222,13 +232,9 @@ def _producer(ring: _Ring, w: _Walk, WGRAD: gl.constexpr):
     BLOCK_M: gl.constexpr = ring.a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = ring.a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = ring.b_desc.block_type.shape[0]
-    if WGRAD:
-        tiles = _tiles_2d2d(w, BLOCK_M, BLOCK_N)
-    else:
-        tiles = _tiles_2d3d(w, BLOCK_M, BLOCK_N)
     step = 0
     landed = 0
-    for t in range(gl.program_id(0), tiles, w.PROGRAMS):
+    for t in range(gl.program_id(0), _tiles(w, BLOCK_M, BLOCK_N, WGRAD), w.PROGRAMS):
         if WGRAD:
             g, start, size, m0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
             first, steps = _steps_2d2d(start, size, BLOCK_K)
@@ -250,6 +256,15 @@ def _producer(ring: _Ring, w: _Walk, WGRAD: gl.constexpr):
 
 
 @gluon.jit
+def _partial(a, b, part):
+    """a @ b into a fresh partial (use_acc=False: the registers' old values are not read), retired before anything
+    reads it: the other warpgroup's wgmma keeps the tensor core busy meanwhile."""
+    part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
+    part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a, b))
+    return part
+
+
+@gluon.jit
 def _contract(ring: _Ring, step, k_steps, part, HALF: gl.constexpr):
     """The fp32 sums over ``k_steps`` ring steps from ``step`` of this warpgroup's rows of the tile, one partial a step
     and column block: (the first SUB columns' sum, the next SUB's (if BLOCK_N = 2 SUB), the next step, the partial's
@@ -265,18 +280,12 @@ def _contract(ring: _Ring, step, k_steps, part, HALF: gl.constexpr):
         slot = step % STAGES
         mbarrier.wait(ring.ready.index(slot), step // STAGES & 1)
         a = ring.a_s.index(slot).slice(HALF * ROWS, ROWS)
-        b = ring.b_s.index(slot).slice(0, SUB).permute((1, 0))
-        # A fresh partial (use_acc=False: the registers' old values are not read), retired before anything reads it:
-        # the other warpgroup's wgmma keeps the tensor core busy meanwhile.
-        part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
-        part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a, b))
+        part = _partial(a, ring.b_s.index(slot).slice(0, SUB).permute((1, 0)), part)
         if HALVES == 1:
             mbarrier.arrive(ring.empty.index(slot), count=1)
         acc += part
         if HALVES == 2:
-            b = ring.b_s.index(slot).slice(SUB, SUB).permute((1, 0))
-            part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
-            part, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(part, a, b))
+            part = _partial(a, ring.b_s.index(slot).slice(SUB, SUB).permute((1, 0)), part)
             mbarrier.arrive(ring.empty.index(slot), count=1)
             acc_hi += part
         step += 1
@@ -329,13 +338,9 @@ def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr
     mma: gl.constexpr = _mma_layout(SUB)
     r = HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
     c = gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
-    if WGRAD:
-        tiles = _tiles_2d2d(w, BLOCK_M, BLOCK_N)
-    else:
-        tiles = _tiles_2d3d(w, BLOCK_M, BLOCK_N)
     step = 0
     part = gl.zeros([ROWS, SUB], gl.float32, mma)
-    for t in range(gl.program_id(0), tiles, w.PROGRAMS):
+    for t in range(gl.program_id(0), _tiles(w, BLOCK_M, BLOCK_N, WGRAD), w.PROGRAMS):
         # Per case: the tile's first row in its output block (row0, rows_left of that block from there), its first
         # column, the output's columns, where the tile's output block and scales start, its row in the descriptor.
         if WGRAD:  # out[g] (N, K), seen as rows [g * N, (g + 1) * N) of (G * N, K) by the descriptor
