@@ -10,7 +10,7 @@ sizes and torch's own op as a cross-check (``meta`` records every candidate and 
 
 GEMM ceilings are likewise the best of a set of shapes (``gemm_points``), so that no GEMM the pipeline times can beat
 its own ceiling: an N x N x N matmul (``torch.mm`` in bf16, ``torch._scaled_mm`` e4m3 with tensorwise scales and fast
-accumulation in fp8) and the grouped GEMMs of the training step itself, built by ``mxkernels.pipeline.build_step`` at
+accumulation in fp8) and the grouped GEMMs of the training step itself, built by ``mxkernels.stages.pipeline.build_step`` at
 the model presets' shapes (DeepSeek-V3, Llama 4 Scout), the roofline sweep's token counts and both group kinds:
 forward and dgrad 2D x 3D, wgrad 2D x 2D, as ``torch._grouped_mm`` in bf16 and FP8 rowwise
 ``torch._scaled_grouped_mm`` in fp8. ``bf16_shape`` / ``fp8_shape`` name the shape that gave each ceiling and
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from mxkernels.errors import InputError
-from mxkernels.runtime import check_tensor
+from mxkernels.core.errors import InputError
+from mxkernels.core.runtime import check_tensor
 
 from .hardware import Peak, card_slug, device_properties
 from .validation import Published, read_json, schema_file, validate
@@ -312,7 +312,7 @@ def grouped_candidates(point: GemmPoint, device="cuda", fp8_backend: str | None 
     """The GEMM stages of ``point``'s bf16 step (``torch._grouped_mm``) and, unless ``fp8_backend`` is None, of its
     FP8 rowwise step on that backend, bound to real tensors by ``pipeline.build_step``: exactly the calls the
     pipeline times. Lazy, one recipe's tensors alive at a time."""
-    from mxkernels import pipeline
+    from mxkernels.stages import pipeline
 
     from .points import group_sizes
 
@@ -361,7 +361,7 @@ def best_gemms(measured: dict[str, dict[str, float]]) -> tuple[dict[str, float |
 
 def _gemm_ceilings(n: int, points: Sequence[GemmPoint]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """(TFLOP/s of every GEMM candidate by kind, why a kind's candidates could not run), on the current device."""
-    from mxkernels.grouped_gemm import available_backends
+    from mxkernels.gemm.grouped_gemm import available_backends
 
     square, fp8_error = square_candidates(n)
     fp8_backend = "native" if fp8_error is None and "native" in available_backends("fp8_rowwise") else None

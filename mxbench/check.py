@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
-from mxkernels import gemm_native
-from mxkernels.comparison import MinSQNR, Mismatch
-from mxkernels.errors import InputError
-from mxkernels.format import BLOCK_SIZE
-from mxkernels.names import Recipe
-from mxkernels.pipeline import Stage, step_stages
-from mxkernels.stages import padding_alignment
+from mxkernels.gemm import native as gemm_native
+from mxkernels.core.comparison import MinSQNR, Mismatch
+from mxkernels.core.errors import InputError
+from mxkernels.core.format import BLOCK_SIZE
+from mxkernels.core.names import Recipe
+from mxkernels.stages.pipeline import Stage, step_stages
+from mxkernels.stages.step_specs import padding_alignment
 
 from . import guarded
 from .check_inputs import Scenario, check_group_sizes, check_inputs, scenarios

@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from mxkernels.errors import InputError
-from mxkernels.format import BLOCK_SIZE
-from mxkernels.names import Recipe
-from mxkernels.pipeline import group_ends
-from mxkernels.stages import padding_alignment
+from mxkernels.core.errors import InputError
+from mxkernels.core.format import BLOCK_SIZE
+from mxkernels.core.names import Recipe
+from mxkernels.stages.pipeline import group_ends
+from mxkernels.stages.step_specs import padding_alignment
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from .gate_rules import CLOCK_RULE_CATEGORIES, DEFAULT_DELTAS, DEFAULT_FLOOR_US, MIN_SAMPLES, VERDICTS
 from .provenance import CodeChange, code_changes

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from mxkernels.errors import InputError
-from mxkernels.names import MEMORY_CATEGORIES, Pass
+from mxkernels.core.errors import InputError
+from mxkernels.core.names import MEMORY_CATEGORIES, Pass
 
 from .hardware import Peak
 from .render import card_label

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 UNITS = ("TB/s", "TFLOP/s")
 _NUMBERS = ("hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w", "nvlink_gbps", "nic_gbps")

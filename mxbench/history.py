@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from . import REPO_ROOT
 from .compare import Comparison, MatchKey, compare_runs

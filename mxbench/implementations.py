@@ -2,7 +2,7 @@
 torchao's Triton kernels (optional: ``pip install mxbench[peers]``) and ``torch.compile`` of the plain-torch
 references.
 
-Each adapter gives the stage's calling contract (``mxkernels.stages``): torchao's functions take other argument
+Each adapter gives the stage's calling contract (``mxkernels.stages.step_specs``): torchao's functions take other argument
 conventions and return other layouts, and the adapters say how they map. torchao is imported on use only.
 """
 
@@ -17,11 +17,11 @@ import importlib.util
 from collections.abc import Callable
 
 import torch
-from mxkernels import grouped_gemm
-from mxkernels.layouts import blocked_3d_shape
-from mxkernels.names import MEMORY_CATEGORIES, Category, Recipe
-from mxkernels.runtime import INTERPRET
-from mxkernels.stages import all_specs
+from mxkernels.gemm import grouped_gemm
+from mxkernels.layouts.scale_layout import blocked_3d_shape
+from mxkernels.core.names import MEMORY_CATEGORIES, Category, Recipe
+from mxkernels.core.runtime import INTERPRET
+from mxkernels.stages.step_specs import all_specs
 
 from .registry import OURS, Deviation, Implementation, Registry, always
 

@@ -34,7 +34,8 @@ class Instruments:
     @classmethod
     def real(cls, device: int = 0, results_dir: Path = Path("results"), power=None) -> Instruments:
         import torch
-        from mxkernels import autograd, pipeline
+        from mxkernels.moe import projection
+        from mxkernels.stages import pipeline
 
         from . import ceilings, hardware
         from . import power as nvml_power
@@ -47,7 +48,7 @@ class Instruments:
         return cls(
             plan_step=pipeline.plan_step,
             build_step=pipeline.build_step,
-            end_to_end=autograd.end_to_end,
+            end_to_end=projection.end_to_end,
             time_fn=time_fn,
             telemetry=lambda: nvml_power.TelemetrySampler(device),
             snapshot=lambda: nvml_power.snapshot(device),

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mxkernels.cost import Cost
-from mxkernels.names import END_TO_END_STAGE, Category, Pass, end_to_end_kernel, end_to_end_purpose
+from mxkernels.core.cost import Cost
+from mxkernels.core.names import END_TO_END_STAGE, Category, Pass, end_to_end_kernel, end_to_end_purpose
 
 from .instruments import Instruments
 from .points import BASELINE, point_group_sizes

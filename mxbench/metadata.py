@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from mxkernels.names import OURS
+from mxkernels.core.names import OURS
 
 from . import __version__
 from .instruments import Instruments

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 RESULTS_SUFFIX = ".json"
 

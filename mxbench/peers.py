@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import click
-from mxkernels.names import MEMORY_CATEGORIES, Category, Recipe
+from mxkernels.core.names import MEMORY_CATEGORIES, Category, Recipe
 
 from .implementations import COMPILED, TORCHAO, torchao_version
 from .instruments import Instruments
@@ -65,14 +65,14 @@ def run_peers(
     """Time every data-movement stage of the MXFP8 step at (M, N, K, G) for each registered implementation; see
     the module docstring. With ``options.out`` the Run is saved after each step's stages. Ctrl-C stops it: the
     partial Run is saved and returned with ``meta["interrupted"] = True``. ``instruments``, ``registry`` and
-    ``pipeline`` (``mxkernels.pipeline``) are injectable for tests.
+    ``pipeline`` (``mxkernels.stages.pipeline``) are injectable for tests.
 
     ``share`` (rank, world): of the (stage, implementation) pairs in the order they are timed, only those whose
     index is ``rank`` modulo ``world`` (one rank of a sharded run, ``shard.sharded_peers``); ``meta`` is added
     to the Run's metadata.
     """
     if pipeline is None:
-        from mxkernels import pipeline
+        from mxkernels.stages import pipeline
     ins = instruments or Instruments.real(options.device, options.results_dir)
     registry = registry or default_registry()
     point = Point(M, N, K, G, RECIPE, mode, groups, seed)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from .figures.context import PANEL_SIZE, Context
 from .figures.peers import PEERS_SIZE, draw_peers

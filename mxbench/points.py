@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from mxkernels.errors import InputError
-from mxkernels.fp8_amax import MAX_COLS as FP8_FUSED_MAX_COLS
-from mxkernels.names import BASELINE, Recipe
-from mxkernels.pipeline import RECIPES
-from mxkernels.runtime import MAX_GROUPS
+from mxkernels.core.errors import InputError
+from mxkernels.quant.fp8_amax import MAX_COLS as FP8_FUSED_MAX_COLS
+from mxkernels.core.names import BASELINE, Recipe
+from mxkernels.stages.pipeline import RECIPES
+from mxkernels.core.runtime import MAX_GROUPS
 
 from .results import Point
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Self
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 # pynvml constants, used where the nvml object does not define them
 _DEFAULTS = {

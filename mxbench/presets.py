@@ -7,20 +7,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
-from . import REPO_ROOT
 from .points import check_shape
 
-
-def _shapes_dir() -> Path:
-    """``mxbench/shapes/`` where a wheel installed the presets, else the checkout's top-level ``shapes/`` (their
-    source, which the wheel's copy comes from: see pyproject.toml)."""
-    installed = Path(__file__).resolve().parent / "shapes"
-    return installed if installed.is_dir() else REPO_ROOT / "shapes"
-
-
-SHAPES_DIR = _shapes_dir()
+# Package data, so a wheel has them; the checkout's top-level shapes/ is a link to this folder.
+SHAPES_DIR = Path(__file__).resolve().parent / "data" / "shapes"
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from mxkernels.errors import InputError
-from mxkernels.names import MEMORY_CATEGORIES
+from mxkernels.core.errors import InputError
+from mxkernels.core.names import MEMORY_CATEGORIES
 
 from .frame import PASS_TITLES, efficiency, select
 from .hardware import HardwareSpec, datasheet_peaks, get_spec

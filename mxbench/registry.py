@@ -1,6 +1,6 @@
 """Implementations of the stages: who computes each stage spec, and whether it can run here.
 
-A stage spec (``mxkernels.stages``) says *what* a stage computes; an ``Implementation`` says *how*: the stage it
+A stage spec (``mxkernels.stages.step_specs``) says *what* a stage computes; an ``Implementation`` says *how*: the stage it
 implements, its name, a callable with the stage's calling contract, and an availability check that returns the
 reason it cannot run on a device (None when it can). mxkernels, torchao and ``torch.compile`` of the references are
 registered here exactly as a third party's kernels are, in one of three ways:
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from mxkernels.errors import InputError
-from mxkernels.names import OURS, Recipe
-from mxkernels.stages import StageSpec, get_spec
+from mxkernels.core.errors import InputError
+from mxkernels.core.names import OURS, Recipe
+from mxkernels.stages.step_specs import StageSpec, get_spec
 
 from .guarded import one_line
 

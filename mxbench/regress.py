@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from .compare import Comparison, Match, MatchKey, Thresholds, compare_runs
 from .results import Point, Run

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 from tabulate import tabulate
 
 from .provenance import describe

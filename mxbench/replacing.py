@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 REPLACED_DIR = ".replaced"
 

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mxkernels.errors import InputError
-from mxkernels.names import OURS, format_shapes
+from mxkernels.core.errors import InputError
+from mxkernels.core.names import OURS, format_shapes
 
 from .provenance import FIELDS as PROVENANCE_FIELDS
 from .schema import check_payload
@@ -56,7 +56,7 @@ class Point:
 class Record:
     """One stage at one point: what ran, what it must move, how long it took.
 
-    ``pass_name``: a ``mxkernels.stages.Pass`` value; ``category`` a ``Category`` value (stored as their strings).
+    ``pass_name``: a ``mxkernels.stages.step_specs.Pass`` value; ``category`` a ``Category`` value (stored as their strings).
     ``impl``: the implementation that ran (``mxkernels``, ``torchao``, ``module:function`` ...); ``kernel`` the
     function it ran; ``backend`` the GEMM backend where one was chosen. ``shapes``: the stage's input shapes
     (given as their display string "(M, K) @ (G, K, N)", they are parsed into tuples here).

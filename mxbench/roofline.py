@@ -16,15 +16,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from mxkernels.cost import Cost
-from mxkernels.errors import InputError
-from mxkernels.names import END_TO_END_STAGE, MEMORY_CATEGORIES, Category, Pass
+from mxkernels.core.cost import Cost
+from mxkernels.core.errors import InputError
+from mxkernels.core.names import END_TO_END_STAGE, MEMORY_CATEGORIES, Category, Pass
 
 from .hardware import HardwareSpec, Peak, datasheet_peaks, get_spec
 from .results import OURS, Point, Record, Run
 
 if TYPE_CHECKING:
-    from mxkernels.pipeline import Stage
+    from mxkernels.stages.pipeline import Stage
 
 LAUNCH_FLOOR_US = 2.0
 """Added to every modelled stage: the launch overhead no kernel avoids (torchao uses the same 2 us)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from .validation import Published, validate
 

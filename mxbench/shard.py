@@ -48,8 +48,8 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from mxkernels.errors import InputError
-from mxkernels.names import BASELINE
+from mxkernels.core.errors import InputError
+from mxkernels.core.names import BASELINE
 
 from .instruments import Instruments
 from .measure import SweepOptions, error_message

@@ -98,7 +98,7 @@ def model_run(
     Records carry ``measured=False``; the Run's meta says "model, not measured".
     """
     if plan_step is None:
-        from mxkernels.pipeline import plan_step
+        from mxkernels.stages.pipeline import plan_step
     from .roofline import MODEL_ASSUMPTION
 
     if model_records is None:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pandas as pd
-from mxkernels.errors import InputError
-from mxkernels.names import MEMORY_CATEGORIES, OURS
+from mxkernels.core.errors import InputError
+from mxkernels.core.names import MEMORY_CATEGORIES, OURS
 
 from .ep import TABLE_KINDS as EP_TABLE_KINDS
 from .layer import TABLE_KINDS as LAYER_TABLE_KINDS

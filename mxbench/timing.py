@@ -45,7 +45,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import astuple, dataclass
 
 import torch
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 METHODS = ("graph-cold", "graph-warm", "events-cold")
 MAX_CALLS_PER_REPLAY = 1000

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 MAX_DEPTH = 32
 """The deepest nesting a stored file may have (the committed runs reach 8)."""

@@ -21,8 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from helpers import offsets
-from mxkernels import gemm_fused
-from mxkernels import grouped_gemm as GG
+from mxkernels.gemm import fused as gemm_fused
+from mxkernels.gemm import grouped_gemm as GG
 from test_grouped_gemm import gpu_case, gpu_sizes, sqnr, valid
 
 

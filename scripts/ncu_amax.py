@@ -6,8 +6,8 @@ alone, then with the per-group column amax of ``fp8_amax``, then the second quan
 """
 
 import torch
-from mxkernels import fp8_amax as A
-from mxkernels import fp8_rowwise as F
+from mxkernels.quant import fp8_amax as A
+from mxkernels.quant import fp8_rowwise as F
 
 M, K, G = 131072, 7168, 8
 x = torch.randn(M, K, device="cuda").bfloat16()

@@ -32,12 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
-from mxkernels import fp8_amax as A
-from mxkernels import fp8_colwise as C
-from mxkernels import fp8_rowwise as F
-from mxkernels import layouts
-from mxkernels import quantize as Q
-from mxkernels import quantize_blocked as QB
+from mxkernels.quant import fp8_amax as A
+from mxkernels.quant import fp8_colwise as C
+from mxkernels.quant import fp8_rowwise as F
+from mxkernels.layouts import scale_layout
+from mxkernels.quant import quantize as Q
+from mxkernels.quant import quantize_blocked as QB
 from tune_quantize import make_input
 from tune_quantize import reference as mx_reference
 from tuning import copy_tbps, start
@@ -150,12 +150,12 @@ def fused_case(name: str, kind: str, cols: int, launches: list[tuple[str, str, o
             fused = QB.quantize_dim0_blocked if kind == "dim0" else QB.quantize_dim1_blocked
             if kind == "dim0":
                 q, s = mx_reference(x, "rceil")
-                ref = (q, layouts.rearrange_m_groups_reference(s, offs))
-                quantize, rearrange = Q.quantize_dim0, layouts.rearrange_m_groups
+                ref = (q, scale_layout.rearrange_m_groups_reference(s, offs))
+                quantize, rearrange = Q.quantize_dim0, scale_layout.rearrange_m_groups
             else:
                 q, s = mx_reference(x.t(), "rceil")
-                ref = (q, layouts.rearrange_k_groups_reference(s, offs))
-                quantize, rearrange = Q.quantize_dim1, layouts.rearrange_k_groups
+                ref = (q, scale_layout.rearrange_k_groups_reference(s, offs))
+                quantize, rearrange = Q.quantize_dim1, scale_layout.rearrange_k_groups
 
             def unfused():
                 q, s = quantize(x)
@@ -167,11 +167,11 @@ def fused_case(name: str, kind: str, cols: int, launches: list[tuple[str, str, o
             along = kind[-1]
             x = make_input((G, N, K))
             q, s = mx_reference(x if along == "K" else x.transpose(1, 2), "rceil")
-            ref = (q, layouts.rearrange_3d_reference(s))
+            ref = (q, scale_layout.rearrange_3d_reference(s))
 
             def unfused():
                 q, s = Q.quantize_3d(x, along)
-                return q, layouts.rearrange_3d(s)
+                return q, scale_layout.rearrange_3d(s)
 
             call = lambda c: QB.quantize_3d_blocked(x, along, config=c)
             keep = {"x": x}
@@ -367,10 +367,10 @@ def race_and_group_checks() -> list[dict]:
               F.quantize_fp8_rowwise_k_groups_reference(small, skew))  # fmt: skip
     q, s = mx_reference(small, "rceil")
     check(f"mx dim0 + M-groups, groups {fp8_sizes}", QB.quantize_dim0_blocked(small, skew),
-          (q, layouts.rearrange_m_groups_reference(s, skew)))  # fmt: skip
+          (q, scale_layout.rearrange_m_groups_reference(s, skew)))  # fmt: skip
     q, s = mx_reference(small.t(), "rceil")
     check(f"mx dim1 + K-groups, groups {mx_sizes}", QB.quantize_dim1_blocked(small, mx_groups),
-          (q, layouts.rearrange_k_groups_reference(s, mx_groups)))  # fmt: skip
+          (q, scale_layout.rearrange_k_groups_reference(s, mx_groups)))  # fmt: skip
     return results
 
 

@@ -35,10 +35,10 @@ import traceback
 from tuning import start
 
 import torch
-from mxkernels import grouped_gemm as GG
-from mxkernels import gemm_fp8_rowwise as F
-from mxkernels.gemm_fp8_rowwise import Fp8Config
-from mxkernels.gemm_fp8_ws import WsConfig
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.gemm import fp8_triton as F
+from mxkernels.gemm.fp8_triton import Fp8Config
+from mxkernels.gemm.fp8_ws import WsConfig
 from mxbench.timing import time_fn
 from tune_gemm import sqnr_db
 from peers import deepgemm as DG

@@ -37,10 +37,10 @@ from functools import partial
 from tuning import start
 
 import torch
-from mxkernels import gemm_fused
-from mxkernels import grouped_gemm as GG
-from mxkernels.gemm_dequant import dequantize_blocked
-from mxkernels.gemm_fused import FusedConfig
+from mxkernels.gemm import fused as gemm_fused
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.gemm.dequant import dequantize_blocked
+from mxkernels.gemm.fused import FusedConfig
 from mxbench.timing import time_fn
 from tune_gemm import operands, sqnr_db
 

@@ -25,9 +25,9 @@ import traceback
 
 import torch
 import triton
-from mxkernels import grouped_gemm as GG
-from mxkernels.gemm_dequant import dequantize_blocked
-from mxkernels.gemm_triton import TileConfig
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.gemm.dequant import dequantize_blocked
+from mxkernels.gemm.mx_triton import TileConfig
 
 from mxbench.timing import time_fn
 

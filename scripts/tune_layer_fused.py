@@ -1,4 +1,4 @@
-"""Tune the MoE layer's fused stages (``mxkernels.moe_fused``) against the chains they replace, on a CUDA GPU.
+"""Tune the MoE layer's fused stages (``mxkernels.moe.moe_fused``) against the chains they replace, on a CUDA GPU.
 
     python scripts/tune_layer_fused.py [--budget-s 240] [--samples 10] [--only gather,swiglu,swiglu_bwd]
 
@@ -17,10 +17,14 @@ import time
 import traceback
 
 import torch
-from mxkernels import fp8_amax, moe_fused, moe_rows, quantize_blocked, swiglu
-from mxkernels.fp8_amax import AmaxRowsConfig
-from mxkernels.padding import padded_rows
-from mxkernels.quantize import RowsConfig
+from mxkernels.quant import fp8_amax
+from mxkernels.moe import moe_fused
+from mxkernels.moe import moe_rows
+from mxkernels.quant import quantize_blocked
+from mxkernels.moe import swiglu
+from mxkernels.quant.fp8_amax import AmaxRowsConfig
+from mxkernels.layouts.padding import padded_rows
+from mxkernels.quant.quantize import RowsConfig
 from tuning import start
 
 from mxbench.timing import time_fn

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
-from mxkernels import layouts, padding
+from mxkernels.layouts import scale_layout
+from mxkernels.layouts import padding
 
 from mxbench.timing import time_fn
 from tuning import start
@@ -82,16 +83,16 @@ def rearrange_cases():
         cols = [b for b in (32, 64, 128, 256) if b // 2 < C]
         yield Case(
             "rearrange_m_groups", f"({M}, {C})",
-            lambda s=s, offs=offs, **k: layouts.rearrange_m_groups(s, offs, config=layouts.RearrangeConfig(**k)),
-            layouts.rearrange_m_groups_reference(s, offs), layouts.rearrange_m_groups_cost(M, C, G),
+            lambda s=s, offs=offs, **k: scale_layout.rearrange_m_groups(s, offs, config=scale_layout.RearrangeConfig(**k)),
+            scale_layout.rearrange_m_groups_reference(s, offs), scale_layout.rearrange_m_groups_cost(M, C, G),
             grid(block_cols=cols, num_warps=[4, 8]),
         )  # fmt: skip
     for shape in ((G, 2048, 224), (G, 7168, 64)):
         s = scale_bytes(*shape)
         cols = [b for b in (32, 64, 128, 256) if b // 2 < shape[2]]
         yield Case(
-            "rearrange_3d", str(shape), lambda s=s, **k: layouts.rearrange_3d(s, config=layouts.RearrangeConfig(**k)),
-            layouts.rearrange_3d_reference(s), layouts.rearrange_3d_cost(*shape), grid(block_cols=cols, num_warps=[2, 4, 8]),
+            "rearrange_3d", str(shape), lambda s=s, **k: scale_layout.rearrange_3d(s, config=scale_layout.RearrangeConfig(**k)),
+            scale_layout.rearrange_3d_reference(s), scale_layout.rearrange_3d_cost(*shape), grid(block_cols=cols, num_warps=[2, 4, 8]),
         )  # fmt: skip
     for R, order in ((2048, "col"), (7168, "col"), (7168, "row")):
         s = scale_bytes(R, M // 32)
@@ -100,8 +101,8 @@ def rearrange_cases():
         offs = group_ends(M, skewed=False, multiple=32)
         yield Case(
             "rearrange_k_groups", f"({R}, {M // 32}) {order}-major",
-            lambda s=s, offs=offs, **k: layouts.rearrange_k_groups(s, offs, config=layouts.RearrangeConfig(**k)),
-            layouts.rearrange_k_groups_reference(s, offs), layouts.rearrange_k_groups_cost(R, M, G),
+            lambda s=s, offs=offs, **k: scale_layout.rearrange_k_groups(s, offs, config=scale_layout.RearrangeConfig(**k)),
+            scale_layout.rearrange_k_groups_reference(s, offs), scale_layout.rearrange_k_groups_cost(R, M, G),
             grid(block_cols=[32, 64, 128], num_warps=[4, 8]),
         )  # fmt: skip
 

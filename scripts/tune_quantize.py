@@ -1,4 +1,4 @@
-"""Tune the tiles and warps of the MXFP8 quantizers (``mxkernels.quantize``) on a CUDA GPU.
+"""Tune the tiles and warps of the MXFP8 quantizers (``mxkernels.quant.quantize``) on a CUDA GPU.
 
     python scripts/tune_quantize.py [--budget-s 170] [--samples 10] [--only dim1,3d_N]
 
@@ -21,8 +21,8 @@ import time
 import traceback
 
 import torch
-from mxkernels import quantize as qz
-from mxkernels.format import BLOCK_SIZE, quantize_reference
+from mxkernels.quant import quantize as qz
+from mxkernels.core.format import BLOCK_SIZE, quantize_reference
 
 from mxbench.timing import time_fn
 from tuning import start

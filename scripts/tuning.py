@@ -4,7 +4,6 @@ that work from a plain checkout (the package not installed)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -20,17 +19,9 @@ import triton
 def _importable_from_checkout() -> None:
     """Make ``python scripts/<name>.py`` run this checkout's code, installed or not (a fresh GPU machine has no
     install; a development machine may have another worktree's): the repository root goes first on sys.path for
-    ``mxbench``, and ``kernels/`` is loaded as ``mxkernels``, the name the installed package gives it (pyproject.toml's
-    package-dir)."""
+    ``mxbench``, and ``kernels/`` (the folder that holds ``mxkernels``) for the kernel package."""
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
-    if "mxkernels" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "mxkernels", root / "kernels" / "__init__.py", submodule_search_locations=[str(root / "kernels")]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["mxkernels"] = module
-        spec.loader.exec_module(module)
+    sys.path[:0] = [str(root), str(root / "kernels")]
 
 
 _importable_from_checkout()

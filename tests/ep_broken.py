@@ -4,7 +4,7 @@ It keeps the permute stage's contract (``permute(xr, counts) -> (a, offs)``) and
 rows, the smallest mistake a permutation can make; ``mxbench ep --check`` must fail on it.
 """
 
-from mxkernels.token_permute import chunk_transpose_index, gather_rows
+from mxkernels.moe.token_permute import chunk_transpose_index, gather_rows
 
 
 def swapped_permute(xr, counts):

@@ -7,9 +7,9 @@
 ``mxbench ep --layer --check`` must fail on each.
 """
 
-from mxkernels.ep_comm import all_to_all_rows
-from mxkernels.moe_rows import combine_rows
-from mxkernels.token_permute import chunk_transpose_index, gather_rows
+from mxkernels.ep.comm import all_to_all_rows
+from mxkernels.moe.moe_rows import combine_rows
+from mxkernels.moe.token_permute import chunk_transpose_index, gather_rows
 
 
 def dispatch_dropping_rank_one(xs, *, send_splits, recv_splits, group=None):

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from mxkernels.comparison import BitExact
-from mxkernels.names import Category, Pass, Recipe
-from mxkernels.pipeline import Stage
-from mxkernels.stages import Port, StageSpec
+from mxkernels.core.comparison import BitExact
+from mxkernels.core.names import Category, Pass, Recipe
+from mxkernels.stages.pipeline import Stage
+from mxkernels.stages.step_specs import Port, StageSpec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,7 +128,7 @@ class FakePower:
 def fake_stage(pass_name, name, kernel, category, purpose="", shapes=(), cost=None, backend=None, inputs=(),
                outputs=(), fn=None, recipe="mxfp8"):  # fmt: skip
     """A pipeline ``Stage`` with a spec made up on the spot (harness tests that need no real kernel)."""
-    from mxkernels.cost import Cost
+    from mxkernels.core.cost import Cost
 
     from mxbench.results import parse_shapes
 
@@ -154,7 +154,7 @@ class FakeGPU:
     def build(self, recipe, M, N, K, G, sizes, *, mode, backend, device, seed, impls=None):
         from dataclasses import replace
 
-        from mxkernels.pipeline import plan_step
+        from mxkernels.stages.pipeline import plan_step
 
         if self.on_point is not None:
             self.on_point(self.points)
@@ -163,7 +163,7 @@ class FakeGPU:
         return [replace(s, run=lambda: None) for s in stages]
 
     def plan(self, *args, **kwargs):
-        from mxkernels.pipeline import plan_step
+        from mxkernels.stages.pipeline import plan_step
 
         return [s for s in plan_step(*args, **kwargs) if s.name not in self.drop]
 

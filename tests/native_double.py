@@ -24,11 +24,12 @@ import itertools
 from pathlib import Path
 
 import torch
-from mxkernels import gemm_emulated, gemm_native
-from mxkernels import grouped_gemm as GG
-from mxkernels.format import BLOCK_SIZE, quantize_reference
-from mxkernels.fp8_rowwise import quantize_fp8_rowwise_k_groups_reference, quantize_fp8_rowwise_reference
-from mxkernels.layouts import rearrange_3d_reference, rearrange_k_groups_reference, rearrange_m_groups_reference
+from mxkernels.gemm import emulated
+from mxkernels.gemm import native as gemm_native
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.core.format import BLOCK_SIZE, quantize_reference
+from mxkernels.quant.fp8_rowwise import quantize_fp8_rowwise_k_groups_reference, quantize_fp8_rowwise_reference
+from mxkernels.layouts.scale_layout import rearrange_3d_reference, rearrange_k_groups_reference, rearrange_m_groups_reference
 
 UNWRITTEN = 0x5A5A  # bf16 bits of ~1.5e16: what the double leaves where a kernel would leave memory unwritten
 SM100, SM90 = (10, 0), (9, 0)
@@ -138,9 +139,9 @@ class SM100Double:
                 return out  # fbgemm: "normalized jagged dim for heuristics", then an early return
             if mx:
                 b_sb = scale_b.view(torch.uint8).reshape(G, -1, scale_a.shape[1])
-                ref = gemm_emulated.run_mxfp8(a, scale_a, b.transpose(-2, -1), b_sb, plain(offs), torch.bfloat16)
+                ref = emulated.run_mxfp8(a, scale_a, b.transpose(-2, -1), b_sb, plain(offs), torch.bfloat16)
             else:
-                ref = gemm_emulated.run_fp8_rowwise(a, scale_a, b.transpose(-2, -1), scale_b, plain(offs),
+                ref = emulated.run_fp8_rowwise(a, scale_a, b.transpose(-2, -1), scale_b, plain(offs),
                                                     torch.bfloat16)  # fmt: skip
             for start, end in bounds(ends):
                 out[start:end] = ref[start:end]
@@ -148,10 +149,10 @@ class SM100Double:
         # 2D x 2D: a (N, M), b (M, K), a transposed view of (K, M)
         if mx:
             ends = self._kernel_reads(offs, a.shape[1], BLOCK_SIZE)
-            ref = gemm_emulated.run_mxfp8(a, scale_a, b.t(), scale_b, plain(offs), torch.bfloat16)
+            ref = emulated.run_mxfp8(a, scale_a, b.t(), scale_b, plain(offs), torch.bfloat16)
         else:  # 16 bytes of e4m3 along the contiguous contraction dim, the last group excepted (as for bf16)
             ends = self._kernel_reads(offs, a.shape[1], 16, exempt_last=True)
-            ref = gemm_emulated.run_fp8_rowwise(a, scale_a.reshape(G, -1), b.t(), scale_b.reshape(G, -1),
+            ref = emulated.run_fp8_rowwise(a, scale_a.reshape(G, -1), b.t(), scale_b.reshape(G, -1),
                                                 plain(offs), torch.bfloat16)  # fmt: skip
         self.calls.append((op, "2d2d", a.shape[1], G, ends))
         return self._groups_written(ref, ends)
@@ -169,14 +170,14 @@ class SM100Double:
             ends = self._kernel_reads(offs, a.shape[0], 8 if a.stride(-1) != 1 else 1, exempt_last=True)
             self.calls.append(("bf16", "2d3d", a.shape[0], G, ends))
             out = unwritten(a.shape[0], b.shape[2])
-            ref = gemm_emulated.grouped_matmul_fp32(a, b, plain(offs), torch.bfloat16)
+            ref = emulated.grouped_matmul_fp32(a, b, plain(offs), torch.bfloat16)
             for start, end in bounds(ends):
                 out[start:end] = ref[start:end]
             return out
         moves = a.stride(-1) == 1 or b.stride(-1) != 1
         ends = self._kernel_reads(offs, a.shape[1], 8 if moves else 1, exempt_last=True)
         self.calls.append(("bf16", "2d2d", a.shape[1], G, ends))
-        return self._groups_written(gemm_emulated.grouped_matmul_fp32(a, b, plain(offs), torch.bfloat16), ends)
+        return self._groups_written(emulated.grouped_matmul_fp32(a, b, plain(offs), torch.bfloat16), ends)
 
 
 def install(monkeypatch, double: SM100Double) -> SM100Double:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from mxkernels import gemm_native
-from mxkernels.stages import padding_alignment
+from mxkernels.gemm import native as gemm_native
+from mxkernels.stages.step_specs import padding_alignment
 from native_double import SM100, SM100Double, install
 
 from mxbench import check as C

@@ -172,7 +172,7 @@ def test_without_a_gpu_the_model_run_is_saved_where_help_says(no_gpu, tmp_path):
 
 
 def test_a_model_rows_efficiency_is_model_at_peak_not_a_percentage():
-    from mxkernels.pipeline import plan_step
+    from mxkernels.stages.pipeline import plan_step
 
     from mxbench.hardware import datasheet_peaks, get_spec
     from mxbench.results import Point, Run

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import with_flipped_bits
-from mxkernels.comparison import BitExact, MinSQNR
-from mxkernels.names import Recipe
-from mxkernels.pipeline import step_stages
-from mxkernels.runtime import InputError
-from mxkernels.stages import all_specs, get_spec, specs_of
+from mxkernels.core.comparison import BitExact, MinSQNR
+from mxkernels.core.names import Recipe
+from mxkernels.stages.pipeline import step_stages
+from mxkernels.core.runtime import InputError
+from mxkernels.stages.step_specs import all_specs, get_spec, specs_of
 
 from mxbench import check as C
 from mxbench.registry import Deviation, Implementation, Registry, builtin_registry, load_entry_points, parse_impl
@@ -314,7 +314,7 @@ def test_per_expert_sqnr_catches_garbage_in_an_empty_expert_under_a_loud_one():
 def test_a_wrong_emulated_backend_fails_against_the_fp64_oracle(monkeypatch, recipe, backend_fn):
     """The GEMM oracles are fp64 products of the dequantized operands, not a backend: the emulated backend (what
     mxkernels runs on a CPU) planted 1% off fails every GEMM stage instead of passing against itself."""
-    from mxkernels import gemm_emulated
+    from mxkernels.gemm import emulated as gemm_emulated
 
     right = getattr(gemm_emulated, backend_fn)
     monkeypatch.setattr(gemm_emulated, backend_fn, lambda *args: right(*args) * 1.01)
@@ -330,8 +330,8 @@ def test_a_wrong_emulated_backend_fails_against_the_fp64_oracle(monkeypatch, rec
 
 def test_the_fp64_gemm_oracle_matches_an_fp64_product_of_the_dequantized_operands():
     """2D x 3D: out = dequant(a) @ dequant(w)^T per group, summed in fp64 and rounded once to bf16."""
-    from mxkernels.format import dequantize_reference, quantize_reference
-    from mxkernels.layouts import rearrange_3d_reference, rearrange_m_groups_reference
+    from mxkernels.core.format import dequantize_reference, quantize_reference
+    from mxkernels.layouts.scale_layout import rearrange_3d_reference, rearrange_m_groups_reference
 
     gen = torch.Generator().manual_seed(3)
     a, w = torch.randn(40, 64, generator=gen), torch.randn(2, 16, 64, generator=gen)
@@ -348,7 +348,7 @@ def test_torchaos_3d_rearrange_adapter_returns_the_contracts_shape(monkeypatch):
     """torchao returns each expert's blocked image flattened; the adapter views it in the contract's shape."""
     import types
 
-    from mxkernels.layouts import rearrange_3d_reference
+    from mxkernels.layouts.scale_layout import rearrange_3d_reference
 
     from mxbench import implementations
 

@@ -147,7 +147,7 @@ class FakeController:
         pass
 
     def resolve(self, percents=None, watts=None):
-        from mxkernels.runtime import InputError
+        from mxkernels.core.runtime import InputError
 
         limits = [700 * p / 100 for p in percents] if percents else list(watts)
         for w in limits:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 from helpers import with_flipped_bits
-from mxkernels.names import Recipe
-from mxkernels.stages import all_specs, specs_of
+from mxkernels.core.names import Recipe
+from mxkernels.stages.step_specs import all_specs, specs_of
 from test_cli import fake_gpu  # the fixture (a GPU run without a GPU), used by name
 
 from mxbench import registry

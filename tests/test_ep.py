@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import FakeTiming
-from mxkernels import ep_comm, ep_reference, ep_stages, token_permute
-from mxkernels.comparison import sqnr_db
-from mxkernels.padding import padded_rows
-from mxkernels.stages import all_specs, get_spec
+from mxkernels.ep import comm
+from mxkernels.reference import ep as ep_reference
+from mxkernels.stages import ep_stages
+from mxkernels.moe import token_permute
+from mxkernels.core.comparison import sqnr_db
+from mxkernels.layouts.padding import padded_rows
+from mxkernels.stages.step_specs import all_specs, get_spec
 
 from mxbench.ep import check as ep_check
 from mxbench.ep import launch, measure, rank_timing, tables
@@ -93,7 +96,7 @@ def test_route_sorts_copies_stably_by_expert():
 
 def test_all_to_all_cost_counts_only_other_ranks_rows():
     # rank 1 of 3 sends 4 / 5 / 6 rows (5 stay local) and receives 1 / 5 / 2; MXFP8 rows of K = 64: 64 + 2 bytes
-    cost = ep_comm.all_to_all_cost([4, 5, 6], [1, 5, 2], rank=1, row_bytes=66)
+    cost = comm.all_to_all_cost([4, 5, 6], [1, 5, 2], rank=1, row_bytes=66)
     assert (cost.bytes_read, cost.bytes_written) == (10 * 66, 3 * 66)
 
 
@@ -186,7 +189,7 @@ def test_measured_records_carry_costs_and_per_rank_statistics(world_of_one, monk
 
 
 def _plan_shape(ctx):
-    from mxkernels.ep import plan_routing
+    from mxkernels.ep.projection import plan_routing
 
     experts = ep_check.rank_inputs(ctx, OPTIONS)["experts"]
     return plan_routing(experts, experts_per_rank=OPTIONS.E, K=OPTIONS.K, N=OPTIONS.N).shape

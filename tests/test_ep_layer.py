@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from mxkernels import ep_layer, ep_stages
-from mxkernels.ep_layer_reference import ep_moe_layer_reference
-from mxkernels.ep_wgrad import Wgrad
-from mxkernels.padding import padded_rows
+from mxkernels.stages import ep_layer
+from mxkernels.stages import ep_stages
+from mxkernels.reference.ep_layer import ep_moe_layer_reference
+from mxkernels.stages.ep_wgrad import Wgrad
+from mxkernels.layouts.padding import padded_rows
 from test_ep import fake_time_on_ranks, mxbench_ep
 
 from mxbench.ep import check as ep_check
@@ -170,7 +171,7 @@ def test_every_stage_and_the_whole_layer_match_their_references(world_of_one, st
 
 def test_the_other_wgrad_precision_fails_the_weight_gradients_check(world_of_one, monkeypatch):
     # the layer runs the MXFP8 wgrad while the reference is told bf16: only the weight gradients disagree
-    from mxkernels import ep_layer_reference
+    from mxkernels.reference import ep_layer as ep_layer_reference
 
     real = ep_layer_reference.ep_moe_layer_reference
     monkeypatch.setattr(
@@ -241,7 +242,7 @@ def test_records_carry_the_part_and_the_wgrad_precision_that_ran(world_of_one, m
 
 def test_a_layer_run_renders_labelled_tables_and_figure_and_never_joins_a_projection_run(world_of_one, monkeypatch,
                                                                                           tmp_path):  # fmt: skip
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     from mxbench.ep import tables
     from mxbench.ep.figure import plot_ep

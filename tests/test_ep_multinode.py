@@ -52,7 +52,7 @@ def test_split_bytes_leaves_out_the_own_share_and_sorts_peers_by_node():
 
 
 def balanced_counts(world: int) -> list:
-    from mxkernels.token_permute import route
+    from mxkernels.moe.token_permute import route
 
     from mxbench.ep.inputs import routing
 

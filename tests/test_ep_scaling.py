@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from mxbench.cli import cli
 from mxbench.ep.scaling import scaling_rows

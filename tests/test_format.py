@@ -1,4 +1,4 @@
-"""Specification of the plain-torch MXFP8 reference in ``mxkernels.format`` against hand-worked values and the OCP
+"""Specification of the plain-torch MXFP8 reference in ``mxkernels.core.format`` against hand-worked values and the OCP
 MX spec (docs/architecture.md, shared/reference/mxfp8.md section 1).
 
 Every expected byte below is worked out by hand from the definitions:
@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 from helpers import f32
-from mxkernels.format import (
+from mxkernels.core.format import (
     BLOCK_SIZE,
     DATA_DTYPE,
     E4M3_MAX,

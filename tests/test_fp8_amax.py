@@ -10,12 +10,12 @@ given. Checked against hand-worked values, the plain-torch references and the un
 import pytest
 import torch
 from helpers import offsets
-from mxkernels import fp8_amax as A
-from mxkernels import fp8_rowwise as F
-from mxkernels.autograd import fp8_rowwise_grouped_mm
-from mxkernels.cost import Cost
-from mxkernels.errors import InputError
-from mxkernels.pipeline import make_inputs, run_stages, step_stages
+from mxkernels.quant import fp8_amax as A
+from mxkernels.quant import fp8_rowwise as F
+from mxkernels.moe.projection import fp8_rowwise_grouped_mm
+from mxkernels.core.cost import Cost
+from mxkernels.core.errors import InputError
+from mxkernels.stages.pipeline import make_inputs, run_stages, step_stages
 
 from mxbench.points import plan_points
 

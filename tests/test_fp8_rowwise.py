@@ -12,9 +12,9 @@ import pytest
 import torch
 from crosscompile import compile_ptx
 from helpers import offsets
-from mxkernels import fp8_colwise as C
-from mxkernels import fp8_rowwise as F
-from mxkernels.cost import Cost
+from mxkernels.quant import fp8_colwise as C
+from mxkernels.quant import fp8_rowwise as F
+from mxkernels.core.cost import Cost
 
 E4M3 = torch.float8_e4m3fn
 
@@ -301,7 +301,7 @@ _STRIPS_SIG = {"x_ptr": "*bf16", "offs_ptr": "*i32", "q_ptr": "*u8", "scale_ptr"
 def test_rows_kernel_reads_a_row_once_in_16_byte_vectors(cc):
     """A 7168-long row in one 8192-wide step: one load per element (16-byte vectors, masked past 7168), one store."""
     constexprs = {"BLOCK_R": 1, "BLOCK_C": 8192, "SINGLE": True, "EVEN": False, "EXACT": False}
-    ptx = compile_ptx("mxkernels.fp8_rowwise", "_rowwise_kernel", _ROWWISE_SIG, constexprs, cc,
+    ptx = compile_ptx("mxkernels.quant.fp8_rowwise", "_rowwise_kernel", _ROWWISE_SIG, constexprs, cc,
                       ("x_ptr", "q_ptr", "cols"))  # fmt: skip
     # 16 bytes in, 8 bytes of it out: twice the loads of the stores, none of them scalar.
     assert ptx.count("ld.global.v4.b32") == 2 * ptx.count("st.global.v4.b32") > 0 and "ld.global.b16" not in ptx
@@ -328,7 +328,7 @@ def test_strips_kernel_orders_its_count_after_the_amaxes(cc):
         "stride_qg",
         "stride_qc",
     )
-    ptx = compile_ptx("mxkernels.fp8_colwise", "_strips_kernel", signature, constexprs, cc, aligned)
+    ptx = compile_ptx("mxkernels.quant.fp8_colwise", "_strips_kernel", signature, constexprs, cc, aligned)
     assert "atom.global.gpu.relaxed.max.s32" in ptx and "red.global" not in ptx
     assert "atom.global.gpu.acq_rel.add.u32" in ptx and "atom.global.gpu.relaxed.add.u32" in ptx
     assert "st.global.v4.b32" in ptx

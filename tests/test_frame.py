@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from helpers import committed_results
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 import mxbench
 from mxbench import frame

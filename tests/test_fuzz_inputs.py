@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 import mxbench
 from mxbench.cli import cli

@@ -15,10 +15,10 @@ import pytest
 import torch
 from crosscompile import compile_ptx
 from helpers import offsets
-from mxkernels import gemm_fp8_rowwise as F
-from mxkernels import grouped_gemm as GG
-from mxkernels.gemm_reference import fp8_rowwise_reference
-from mxkernels.runtime import InputError
+from mxkernels.gemm import fp8_triton as F
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.reference.gemm import fp8_rowwise_reference
+from mxkernels.core.runtime import InputError
 
 E4M3 = torch.float8_e4m3fn
 
@@ -177,7 +177,7 @@ def test_sm90_build_uses_e4m3_wgmma_and_tma(case, configs):
     constexprs = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "BLOCK_G": 8, "GROUP_M": c.group_m,
                   "STAGES": c.num_stages, "PROMOTE": c.promote}  # fmt: skip
     sig.update(dict.fromkeys(constexprs, "constexpr"))
-    ptx = compile_ptx("mxkernels.gemm_fp8_rowwise", kernel, sig, constexprs, 90, aligned=("out_ptr",),
+    ptx = compile_ptx("mxkernels.gemm.fp8_triton", kernel, sig, constexprs, 90, aligned=("out_ptr",),
                       options={"num_warps": c.num_warps, "num_stages": c.num_stages})  # fmt: skip
     assert re.search(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx), "the main loop must be an e4m3 wgmma"
     assert "cp.async.bulk.tensor" in ptx, "the operand tiles must come through TMA"
@@ -260,7 +260,7 @@ def test_the_readme_table_is_what_the_script_prints():
 def test_the_end_to_end_step_runs_the_backend_it_is_given(monkeypatch):
     """The forward+backward a run times must use the run's backend in all three GEMMs, as its stages do (it once
     dropped it for FP8 rowwise and timed torch's kernel whatever the run asked for)."""
-    from mxkernels import autograd
+    from mxkernels.moe import projection
 
     used = []
     real = GG.fp8_rowwise_scaled_grouped_mm
@@ -270,6 +270,6 @@ def test_the_end_to_end_step_runs_the_backend_it_is_given(monkeypatch):
         return real(*args, backend=backend, **kwargs)
 
     monkeypatch.setattr(GG, "fp8_rowwise_scaled_grouped_mm", spy)
-    step = autograd.end_to_end("fp8_rowwise", 64, 32, 64, 2, [32, 32], backend="triton", device="cpu")
+    step = projection.end_to_end("fp8_rowwise", 64, 32, 64, 2, [32, 32], backend="triton", device="cpu")
     step()
     assert len(used) == 3 and set(used) == {"triton"}, used

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from mxkernels import gemm_fp8_ws as W
-from mxkernels import grouped_gemm as GG
-from mxkernels.gemm_reference import fp8_rowwise_reference
-from mxkernels.runtime import InputError
+from mxkernels.gemm import fp8_ws as W
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.reference.gemm import fp8_rowwise_reference
+from mxkernels.core.runtime import InputError
 from test_gemm_fp8_rowwise import assert_matches, case_2d2d, case_2d3d
 
 NAN_E4M3 = 0x7F  # e4m3fn's NaN (it has no infinities)
@@ -73,7 +73,7 @@ _BUILD = textwrap.dedent(
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime import driver
-    from mxkernels import gemm_fp8_ws as W
+    from mxkernels.gemm import fp8_ws as W
 
     class Sm90:  # compile only: the active "device" is an SM90 GPU
         def __init__(self, real): self.real = real

@@ -17,11 +17,11 @@ import pytest
 import torch
 from crosscompile import compile_ptx
 from helpers import offsets
-from mxkernels import gemm_fused
-from mxkernels import grouped_gemm as GG
-from mxkernels.format import dequantize_reference, quantize_reference
-from mxkernels.gemm_triton import TileConfig
-from mxkernels.layouts import to_blocked
+from mxkernels.gemm import fused as gemm_fused
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.core.format import dequantize_reference, quantize_reference
+from mxkernels.gemm.mx_triton import TileConfig
+from mxkernels.layouts.scale_layout import to_blocked
 from test_grouped_gemm import (  # the oracle; the CUDA-graph replay test of every Triton backend is there too
     bounds,
     gpu_case,
@@ -280,7 +280,7 @@ def ptx():
                       "BLOCK_G": 8, "GROUP_M": config.group_m, "EXACT_FP32": False}  # fmt: skip
         signature = {**signature, **{c: "constexpr" for c in constexprs}}
         aligned = tuple(n for n in signature if n.endswith("_ptr")) + dims
-        return compile_ptx("mxkernels.gemm_fused", kernel, signature, constexprs, 90, aligned=aligned)
+        return compile_ptx("mxkernels.gemm.fused", kernel, signature, constexprs, 90, aligned=aligned)
 
     with ThreadPoolExecutor(max_workers=len(_BUILDS)) as pool:
         return dict(zip(_BUILDS, pool.map(build, _BUILDS)))

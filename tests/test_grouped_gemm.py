@@ -17,11 +17,14 @@ import torch
 import triton
 from crosscompile import compile_ptx
 from helpers import offsets
-from mxkernels import gemm_dequant, gemm_fused, gemm_native, gemm_triton
-from mxkernels import grouped_gemm as GG
-from mxkernels.cost import Cost, ceil_to
-from mxkernels.format import dequantize_reference, quantize_reference
-from mxkernels.layouts import blocked_3d_shape, m_groups_shape, to_blocked
+from mxkernels.gemm import dequant
+from mxkernels.gemm import fused
+from mxkernels.gemm import native as gemm_native
+from mxkernels.gemm import mx_triton
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.core.cost import Cost, ceil_to
+from mxkernels.core.format import dequantize_reference, quantize_reference
+from mxkernels.layouts.scale_layout import blocked_3d_shape, m_groups_shape, to_blocked
 
 TRITON_BACKENDS = ["triton", "triton_fp8"]
 
@@ -149,7 +152,7 @@ def test_triton_backends_match_fp32_reference(device, backend, case):
 def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
     # Tiles smaller than the operands, partial edge tiles, and in 2D x 2D a band order whose last band is short.
     (ops, ref), sizes = small_case(case, device, torch.Generator().manual_seed(7))
-    config = gemm_triton.TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
+    config = mx_triton.TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
     out = GG.mxfp8_scaled_grouped_mm(
         **ops, offs=offsets(sizes, device), backend="triton_fp8", out_dtype=torch.float32, config=config
     )
@@ -159,21 +162,21 @@ def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
 @pytest.mark.parametrize(
     "kind, fields, error",
     [
-        *[(kind, fields, error) for kind in (gemm_triton.TileConfig, gemm_fused.FusedConfig) for fields, error in [
+        *[(kind, fields, error) for kind in (mx_triton.TileConfig, fused.FusedConfig) for fields, error in [
             ({"block_m": 48}, "block_m must be a power of two"),
             ({"block_n": 8}, "block_n must be a power of two"),
             ({"num_warps": 2}, "num_warps must be 4 or 8"),
             ({"num_stages": 0}, "num_stages must be a positive int"),
             ({"group_m": 0}, "group_m must be a positive int"),
         ]],
-        (gemm_triton.TileConfig, {"maxnreg": 16}, "maxnreg must be None or an int in"),
-        (gemm_triton.TileConfig, {"maxnreg": 256}, "maxnreg must be None or an int in"),
-        (gemm_fused.FusedConfig, {"maxnreg": 16}, "maxnreg must be an int from 24 to 255"),
-        (gemm_fused.FusedConfig, {"block_k": 256}, "block_k must be 32, 64 or 128"),
-        (gemm_fused.FusedConfig, {"programs_per_sm": 0}, "programs_per_sm must be a positive int"),
-        (gemm_fused.FusedConfig, {"max_programs": 0}, "max_programs must be a positive int"),
-        (gemm_fused.FusedConfig, {"fuse_both": 1}, "fuse_both must be a bool"),
-        (gemm_fused.FusedConfig, {"exact_fp32": "yes"}, "exact_fp32 must be a bool"),
+        (mx_triton.TileConfig, {"maxnreg": 16}, "maxnreg must be None or an int in"),
+        (mx_triton.TileConfig, {"maxnreg": 256}, "maxnreg must be None or an int in"),
+        (fused.FusedConfig, {"maxnreg": 16}, "maxnreg must be an int from 24 to 255"),
+        (fused.FusedConfig, {"block_k": 256}, "block_k must be 32, 64 or 128"),
+        (fused.FusedConfig, {"programs_per_sm": 0}, "programs_per_sm must be a positive int"),
+        (fused.FusedConfig, {"max_programs": 0}, "max_programs must be a positive int"),
+        (fused.FusedConfig, {"fuse_both": 1}, "fuse_both must be a bool"),
+        (fused.FusedConfig, {"exact_fp32": "yes"}, "exact_fp32 must be a bool"),
     ],
 )  # fmt: skip
 def test_bad_launch_config_raises_value_error(kind, fields, error):
@@ -188,9 +191,9 @@ def test_config_must_be_a_tile_config(device):
 
 def test_default_configs_exist_for_every_triton_kernel():
     for case, backend in itertools.product(("2d3d", "2d2d"), TRITON_BACKENDS):
-        assert isinstance(gemm_triton.default_config(case, backend), gemm_triton.TileConfig)
+        assert isinstance(mx_triton.default_config(case, backend), mx_triton.TileConfig)
     with pytest.raises(ValueError, match="no Triton MXFP8 kernel"):
-        gemm_triton.default_config("2d3d", "emulated")
+        mx_triton.default_config("2d3d", "emulated")
 
 
 def old_sm90_scale_decoder(device, backend):
@@ -289,7 +292,7 @@ def test_dequantize_blocked_is_bit_exact(device, layout):
         ref[sum(sizes) :] = 0
     elif layout == "k_groups":
         ref[:, sum(sizes) :] = 0
-    out = gemm_dequant.dequantize_blocked(q.to(device), blocked.to(device), offs, layout=layout)
+    out = dequant.dequantize_blocked(q.to(device), blocked.to(device), offs, layout=layout)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape and out.is_contiguous()
     assert_same_bf16(out.cpu(), ref, interpreted_subnormal(device, dequantize_reference(q, s)))
 
@@ -300,7 +303,7 @@ def test_mx_to_bf16_is_exact_but_in_the_subnormal_corner(device):
     codes = torch.arange(256).to(torch.uint8)
     q = codes.repeat(256, 1).view(torch.float8_e4m3fn)  # row e: all 256 codes = 8 blocks, all with scale byte e
     scales = torch.arange(256).to(torch.uint8)[:, None].expand(256, 8).contiguous()
-    out = gemm_dequant.dequantize_blocked(q[None].to(device), to_blocked(scales)[None].to(device), layout="3d")[0]
+    out = dequant.dequantize_blocked(q[None].to(device), to_blocked(scales)[None].to(device), layout="3d")[0]
     out = out.cpu().double()
     value = codes.view(torch.float8_e4m3fn).double()[None, :]
     byte = torch.arange(256)[:, None]
@@ -360,7 +363,7 @@ def test_bad_dequantize_input_raises_value_error(device, change, error):
     args = {"q": ops["a_q"], "scales": ops["a_sb"], "offs": ops["offs"], "layout": "m_groups", **change}
     args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     with pytest.raises(ValueError, match=error):
-        gemm_dequant.dequantize_blocked(**args)
+        dequant.dequantize_blocked(**args)
 
 
 @pytest.mark.parametrize("layout", ["m_groups", "k_groups"])
@@ -370,8 +373,8 @@ def test_dequantize_moves_16_byte_vectors_on_sm90(layout):
         **{d: "i32" for d in ("R", "C", "G", "N_ROWS")},
         **{c: "constexpr" for c in ("LAYOUT", "BLOCK_R", "BLOCK_B", "BLOCK_G")},
     }
-    constexprs = {"LAYOUT": gemm_dequant.DEQUANT_LAYOUTS.index(layout), "BLOCK_R": 16, "BLOCK_B": 16, "BLOCK_G": 8}
-    ptx = compile_ptx("mxkernels.gemm_dequant", "_dequant_kernel", signature, constexprs, 90,
+    constexprs = {"LAYOUT": dequant.DEQUANT_LAYOUTS.index(layout), "BLOCK_R": 16, "BLOCK_B": 16, "BLOCK_G": 8}
+    ptx = compile_ptx("mxkernels.gemm.dequant", "_dequant_kernel", signature, constexprs, 90,
                       aligned=("q_ptr", "s_ptr", "offs_ptr", "out_ptr", "R", "C"))  # fmt: skip
     assert set(re.findall(r"st\.global[\w.]*", ptx)) == {"st.global.v4.b32"}
     assert "ld.global.v4.b32" in ptx  # the e4m3 data, 16 codes a load
@@ -612,7 +615,7 @@ def ptx():
             constexprs["GROUP_M"], signature["GROUP_M"] = 8, "constexpr"
         # Pointers and sizes aligned as the launcher specializes real DeepSeek-V3 arguments (G = 8 is not).
         aligned = ("a_ptr", "b_ptr", "sa_ptr", "sb_ptr", "offs_ptr", "out_ptr", "M", "N", "K")
-        return compile_ptx("mxkernels.gemm_triton", kernel, signature, constexprs, cc, aligned=aligned)
+        return compile_ptx("mxkernels.gemm.mx_triton", kernel, signature, constexprs, cc, aligned=aligned)
 
     with ThreadPoolExecutor(max_workers=len(_BUILDS)) as pool:
         return dict(zip(_BUILDS, pool.map(build, _BUILDS.values())))

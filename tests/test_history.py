@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from mxbench import REPO_ROOT
 from mxbench.cli import cli

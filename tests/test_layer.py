@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from mxkernels.layer import LayerShape, layer_stages
-from mxkernels.layer_specs import layer_specs
-from mxkernels.moe_layer import layer_inputs, layer_outputs, layer_sqnr
-from mxkernels.pipeline import run_stages
+from mxkernels.stages.layer import LayerShape, layer_stages
+from mxkernels.stages.layer_specs import layer_specs
+from mxkernels.moe.layer import layer_inputs, layer_outputs, layer_sqnr
+from mxkernels.stages.pipeline import run_stages
 
 from mxbench.cli import cli
 
@@ -48,13 +48,13 @@ def _wrong(name, fn):
 
 
 def _unweighted_combine(y, dest, top, *, weighted):
-    from mxkernels.moe_rows import combine_rows_reference
+    from mxkernels.moe.moe_rows import combine_rows_reference
 
     return (combine_rows_reference(y, dest, None, top.shape[1]),)  # forgets the scores
 
 
 def _shifted_permute(x, row_src, row_w, *, weighted):
-    from mxkernels.moe_rows import gather_weighted_reference
+    from mxkernels.moe.moe_rows import gather_weighted_reference
 
     return (gather_weighted_reference(x, row_src.roll(1), row_w if weighted else None),)  # rows off by one
 

@@ -8,8 +8,8 @@ from mxbench.cli import cli
 
 WRONG = '''
 import torch
-from mxkernels.moe_rows import combine_rows_reference, gather_weighted_reference
-from mxkernels.moe_router import route_tokens_reference, router_topk_reference
+from mxkernels.moe.moe_rows import combine_rows_reference, gather_weighted_reference
+from mxkernels.moe.router import route_tokens_reference, router_topk_reference
 
 
 def unweighted_combine(y, dest, top, *, weighted):
@@ -85,7 +85,7 @@ def test_layer_impl_is_checked_before_any_timing(wrong, tmp_path):
     """`mxbench layer --impl`: a wrong implementation of a layer stage exits 1 with its finding before any work; a
     correct one (the reference of the stage, as an outside module would give it) is accepted."""
     (tmp_path / "right_layer.py").write_text(
-        "from mxkernels.moe_rows import combine_rows_reference\n\n"
+        "from mxkernels.moe.moe_rows import combine_rows_reference\n\n"
         "def combine(y, dest, top, *, weighted):\n"
         "    return (combine_rows_reference(y, dest, top.reshape(-1) if weighted else None, top.shape[1]),)\n"
     )

@@ -7,9 +7,9 @@ import pytest
 import torch
 from crosscompile import compile_ptx
 from helpers import capture, random_group_ends
-from mxkernels import layouts
-from mxkernels.format import SCALE_DTYPE
-from mxkernels.layouts import (
+from mxkernels.layouts import scale_layout
+from mxkernels.core.format import SCALE_DTYPE
+from mxkernels.layouts.scale_layout import (
     RearrangeConfig,
     from_blocked,
     rearrange_3d,
@@ -279,21 +279,21 @@ class TestArguments:
 class TestCosts:
     def test_m_groups(self):
         # DeepSeek-V3 forward A: (131072, 224) scales, G = 8 -> 128 * (1024 + 8) rows x 224
-        assert rearrange_m_groups_cost(131072, 224, 8) == layouts.Cost(131072 * 224, 132096 * 224)
+        assert rearrange_m_groups_cost(131072, 224, 8) == scale_layout.Cost(131072 * 224, 132096 * 224)
         # 300 rows -> 3 row blocks + 3 groups = 768 rows, 5 columns -> 8
-        assert rearrange_m_groups_cost(300, 5, 3) == layouts.Cost(1500, 768 * 8)
+        assert rearrange_m_groups_cost(300, 5, 3) == scale_layout.Cost(1500, 768 * 8)
 
     def test_k_groups(self):
         # (7168, 4096) scales of 131072 tokens, G = 8: 7168 x (4096 + 32) written
-        assert rearrange_k_groups_cost(7168, 131072, 8) == layouts.Cost(7168 * 4096, 7168 * 4128)
+        assert rearrange_k_groups_cost(7168, 131072, 8) == scale_layout.Cost(7168 * 4096, 7168 * 4128)
         # (200, 3) scales: 256 x (3 + 8) written
-        assert rearrange_k_groups_cost(200, 96, 2) == layouts.Cost(600, 2816)
+        assert rearrange_k_groups_cost(200, 96, 2) == scale_layout.Cost(600, 2816)
         with pytest.raises(ValueError, match="M"):
             rearrange_k_groups_cost(200, 100, 2)
 
     def test_3d(self):
-        assert rearrange_3d_cost(8, 2048, 224) == layouts.Cost(8 * 2048 * 224, 8 * 2048 * 224)
-        assert rearrange_3d_cost(2, 130, 5) == layouts.Cost(1300, 2 * 256 * 8)
+        assert rearrange_3d_cost(8, 2048, 224) == scale_layout.Cost(8 * 2048 * 224, 8 * 2048 * 224)
+        assert rearrange_3d_cost(2, 130, 5) == scale_layout.Cost(1300, 2 * 256 * 8)
 
     def test_costs_count_the_buffers_the_kernels_return(self):
         s = scale_bytes(300, 5)
@@ -309,7 +309,7 @@ def test_kernels_build_for_blackwell():
     signature = {"s_ptr": "*u8", "offs_ptr": "*i32", "out_ptr": "*u8", **dict.fromkeys(args, "i32")}
     constexprs = {"BLOCK_C": 64, "BLOCK_G": 16}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
-    ptx = compile_ptx("mxkernels.layouts", "_k_groups_kernel", signature, constexprs, cc=100)
+    ptx = compile_ptx("mxkernels.layouts.scale_layout", "_k_groups_kernel", signature, constexprs, cc=100)
     assert ".entry _k_groups_kernel" in ptx and "st.global" in ptx
 
 

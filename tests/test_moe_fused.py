@@ -5,12 +5,15 @@ unwritten byte shows unless the chain leaves the same byte unwritten); argument 
 import pytest
 import torch
 from helpers import bits_of
-from mxkernels import fp8_amax, moe_rows, quantize_blocked, swiglu
-from mxkernels import moe_fused as mf
-from mxkernels.cost import Cost
-from mxkernels.errors import InputError
-from mxkernels.fp8_amax import AmaxRowsConfig
-from mxkernels.quantize import RowsConfig
+from mxkernels.quant import fp8_amax
+from mxkernels.moe import moe_rows
+from mxkernels.quant import quantize_blocked
+from mxkernels.moe import swiglu
+from mxkernels.moe import moe_fused as mf
+from mxkernels.core.cost import Cost
+from mxkernels.core.errors import InputError
+from mxkernels.quant.fp8_amax import AmaxRowsConfig
+from mxkernels.quant.quantize import RowsConfig
 
 # Group ends over 300 rows: an empty group, groups not multiples of 128, and 40 rows past the last end (tail rows).
 OFFS = [[50, 50, 180, 260], [300], [0, 130, 300]]
@@ -196,7 +199,7 @@ def _fused_calls():
 
 
 def test_every_arithmetic_launch_disables_fp_fusion(monkeypatch):
-    from mxkernels import quantize
+    from mxkernels.quant import quantize
 
     recorders = {}
     kernels = [(quantize, "_quantize_rows_kernel"), (fp8_amax, "_rows_amax_kernel"), (swiglu, "_swiglu_kernel"),
@@ -225,10 +228,10 @@ def test_producer_arithmetic_compiles_without_fma(producer):
                  "G": "i32", "group_rows": "i32", "s_cols": "i32", "p_a": "*bf16", "p_b": "*bf16", "p_c": "*bf16",
                  "p_sa": "i32", "p_sb": "i32"}  # fmt: skip
     constexprs = {"BLOCK_R": 32, "BLOCK_C": 512, "EVEN": False, "RCEIL": True, "EXACT": False, "SCALES": 1,
-                  "BLOCK_G": 8, "PRODUCE": {"jit": f"mxkernels.swiglu:{producer}"}, "VARIANT": False,
+                  "BLOCK_G": 8, "PRODUCE": {"jit": f"mxkernels.moe.swiglu:{producer}"}, "VARIANT": False,
                   "TAIL": True}  # fmt: skip
     signature.update({name: "constexpr" for name in constexprs})
-    ptx = {fusion: compile_ptx("mxkernels.quantize", "_quantize_rows_kernel", signature, constexprs, 90,
+    ptx = {fusion: compile_ptx("mxkernels.quant.quantize", "_quantize_rows_kernel", signature, constexprs, 90,
                                options={"enable_fp_fusion": fusion}) for fusion in (False, True)}  # fmt: skip
     assert "fma.rn.f32" not in ptx[False] and "div.rn.f32" in ptx[False] and "div.full" not in ptx[False]
     assert "ex2.approx.ftz.f32" in ptx[False] and "fma.rm.ftz.f32" in ptx[False]  # libdevice's expf

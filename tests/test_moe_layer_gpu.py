@@ -12,8 +12,11 @@ fused stages capturable in a CUDA graph (no host sync)."""
 import pytest
 import torch
 from helpers import assert_bits_equal, assert_nearly_exact, capture
-from mxkernels import fp8_amax, moe_rows, quantize_blocked, swiglu
-from mxkernels import moe_fused as mf
+from mxkernels.quant import fp8_amax
+from mxkernels.moe import moe_rows
+from mxkernels.quant import quantize_blocked
+from mxkernels.moe import swiglu
+from mxkernels.moe import moe_fused as mf
 
 pytestmark = pytest.mark.gpu
 

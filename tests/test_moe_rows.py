@@ -5,10 +5,10 @@ written (poisoned allocations); argument checks before any launch; costs."""
 import pytest
 import torch
 from helpers import assert_bits_equal
-from mxkernels import moe_rows as mr
-from mxkernels.cost import Cost
-from mxkernels.errors import InputError
-from mxkernels.moe_rows import RowsMoveConfig
+from mxkernels.moe import moe_rows as mr
+from mxkernels.core.cost import Cost
+from mxkernels.core.errors import InputError
+from mxkernels.moe.moe_rows import RowsMoveConfig
 
 SMALL = RowsMoveConfig(block_rows=4, block_bytes=64, num_warps=1)  # several column tiles and a ragged last one
 # The GPU when there is one (the lead's GPU session runs this file), else CPU under the interpreter.

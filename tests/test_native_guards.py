@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mxkernels import gemm_native
-from mxkernels import grouped_gemm as GG
+from mxkernels.gemm import native as gemm_native
+from mxkernels.gemm import grouped_gemm as GG
 from native_double import (
     SM90,
     UNWRITTEN,
@@ -281,11 +281,11 @@ def test_gpu_bf16_guards_on_the_card():
 def test_the_guard_kernels_cross_compile(cc):
     from crosscompile import compile_ptx
 
-    compile_ptx("mxkernels.gemm_native", "_check_offs_kernel",
+    compile_ptx("mxkernels.gemm.native", "_check_offs_kernel",
                 {"offs_ptr": "*i32", "checked_ptr": "*i32", "G": "i32", "total": "i32", "multiple": "i32",
                  "EXEMPT_LAST": "constexpr", "BLOCK_G": "constexpr"},
                 {"EXEMPT_LAST": True, "BLOCK_G": 8}, cc)  # fmt: skip
-    ptx = compile_ptx("mxkernels.gemm_native", "_fix_output_kernel",
+    ptx = compile_ptx("mxkernels.gemm.native", "_fix_output_kernel",
                       {"out_ptr": "*i16", "checked_ptr": "*i32", "G": "i32", "group_numel": "i64",
                        "ZERO_EMPTY": "constexpr", "BLOCK": "constexpr"},
                       {"ZERO_EMPTY": True, "BLOCK": 4096}, cc, aligned=("out_ptr", "checked_ptr", "group_numel"))  # fmt: skip

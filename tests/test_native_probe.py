@@ -8,9 +8,10 @@ import re
 
 import pytest
 import torch
-from mxkernels import gemm_emulated, gemm_native
-from mxkernels import grouped_gemm as GG
-from mxkernels.native_build import Code, Target, parse_targets, read_build
+from mxkernels.gemm import emulated
+from mxkernels.gemm import native as gemm_native
+from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.gemm.native_build import Code, Target, parse_targets, read_build
 from native_double import SM100, TORCH_2_11_CU130, fixture_text, install, mx_case
 from native_double import SM100Double as Double
 
@@ -171,7 +172,7 @@ def test_the_real_torch_2_11_build_passes_the_probe_once_per_device(monkeypatch)
 
 def test_the_known_answer_cases_are_exact_and_cover_every_guard():
     for name, (operands, offs, rows) in gemm_native._known_answer_cases().items():
-        fp32 = gemm_emulated.run_mxfp8(*operands, offs, torch.float32)[:rows]
+        fp32 = emulated.run_mxfp8(*operands, offs, torch.float32)[:rows]
         assert torch.equal(fp32.bfloat16().float(), fp32), name  # exact in bf16: no rounding to disagree on
         assert fp32.any(), name
     cases = gemm_native._known_answer_cases()

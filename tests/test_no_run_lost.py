@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 import mxbench
 from mxbench.cli import cli

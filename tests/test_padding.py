@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers import capture, random_group_ends
-from mxkernels.cost import Cost
-from mxkernels.padding import (
+from mxkernels.core.cost import Cost
+from mxkernels.layouts.padding import (
     default_pad_config,
     pad_cost,
     pad_token_groups,

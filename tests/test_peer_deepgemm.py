@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from mxkernels import peer_deepgemm as D
-from mxkernels.comparison import sqnr_db
+from mxkernels.peers import deepgemm as D
+from mxkernels.core.comparison import sqnr_db
 
 REPO = Path(__file__).resolve().parents[1]
 E4M3 = torch.float8_e4m3fn

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers import FakePower, FakeTelemetry, FakeTiming, fake_stage
-from mxkernels.cost import Cost
-from mxkernels.errors import InputError
-from mxkernels.names import Recipe
+from mxkernels.core.cost import Cost
+from mxkernels.core.errors import InputError
+from mxkernels.core.names import Recipe
 
 from mxbench import implementations
 from mxbench.instruments import Instruments
@@ -193,9 +193,9 @@ def test_real_pipeline_ours_and_the_oracles_agree_on_every_data_movement_stage()
     implementation, each called once on the same inputs, compute the same bytes."""
     from types import SimpleNamespace
 
-    from mxkernels import pipeline
-    from mxkernels.names import MEMORY_CATEGORIES
-    from mxkernels.stages import all_specs
+    from mxkernels.stages import pipeline
+    from mxkernels.core.names import MEMORY_CATEGORIES
+    from mxkernels.stages.step_specs import all_specs
 
     registry = Registry()
     for spec in all_specs().values():

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-from mxkernels import autograd, pipeline
-from mxkernels.format import dequantize_reference, quantize_reference
+from mxkernels.moe import projection
+from mxkernels.stages import pipeline
+from mxkernels.core.format import dequantize_reference, quantize_reference
 
 DSV3 = dict(M=131072, N=2048, K=7168, G=8)
 
@@ -132,7 +133,7 @@ def test_autograd_matches_the_mx_rounded_reference(device, sizes):
     t = pipeline.make_inputs(M, N, K, G, sizes, device=device, seed=1)
     a = t["a"].clone().requires_grad_()
     b_t = t["w"].transpose(-2, -1).clone().requires_grad_()
-    out = autograd.mxfp8_grouped_mm(a, b_t, t["offs"], backend="emulated")
+    out = projection.mxfp8_grouped_mm(a, b_t, t["offs"], backend="emulated")
     grad_a, grad_b_t = torch.autograd.grad(out, (a, b_t), t["grad_out"])
 
     ref_out, ref_grad_a, ref_grad_w = reference_step(t["a"].cpu(), t["w"].cpu(), t["grad_out"].cpu(), sizes)
@@ -152,11 +153,11 @@ def test_fused_scales_step_computes_the_same_bits(device, sizes):
     for fuse in (False, True):
         a = t["a"].clone().requires_grad_()
         b_t = t["w"].transpose(-2, -1).clone().requires_grad_()
-        out = autograd.mxfp8_grouped_mm(a, b_t, t["offs"], backend="emulated", fuse_scales=fuse)
+        out = projection.mxfp8_grouped_mm(a, b_t, t["offs"], backend="emulated", fuse_scales=fuse)
         results.append((out, *torch.autograd.grad(out, (a, b_t), t["grad_out"])))
     for unfused, fused in zip(*results, strict=True):
         assert torch.equal(unfused.view(torch.int16), fused.view(torch.int16))
-    step = autograd.end_to_end("mxfp8", M, N, K, G, sizes, backend="emulated", device=device, seed=2, fuse_scales=True)
+    step = projection.end_to_end("mxfp8", M, N, K, G, sizes, backend="emulated", device=device, seed=2, fuse_scales=True)
     assert all(torch.equal(x.view(torch.int16), y.view(torch.int16)) for x, y in zip(step(), results[1][1:]))
 
 
@@ -191,8 +192,8 @@ def test_gpu_autograd_drop_in_matches_fp32(recipe, floor_db):
     refs = fp32_step(t, sizes)
     a = t["a"].clone().requires_grad_()
     b_t = t["w"].transpose(-2, -1).clone().requires_grad_()
-    op = {"bf16": autograd.bf16_grouped_mm, "mxfp8": autograd.mxfp8_grouped_mm,
-          "fp8_rowwise": autograd.fp8_rowwise_grouped_mm}[recipe]  # fmt: skip
+    op = {"bf16": projection.bf16_grouped_mm, "mxfp8": projection.mxfp8_grouped_mm,
+          "fp8_rowwise": projection.fp8_rowwise_grouped_mm}[recipe]  # fmt: skip
     out = op(a, b_t, t["offs"])
     got = (out, *torch.autograd.grad(out, (a, b_t), t["grad_out"]))
     for name, x, ref in zip(("out", "grad_a", "grad_b_t"), got, refs, strict=True):
@@ -208,7 +209,7 @@ def test_gpu_whole_step_replays_from_one_cuda_graph(recipe, fuse):
     """Forward + backward of the autograd function, every stage of every pass, captured once and replayed: no host
     sync anywhere, and the replay computes what the eager step computes."""
     sizes = GPU_SIZES
-    step = autograd.end_to_end(recipe, sum(sizes), 512, 1024, len(sizes), sizes, device="cuda", seed=4,
+    step = projection.end_to_end(recipe, sum(sizes), 512, 1024, len(sizes), sizes, device="cuda", seed=4,
                                fuse_scales=fuse)  # fmt: skip
     eager = [g.clone() for g in step()]
     side = torch.cuda.Stream()

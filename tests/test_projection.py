@@ -7,7 +7,7 @@ import csv
 import io
 
 import pytest
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 from test_report import BF16_GEMM_US, MX_E2E_US, MX_GEMM_US, mxfp8_stages, synthetic_run
 
 from mxbench.hardware import get_spec

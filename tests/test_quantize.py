@@ -1,4 +1,4 @@
-"""Specification of the MXFP8 quantization kernels in ``mxkernels.quantize``.
+"""Specification of the MXFP8 quantization kernels in ``mxkernels.quant.quantize``.
 
 Every kernel must produce the bytes of the plain-torch oracle ``quantize_reference`` (scales and data), in both
 scale modes and for both input dtypes. Without a GPU the kernels run on CPU tensors under the Triton interpreter on
@@ -13,23 +13,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import mxkernels.runtime
+import mxkernels.core.runtime
 import pytest
 import torch
 import triton
 import triton.language as tl
 from crosscompile import compile_ptx
 from helpers import f32
-from mxkernels.block_math import scale_byte, to_e4m3_bits
-from mxkernels.cost import Cost
-from mxkernels.format import (
+from mxkernels.core.block_math import scale_byte, to_e4m3_bits
+from mxkernels.core.cost import Cost
+from mxkernels.core.format import (
     BLOCK_SIZE,
     DATA_DTYPE,
     SCALE_DTYPE,
     quantize_reference,
     scale_bytes_reference,
 )
-from mxkernels.quantize import (
+from mxkernels.quant.quantize import (
     ALONG_N_COLS,
     DIM1_COLS,
     ROWS_CONFIG,
@@ -366,7 +366,7 @@ def test_bad_input_names_the_argument(what, call, name, device):
     lambda x: quantize_dim0(x), lambda x: quantize_dim1(x), lambda x: quantize_3d(x.unsqueeze(0), "N")
 ])  # fmt: skip
 def test_cpu_tensor_outside_the_interpreter(call, monkeypatch):
-    monkeypatch.setattr(mxkernels.runtime, "INTERPRET", False)
+    monkeypatch.setattr(mxkernels.core.runtime, "INTERPRET", False)
     with pytest.raises(ValueError, match=r"(\bx\b|\bw\b).*cpu"):
         call(torch.zeros(32, 32))
 
@@ -411,7 +411,7 @@ _ROWS_SIG = {**_COMMON_SIG, "group_rows": "i32", "s_cols": "i32", "p_a": "*bf16"
              "p_sa": "i32", "p_sb": "i32", **_CONSTEXPR_SIG,
              **{name: "constexpr" for name in ("SCALES", "BLOCK_G", "PRODUCE", "VARIANT", "TAIL")}}  # fmt: skip
 # The rows kernel's tile comes from a producer: the plain load (block_math.load_rows) here.
-_LOAD = {"PRODUCE": {"jit": "mxkernels.block_math:load_rows"}, "VARIANT": False, "TAIL": False}
+_LOAD = {"PRODUCE": {"jit": "mxkernels.core.block_math:load_rows"}, "VARIANT": False, "TAIL": False}
 _COLS_SIG = {**_COMMON_SIG, "grid_rows": "i32", "grid_cols": "i32", "s_stride_batch": "i32", "s_stride_col": "i32",
              "s_stride_block": "i32", **_CONSTEXPR_SIG,
              **{name: "constexpr" for name in ("GROUP", "STAGES", "PREFETCH", "SCALES", "WORDS", "BLOCK_G")}}  # fmt: skip
@@ -447,7 +447,7 @@ def test_compiles_for_sm90_and_sm100(kernel, scales, cc):
     signature, (rows, cols), extra = COMPILE_CASES[kernel, scales]
     constexprs = {"BLOCK_R": rows, "BLOCK_C": cols, "EVEN": False, "RCEIL": True, "EXACT": False, "SCALES": scales,
                   "BLOCK_G": 8, **extra}  # fmt: skip
-    module = "mxkernels.quantize_cols" if kernel == "_quantize_cols_kernel" else "mxkernels.quantize"
+    module = "mxkernels.quant.quantize_cols" if kernel == "_quantize_cols_kernel" else "mxkernels.quant.quantize"
     ptx = compile_ptx(module, kernel, signature, constexprs, cc)
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert "ue8m0" not in ptx
@@ -462,7 +462,7 @@ def test_scale_words_compile_to_word_stores():
                       "SCALES": scales, "BLOCK_G": 8, **extra}  # fmt: skip
         aligned = ("x_ptr", "q_ptr", "s_ptr", "n_rows", "n_cols", "grid_rows", "grid_cols", "s_stride_batch",
                    "s_stride_col")  # fmt: skip
-        ptx = compile_ptx("mxkernels.quantize_cols", "_quantize_cols_kernel", signature, constexprs, 90, aligned)
+        ptx = compile_ptx("mxkernels.quant.quantize_cols", "_quantize_cols_kernel", signature, constexprs, 90, aligned)
         assert "st.global.b8" not in ptx and "st.global.b32" in ptx and "st.global.v4.b32" in ptx
 
 

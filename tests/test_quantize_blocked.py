@@ -1,4 +1,4 @@
-"""Specification of the fused-scale MXFP8 quantizers (``mxkernels.quantize_blocked``).
+"""Specification of the fused-scale MXFP8 quantizers (``mxkernels.quant.quantize_blocked``).
 
 Each must give the bytes of the reference quantizer followed by the reference rearrange: the data where the
 contract specifies it (rows / columns up to offs[-1]) and every byte of the blocked buffer, its zero padding and
@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import offsets
-from mxkernels import quantize_blocked as QB
-from mxkernels.cost import Cost
-from mxkernels.layouts import k_groups_shape, m_groups_shape
-from mxkernels.quantize import ColsConfig, RowsConfig
+from mxkernels.quant import quantize_blocked as QB
+from mxkernels.core.cost import Cost
+from mxkernels.layouts.scale_layout import k_groups_shape, m_groups_shape
+from mxkernels.quant.quantize import ColsConfig, RowsConfig
 from test_quantize import make_input
 
 MODES = ["floor", "rceil"]

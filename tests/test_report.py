@@ -8,7 +8,7 @@ import io
 import re
 
 import pytest
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from mxbench import render, tables
 from mxbench.hardware import Peak

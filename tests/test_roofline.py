@@ -4,8 +4,8 @@ from dataclasses import asdict
 
 import pytest
 from helpers import fake_stage
-from mxkernels.cost import Cost
-from mxkernels.pipeline import Stage
+from mxkernels.core.cost import Cost
+from mxkernels.stages.pipeline import Stage
 
 from mxbench import roofline
 from mxbench.ceilings import Ceilings

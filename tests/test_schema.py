@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers import committed_results
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from mxbench.cli import cli
 from mxbench.results import Point, Record, Run, load_run, run_to_json

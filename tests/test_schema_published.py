@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from mxbench.cli import cli
 from mxbench.validation import KEYWORDS, MAX_DEPTH, Published, schema_file, validate
@@ -76,8 +76,8 @@ def test_the_schema_files_use_only_the_keywords_the_validator_implements():
 
 
 def test_the_published_bounds_are_the_kernels_bounds():
-    from mxkernels.names import Category, Pass
-    from mxkernels.runtime import MAX_GROUPS
+    from mxkernels.core.names import Category, Pass
+    from mxkernels.core.runtime import MAX_GROUPS
 
     from mxbench.points import MAX_DIM, MAX_TOKENS
 

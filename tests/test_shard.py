@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from mxbench import shard
 from mxbench.measure import SweepOptions

@@ -14,7 +14,7 @@ from datetime import datetime
 
 import pytest
 from helpers import FakePower, FakeTelemetry, FakeTiming, fake_stage
-from mxkernels.cost import Cost
+from mxkernels.core.cost import Cost
 
 import mxbench.points
 from mxbench import metadata, provenance
@@ -361,7 +361,7 @@ class TestRunSweep:
 
 
 def test_model_run_prices_every_stage_of_the_recipe_and_its_baseline():
-    from mxkernels.pipeline import plan_step
+    from mxkernels.stages.pipeline import plan_step
 
     from mxbench.hardware import get_spec
 

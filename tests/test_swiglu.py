@@ -6,10 +6,10 @@ must be bit-exact but for rare 1-ulp differences (``helpers.assert_nearly_exact`
 import pytest
 import torch
 from helpers import assert_nearly_exact
-from mxkernels import swiglu as sw
-from mxkernels.cost import Cost
-from mxkernels.errors import InputError
-from mxkernels.moe_rows import RowsMoveConfig
+from mxkernels.moe import swiglu as sw
+from mxkernels.core.cost import Cost
+from mxkernels.core.errors import InputError
+from mxkernels.moe.moe_rows import RowsMoveConfig
 
 SMALL = RowsMoveConfig(block_rows=4, block_bytes=32, num_warps=1)
 # The GPU when there is one (the lead's GPU session runs this file), else CPU under the interpreter.

@@ -1,7 +1,7 @@
 """The ``mxbench`` command line (click): roofline, presets, ceilings, table, plot, compare, history, regress, peers,
 impls, check, ep.
 
-Bad input exits with code 2 and a one-line message: click's own usage errors, and ``mxkernels.runtime.InputError``
+Bad input exits with code 2 and a one-line message: click's own usage errors, and ``mxkernels.core.runtime.InputError``
 raised below the CLI (the harness and the kernels validate their arguments with InputErrors that name them;
 ``CompareError`` is one). Any other exception, a bare ``ValueError`` included, is a bug: it propagates with its
 traceback and exits 1. Heavy modules (torch, the kernels, NVML) are imported inside the commands, so ``--help``

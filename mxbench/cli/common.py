@@ -37,7 +37,7 @@ class Group(click.Group):
             return super().invoke(ctx)
         except ValueError as e:
             # imported here, not at the top: mxkernels loads torch and every kernel, and `--help` must stay fast
-            from mxkernels.errors import InputError
+            from mxkernels.core.errors import InputError
 
             if not isinstance(e, InputError):
                 raise  # a bug, not bad input: its traceback says where
@@ -192,7 +192,7 @@ def shape_args(K: int | None, N: int | None, G: int | None, preset: str | None) 
 
 def hardware_spec(key: str, option: str = "--hardware"):
     """The hardware spec ``option`` (or a run's meta) names; an unknown key is a usage error of that option."""
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     from ..hardware import get_spec
 

@@ -66,7 +66,7 @@ def resolve(texts: Iterable[str], recipes: Sequence[str]) -> list:
 def refuse_absent(impls: Sequence, points: Sequence) -> None:
     """Each implementation's (recipe, stage) must run at some point of the run (``pad_a`` does not when every
     group is aligned, say): otherwise it would be accepted and never run."""
-    from mxkernels.pipeline import plan_step
+    from mxkernels.stages.pipeline import plan_step
 
     from ..points import point_group_sizes
 
@@ -108,7 +108,7 @@ def recorded_impls(baseline, overrides: Sequence = ()) -> list:
     """The implementations ``baseline``'s stage records ran other than mxkernels' (by registered name), with each
     of ``overrides`` (``--impl``) in place of the one recorded for its stage. One the registry here lacks is
     refused: re-measuring mxkernels' kernel instead would compare the wrong code."""
-    from mxkernels.names import END_TO_END_STAGE
+    from mxkernels.core.names import END_TO_END_STAGE
 
     from ..registry import OURS
 

@@ -44,7 +44,7 @@ def impls(stage, recipe, impl_texts, fmt) -> None:
 
     Exit 1 when a plugin (entry point) did not load (it is named on stderr), else 0; 2 on bad input."""
     _interpreter_on_cpu()
-    from mxkernels.stages import PARAM_DOCS, all_specs
+    from mxkernels.stages.step_specs import PARAM_DOCS, all_specs
 
     from ..registry import split_stage
     from ..render import render
@@ -128,8 +128,8 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     raises or a plugin did not load, 2 on bad input (and when nothing could be checked here).
     """
     _interpreter_on_cpu()
-    from mxkernels.names import Category
-    from mxkernels.stages import get_spec
+    from mxkernels.core.names import Category
+    from mxkernels.stages.step_specs import get_spec
 
     from ..check import check_step, exit_code, json_report, native_line, stages_checked
     from ..registry import split_stage

@@ -77,7 +77,7 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
     from ..projection import projection_table
     from ..tables import check_kind, table
 
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     runs, named = [], {p.resolve() for p in results if p.is_file()}
     for path, run in load_runs(results):  # files, and the runs in folders (as `history` and `mxbench.load` read them)

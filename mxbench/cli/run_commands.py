@@ -109,7 +109,7 @@ def _power_limits(percents: Sequence[float] | None, watts: Sequence[float] | Non
             raise BadInput(f"--power-limit: {over[0]:g}% is above the default limit, the most a known card allows; "
                            f"give percents of at most 100")  # fmt: skip
         return [None], None
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     from ..power import PowerController, PowerError
     from ..shard import local_device
@@ -200,7 +200,7 @@ def _check_watts_known(watts: Sequence[float]) -> None:
     "same run: MXFP8 quantizers that write the GEMM's blocked scales (no rearrange stages); FP8 rowwise quantizers "
     "whose first pass over a tensor also folds the column amaxes its transposed copy is scaled by (one read fewer).",
 )
-@click.option("--backend", help="Grouped-GEMM backend of the run's one recipe besides bf16 (mxkernels.grouped_gemm.BACKENDS lists "
+@click.option("--backend", help="Grouped-GEMM backend of the run's one recipe besides bf16 (mxkernels.gemm.grouped_gemm.BACKENDS lists "
               "them): e.g. fp8_rowwise native (torch._scaled_grouped_mm) or triton (ours). [default: the device's best]")
 @impl_option
 @project_option
@@ -313,7 +313,7 @@ def _impls(texts: Sequence[str], recipes: Sequence[str], points) -> list:
 
 def _check_backend(backend: str, recipes: Sequence[str], gpu: bool) -> None:
     """``--backend`` names one backend of the run's one recipe besides bf16 (bad input otherwise, before any work)."""
-    from mxkernels.grouped_gemm import BACKENDS
+    from mxkernels.gemm.grouped_gemm import BACKENDS
 
     others = [r for r in recipes if r != "bf16"]
     if len(others) != 1:

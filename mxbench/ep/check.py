@@ -5,9 +5,9 @@
    oracle by the spec's rule (bit for bit, or an SQNR floor for GEMMs). All-to-all oracles are built from
    ``all_gather`` alone. The first mismatch of a stage names where.
 2. Layer: one forward + backward of the distributed module (``workload``: the expert projection of
-   ``mxkernels.ep``, or with ``--layer`` the whole MoE layer of ``mxkernels.ep_layer``) on every rank; rank 0
+   ``mxkernels.ep.projection``, or with ``--layer`` the whole MoE layer of ``mxkernels.stages.ep_layer``) on every rank; rank 0
    gathers every rank's inputs, outputs and gradients and compares y, grad_x and each weight gradient with the
-   single-process reference of the same strategy and wgrad precision (``mxkernels.ep_reference`` /
+   single-process reference of the same strategy and wgrad precision (``mxkernels.reference.ep`` /
    ``ep_layer_reference``: bf16 math for bf16, the emulated MXFP8 math for the MXFP8 strategies) by SQNR. The SQNR
    against another reference is printed beside it (the projection's bf16 one; an fp32 run of the single-GPU
    layer's oracle): the quantization error, information, not a verdict.
@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from mxkernels.ep_wgrad import Wgrad, resolve_wgrad
-from mxkernels.pipeline import Stage, with_impls
+from mxkernels.stages.ep_wgrad import Wgrad, resolve_wgrad
+from mxkernels.stages.pipeline import Stage, with_impls
 
 from .dist import Context, any_rank, gather
 from .workload import Compared, LayerOptions, workload

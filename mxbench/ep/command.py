@@ -164,10 +164,10 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
     has_gpu = torch.cuda.is_available()
     if not has_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before mxkernels is imported below
-    from mxkernels.ep_layer import get_ep_layer_spec
-    from mxkernels.ep_stages import check_layer, check_strategy, get_ep_spec
-    from mxkernels.ep_wgrad import Wgrad
-    from mxkernels.runtime import InputError
+    from mxkernels.stages.ep_layer import get_ep_layer_spec
+    from mxkernels.stages.ep_stages import check_layer, check_strategy, get_ep_spec
+    from mxkernels.stages.ep_wgrad import Wgrad
+    from mxkernels.core.runtime import InputError
 
     from ..registry import parse_impl
 

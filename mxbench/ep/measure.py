@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from mxkernels.cost import Cost
-from mxkernels.ep import exchange_split_counts
-from mxkernels.ep_comm import exchange_counts_cost
-from mxkernels.ep_wgrad import resolve_wgrad
-from mxkernels.names import END_TO_END_STAGE, Category, Pass
-from mxkernels.pipeline import run_stages
-from mxkernels.token_permute import route
+from mxkernels.core.cost import Cost
+from mxkernels.ep.projection import exchange_split_counts
+from mxkernels.ep.comm import exchange_counts_cost
+from mxkernels.stages.ep_wgrad import resolve_wgrad
+from mxkernels.core.names import END_TO_END_STAGE, Category, Pass
+from mxkernels.stages.pipeline import run_stages
+from mxkernels.moe.token_permute import route
 
 from ..results import Point, Record
 from .check import EPOptions, rank_inputs, strategy_stages

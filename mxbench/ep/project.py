@@ -66,7 +66,7 @@ class LinkModel:
 
 def check_degree(ep: int, gpus_per_node: int) -> None:
     """An EP degree the model can place: within one node, or whole nodes."""
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     if ep < 2:
         raise InputError(f"--ep: every degree must be at least 2 (at 1 nothing crosses a link), got {ep}")
@@ -209,7 +209,7 @@ def with_top_k(m: Measured, top_k: int) -> Measured:
     """``m`` read as a layer of ``top_k`` experts per token with the same copies per rank (T x top-k held, so
     every stage that moves or multiplies copies keeps its work; the few that act on tokens before they are copied
     keep theirs too: an upper bound on their time)."""
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     copies = m.T * m.top_k
     if copies % top_k:
@@ -254,7 +254,7 @@ def read_run(run, label: str) -> Measured:
     """What the projection needs of a stored EP run (``mxbench ep``, or the layer under ``mxbench ep --layer``:
     its stages carry role names, and anything not an all-to-all is compute). Refuses (``InputError``) a run that
     is not an EP run or moved nothing between ranks."""
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     meta = run.meta
     kind = str(meta.get("kind", ""))

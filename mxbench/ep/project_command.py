@@ -27,7 +27,7 @@ def _read(paths) -> list[Measured]:
 
 
 def _run_rate(m: Measured, option: str) -> float:
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     if m.nodes > 1:
         raise InputError(f"{option}: {m.label} ran on {m.nodes} nodes: its all-to-all times mix NVLink and the NIC, "
@@ -44,7 +44,7 @@ def _model_for(m: Measured, base: LinkModel, from_run: bool) -> LinkModel:
 
 
 def _check_same_layer(a: Measured, b: Measured) -> None:
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     differ = [f"{k} {getattr(a, k)} vs {getattr(b, k)}" for k in SAME_LAYER if getattr(a, k) != getattr(b, k)]
     if differ:
@@ -79,7 +79,7 @@ def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run,
 
     Default rates: DeepEP's published H800 measurements (normal kernels; NVLink 153 / 158 GB/s dispatch / combine,
     RDMA 43-58 GB/s at EP 16-64). The assumptions are printed under the table and stored in the JSON."""
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     from ..outputs import check_figure_target, check_output_file
     from ..plots import IMAGE_SUFFIXES

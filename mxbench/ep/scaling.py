@@ -27,7 +27,7 @@ ROUTING_STYLE = {"balanced": "-", "skewed": "--"}
 
 def ordered(runs: Sequence[Run]) -> list[Run]:
     """The runs by EP degree then routing, after checking they are EP runs of one layer on one card."""
-    from mxkernels.errors import InputError
+    from mxkernels.core.errors import InputError
 
     if not runs:
         raise InputError("EP-degree scaling needs at least one run of `mxbench ep`")

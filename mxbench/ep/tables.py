@@ -190,7 +190,7 @@ def ep_table(run: Run, kind: str = "ep", fmt: str = "markdown", *, columns: list
              strategies: list[str] | None = None) -> str:  # fmt: skip
     """``table --kind ep`` (per stage) or ``--kind ep-summary`` (per strategy) of a stored EP run, after its header
     (except in csv). ``strategies``: only these (``--recipe``)."""
-    from mxkernels.runtime import InputError
+    from mxkernels.core.runtime import InputError
 
     from ..render import render
 

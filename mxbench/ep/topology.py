@@ -124,7 +124,7 @@ def as_record(split: Mapping[LinkClass, Mapping[str, int]]) -> dict[str, dict[st
 
 
 def _shape(counts: Sequence, rank: int, o):
-    from mxkernels.ep_stages import EPShape
+    from mxkernels.stages.ep_stages import EPShape
 
     world = len(counts)
     return EPShape(o.T, o.K, o.N, o.E, o.top_k, rank, world, tuple(tuple(row) for row in counts[rank]),
@@ -135,11 +135,11 @@ def stage_link_bytes(topo: Topology, counts: Sequence, strategy: str, o) -> dict
     """Per all-to-all stage of ``strategy``: every rank's bytes per link class (``as_record`` form).
 
     ``counts[src][dst][e]``: copies rank src sends to local expert e of rank dst (every rank's ``send_counts``).
-    The stages are those of ``mxkernels.ep_stages`` bound to each rank's shape; their split sizes and their cost
+    The stages are those of ``mxkernels.stages.ep_stages`` bound to each rank's shape; their split sizes and their cost
     (bytes sent to other ranks) give the bytes of one row."""
-    from mxkernels.ep_comm import remote_rows
-    from mxkernels.ep_stages import ep_step_stages
-    from mxkernels.names import Category
+    from mxkernels.ep.comm import remote_rows
+    from mxkernels.stages.ep_stages import ep_step_stages
+    from mxkernels.core.names import Category
 
     out: dict[str, list[dict]] = {}
     for rank in range(topo.world):

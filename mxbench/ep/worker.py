@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import click
-from mxkernels.runtime import InputError
+from mxkernels.core.runtime import InputError
 
 from ..guarded import one_line
 from ..hardware import card_slug
@@ -42,8 +42,8 @@ class MeasureOptions:
 def run_worker(strategies: Sequence[str], o: EPOptions, impl_texts: Sequence[str], *, check: bool,
                measure: MeasureOptions, echo: Callable[[str], None] = click.echo) -> int:  # fmt: skip
     """The worker's exit code: 0 pass (or measured), 1 a check failed. Bad input raises ``InputError``."""
-    from mxkernels.ep_layer import get_ep_layer_spec
-    from mxkernels.ep_stages import get_ep_spec
+    from mxkernels.stages.ep_layer import get_ep_layer_spec
+    from mxkernels.stages.ep_stages import get_ep_spec
 
     spec_of = get_ep_spec if o.layer is None else get_ep_layer_spec
     impls = [_reporting(parse_impl(t, "bf16", spec_of), t) for t in impl_texts]
@@ -153,7 +153,7 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
 def layer_meta(strategies: Sequence[str], o: EPOptions) -> dict:
     """What the run ran beyond the sizes: the part (projection or whole layer), each strategy's resolved wgrad
     precision, and the layer's router options (its shared experts are left out: 0)."""
-    from mxkernels.ep_wgrad import resolve_wgrad
+    from mxkernels.stages.ep_wgrad import resolve_wgrad
 
     from .workload import workload
 
@@ -184,7 +184,7 @@ def _record_check_topology(ctx: Context, strategies, o: EPOptions, out: Path | N
 
 def _send_counts(ctx: Context, o: EPOptions) -> list[list[int]]:
     """This rank's copies per (rank, local expert), for the metadata."""
-    from mxkernels.token_permute import route
+    from mxkernels.moe.token_permute import route
 
     experts = routing(o.T, o.top_k, ctx.world * o.E, o.groups, o.seed, ctx.rank)
     return route(experts, ctx.world * o.E)["counts"].view(ctx.world, o.E).tolist()

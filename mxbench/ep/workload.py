@@ -4,8 +4,8 @@ A ``Workload`` is the seam the check and the measurement share: a rank's seeded 
 strategy's stage list, one forward + backward of the distributed module (what the step times and the check
 compares), and the comparison of every rank's gathered results with the single-process reference.
 
-* ``Projection``: ``mxkernels.ep`` (y = x @ w_e^T per copy) against ``ep_reference.ep_layer_reference``.
-* ``Layer``: ``mxkernels.ep_layer`` (router, gate/up, SwiGLU, down, combine) against
+* ``Projection``: ``mxkernels.ep.projection`` (y = x @ w_e^T per copy) against ``ep_reference.ep_layer_reference``.
+* ``Layer``: ``mxkernels.stages.ep_layer`` (router, gate/up, SwiGLU, down, combine) against
   ``ep_layer_reference.ep_moe_layer_reference`` (the verdict); the SQNR against an fp32 run of the single-GPU
   layer's plain-torch oracle (``moe_layer.moe_layer_reference``, gathered inputs) is printed beside it, for
   information (the recipe's quantization error).
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
-from mxkernels.comparison import sqnr_db
+from mxkernels.core.comparison import sqnr_db
 
 from .inputs import ep_layer_tensors, layer_tensors, routing
 
@@ -58,23 +58,23 @@ class Projection:
         return {"experts": _experts(ctx, o), **layer_tensors(o.T, o.K, o.N, o.E, o.top_k, o.seed, ctx.rank, ctx.device)}
 
     def plan(self, ctx, inputs, o):
-        from mxkernels.ep import plan_routing
+        from mxkernels.ep.projection import plan_routing
 
         return plan_routing(inputs["experts"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
 
     def stages(self, ctx, strategy, plan, o):
-        from mxkernels.ep_stages import ep_step_stages
+        from mxkernels.stages.ep_stages import ep_step_stages
 
         return ep_step_stages(strategy, plan.shape, group=ctx.group, mode=o.mode, backend=o.backend, wgrad=o.wgrad)
 
     def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        from mxkernels.ep import ep_expert_projection
+        from mxkernels.ep.projection import ep_expert_projection
 
         return ep_expert_projection(leaves["x"], leaves["w"], plan, stages=stages, group=ctx.group)
 
     def compare(self, strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o) -> list[Compared]:
-        from mxkernels.ep_reference import ep_layer_reference
-        from mxkernels.ep_stages import BASELINE
+        from mxkernels.reference.ep import ep_layer_reference
+        from mxkernels.stages.ep_stages import BASELINE
 
         args = ([r["x"] for r in ranks], [r["experts"] for r in ranks], torch.cat([r["w"] for r in ranks]),
                 [r["dy"] for r in ranks])  # fmt: skip
@@ -102,23 +102,23 @@ class Layer:
         return {"experts": experts, "assign": experts.to(torch.int32), **tensors}
 
     def plan(self, ctx, inputs, o):
-        from mxkernels.ep_layer import plan_layer
+        from mxkernels.stages.ep_layer import plan_layer
 
         return plan_layer(inputs["assign"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
 
     def stages(self, ctx, strategy, plan, o):
-        from mxkernels.ep_layer import EPLayerShape, ep_layer_stages
+        from mxkernels.stages.ep_layer import EPLayerShape, ep_layer_stages
 
         shape = EPLayerShape(plan.shape, self.options.score_func, self.options.score_before)
         return ep_layer_stages(strategy, shape, group=ctx.group, mode=o.mode, backend=o.backend, wgrad=o.wgrad)
 
     def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        from mxkernels.ep_layer import ep_moe_layer
+        from mxkernels.stages.ep_layer import ep_moe_layer
 
         return ep_moe_layer(leaves["x"], leaves, inputs["assign"], plan, stages)
 
     def compare(self, strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o) -> list[Compared]:
-        from mxkernels.ep_layer_reference import ep_moe_layer_reference
+        from mxkernels.reference.ep_layer import ep_moe_layer_reference
 
         L = self.options
         weights = {"wr": ranks[0]["wr"], **{n: torch.cat([r[n] for r in ranks]) for n in ("w13", "w2")}}
@@ -137,8 +137,8 @@ class Layer:
 
     def _fp32_layer(self, ranks, weights, o) -> dict[str, torch.Tensor]:
         """y and the gradients of ``moe_layer_reference`` in fp32 on every rank's tokens at once."""
-        from mxkernels.layer import LayerShape
-        from mxkernels.moe_layer import layer_outputs
+        from mxkernels.stages.layer import LayerShape
+        from mxkernels.moe.layer import layer_outputs
 
         G = weights["wr"].shape[0]
         shape = LayerShape(T=sum(r["x"].shape[0] for r in ranks), K=o.K, N=o.N, E=G, top_k=o.top_k,

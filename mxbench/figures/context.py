@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from ..frame import frame_of
 from ..hardware import HardwareSpec, Peak, datasheet_peaks, get_spec

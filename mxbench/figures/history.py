@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
-from mxkernels.errors import InputError
+from mxkernels.core.errors import InputError
 
 from ..history import History, match_key, trends
 from .context import CATEGORY_COLORS, PASS_SHORT

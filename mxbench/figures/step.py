@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 from matplotlib.axes import Axes
-from mxkernels.names import MEMORY_CATEGORIES
+from mxkernels.core.names import MEMORY_CATEGORIES
 
 from ..frame import PASS_TITLES, efficiency
 from ..hardware import HardwareSpec

@@ -4,7 +4,7 @@ experts), forward and backward, per stage and as one graph, with each recipe's a
 Modules: ``measure`` (the records of a run: every stage timed alone, the layer as one graph, the SQNR of every
 output against an fp32 run; the analytic model without a GPU), ``tables`` (``table --kind layer`` in the seed's
 form with its rows beside ours, ``--kind layer-stages``), ``figure`` (the layer's time by category), ``command``.
-The layer and its stages live in the kernel package (``mxkernels.layer``, ``mxkernels.layer_specs``).
+The layer and its stages live in the kernel package (``mxkernels.stages.layer``, ``mxkernels.stages.layer_specs``).
 """
 
 TABLE_KINDS = ("layer", "layer-stages")

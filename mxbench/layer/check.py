@@ -1,4 +1,4 @@
-"""``mxbench check --layer``: every stage of the MoE layer's own (``mxkernels.layer_specs``) against its oracle.
+"""``mxbench check --layer``: every stage of the MoE layer's own (``mxkernels.stages.layer_specs``) against its oracle.
 
 The layer is built at a small size in the recipe asked (its fused stages too, where the recipe has them), on the
 seeded layer inputs with adversarial MX blocks planted in the tokens and the output gradient (``check_inputs.plant``:
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from mxkernels.layer import LayerShape, layer_stages
-from mxkernels.layer_specs import FUSED_RECIPES, get_layer_spec, layer_specs
-from mxkernels.moe_layer import layer_inputs
-from mxkernels.names import Recipe
+from mxkernels.stages.layer import LayerShape, layer_stages
+from mxkernels.stages.layer_specs import FUSED_RECIPES, get_layer_spec, layer_specs
+from mxkernels.moe.layer import layer_inputs
+from mxkernels.core.names import Recipe
 
 from ..check import CheckResult, check_stages
 from ..check_inputs import plant
@@ -95,7 +95,7 @@ def _layer_spec(recipe: str, stage: str):
     try:
         return get_layer_spec(recipe, stage)
     except (KeyError, ValueError):
-        from mxkernels.errors import InputError
+        from mxkernels.core.errors import InputError
 
         known = ", ".join(sorted({f"{r}/{n}" for r, n in layer_specs()}))
         raise InputError(f"the layer has no stage {recipe}/{stage}; its own stages: {known}") from None

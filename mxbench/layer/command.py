@@ -34,7 +34,7 @@ DEFAULT_TOKENS, DEFAULT_EXPERTS = 131072, 8
 
 def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after, separate, routing, shared_in_recipe):
     """(LayerShape, label): the preset's layer (``shapes/*.toml`` [layer]) with any option given on top."""
-    from mxkernels.layer import LayerShape
+    from mxkernels.stages.layer import LayerShape
 
     from ..presets import get_preset
 
@@ -102,9 +102,9 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
           force) -> None:  # fmt: skip
     """Time the MoE layer forward + backward per stage and as one graph, with each recipe's accuracy (SQNR against
     an fp32 run); without a GPU, print and save the analytic model."""
-    from mxkernels.layer import check_fuse, layer_stages
-    from mxkernels.layer_specs import FUSED_RECIPES
-    from mxkernels.pipeline import check_recipe
+    from mxkernels.stages.layer import check_fuse, layer_stages
+    from mxkernels.stages.layer_specs import FUSED_RECIPES
+    from mxkernels.stages.pipeline import check_recipe
 
     shape, label = _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after, separate, routing,
                           shared_in_recipe)

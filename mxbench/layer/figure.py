@@ -9,7 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from mxkernels.names import END_TO_END_STAGE
+from mxkernels.core.names import END_TO_END_STAGE
 
 from ..render import card_label
 from ..results import Run

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
-from mxkernels.layer import LayerShape, layer_stages
-from mxkernels.moe_layer import layer_inputs, layer_outputs, layer_sqnr, moe_layer
-from mxkernels.names import Recipe
-from mxkernels.pipeline import run_stages
+from mxkernels.stages.layer import LayerShape, layer_stages
+from mxkernels.moe.layer import layer_inputs, layer_outputs, layer_sqnr, moe_layer
+from mxkernels.core.names import Recipe
+from mxkernels.stages.pipeline import run_stages
 
 from ..measure import EndToEnd, StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
 from ..metadata import common_metadata, run_metadata

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from mxkernels.names import END_TO_END_STAGE, Recipe
+from mxkernels.core.names import END_TO_END_STAGE, Recipe
 
 from ..render import Row, header_block, render
 from ..results import Record, Run

@@ -1,5 +1,5 @@
 """The DeepGEMM peer's part of scripts/tune_fp8_gemm.py: its options, its rows (checked, then timed) and its table
-columns. The kernel, recipe and reference are ``mxkernels.peer_deepgemm``; the library is built by
+columns. The kernel, recipe and reference are ``mxkernels.peers.deepgemm``; the library is built by
 scripts/peers/build_deepgemm.sh.
 
 Its rows time DeepGEMM's m-grouped contiguous GEMM for fwd, (M, K) x (G, N, K), and dgrad, (M, N) x (G, K, N), at the
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from mxkernels import peer_deepgemm as D
+from mxkernels.peers import deepgemm as D
 from tune_gemm import sqnr_db
 
 PASSES = ("fwd", "dgrad", "wgrad")  # wgrad only where --deepgemm-passes names it

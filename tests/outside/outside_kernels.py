@@ -118,7 +118,7 @@ def quantize_a_timed(a, *, mode):
     """quantize_a at GPU speed (mxkernels' Triton kernel stands in for the team's own), for ``regress``: with
     ``OUTSIDE_SLOWDOWN=0.1`` in the environment it also quantizes another tenth of its rows and throws that away,
     the planted 10% slowdown of ``scripts/regress_outside_slowdown.py``."""
-    from mxkernels.quantize import quantize_dim0
+    from mxkernels.quant.quantize import quantize_dim0
 
     out = quantize_dim0(a, mode)
     extra = round(a.shape[0] * float(os.environ.get("OUTSIDE_SLOWDOWN", "0")))

@@ -1,0 +1,179 @@
+"""Fused stages of the MoE layer: a producer (the gather, SwiGLU, SwiGLU's backward) and the quantizer of its output
+in one launch, where the layer would otherwise write a bf16 tensor and read it straight back to quantize it.
+
+| fused call | the chain it replaces, bit for bit |
+|---|---|
+| ``gather_quantize_mxfp8(x, src, weight, offs, mode)`` | ``xs = gather_weighted(x, src, weight)``; ``quantize_dim0_blocked(xs, offs, mode)`` |
+| ``swiglu_quantize_mxfp8(h1, h3, offs, mode)`` | ``act = swiglu(h1, h3)``; ``quantize_dim0_blocked(act, offs, mode)`` |
+| ``swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode)`` | ``(grad_h,) = swiglu_backward(..., packed=True)``; ``quantize_dim0_blocked(grad_h, offs, mode)`` |
+| ``gather_quantize_fp8(x, src, weight, offs)`` | ``gather_weighted``; ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)`` |
+| ``swiglu_quantize_fp8(h1, h3, offs)`` | ``swiglu``; ``quantize_fp8_rowwise_with_amax(act, offs)`` |
+| ``swiglu_backward_quantize_fp8(grad_act, h1, h3, offs)`` | ``swiglu_backward`` packed; ``quantize_fp8_rowwise_with_amax(grad_h, offs)`` |
+
+Each returns the bf16 tensor too (the weight-gradient GEMM's transposed quantizer reads it), then the quantizer's
+outputs: MXFP8, the e4m3 data and the M-groups blocked scales; FP8 rowwise, the e4m3 data, the row scales and the
+(G, C) column amax table. What the fusion saves is the quantizer's read of the bf16 tensor (2 bytes an element) and
+a launch; each ``*_cost`` says its bytes.
+
+No kernel here: the quantizers' rows kernels (``quantize._quantize_rows_kernel`` with M-groups scales,
+``fp8_amax._rows_amax_kernel``) take their tile from a *producer* passed as a constexpr jit function
+(``block_math.load_rows``' signature), which here is the producer's own device function (``moe_rows.gather_producer``,
+``swiglu.swiglu_producer``, ``swiglu.swiglu_backward_producer``): it computes the tile with the arithmetic of the
+unfused kernel, writes it to the bf16 output and hands it to the quantizer, so both outputs are those of the chain,
+bit for bit. The MXFP8 kernel walks the blocked buffer's rows; the rows past ``offs[-1]`` (in no group) ride in the
+buffer's tail, which has room for them, so every row of the bf16 tensor is written, while their q rows are not, as
+the unfused quantizer's are not. Launches: the quantizers' configs, passed as ``config=``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import swiglu
+from ..quant import fp8_amax, quantize, quantize_blocked
+from ..core.block_math import Producer
+from ..core.cost import Cost
+from ..core.format import BLOCK_SIZE
+from .moe_rows import check_gather, gather_producer, gather_weighted_cost
+from ..core.runtime import check_config, check_group_offsets, check_multiple
+
+_BF16 = torch.bfloat16
+
+# The measured defaults (config=None), chosen by scripts/tune_layer_fused.py on an H100 (docs/perf-log.md, "MoE layer:
+# fused stages"). MXFP8: short tiles of few warps were best for all three producers at both layer shapes: a producer
+# tile (a gathered row, or two halves of h) costs registers and loads that the plain quantizer's (32, 512) x 8 warps
+# does not hide. FP8 rowwise (whole rows in registers, the column amax folded per program): the gather wants one wide
+# program per SM, SwiGLU two per SM, SwiGLU's backward (2N-wide rows) two per SM with more warps as rows widen; the
+# plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
+MX_FUSED = quantize.RowsConfig(tile=(8, 512), num_warps=2)
+FP8_GATHER = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
+FP8_SWIGLU = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
+FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8, block_rows=1)
+FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)  # rows of 16384 and wider
+
+
+def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer):
+    check_multiple("the output", out.shape[1], BLOCK_SIZE, "its width (the blocked dim)")
+    offs = check_group_offsets(offs, out, out.shape[0])
+    check_config("config", config, quantize.RowsConfig)
+    q, s = quantize._quantize_rows(out, mode, config or MX_FUSED, "m_groups", offs=offs,
+                                   producer=producer)  # fmt: skip
+    return out, q, s
+
+
+def _fp8(out: torch.Tensor, offs: torch.Tensor, config, producer: Producer):
+    offs = check_group_offsets(offs, out, out.shape[0])
+    check_config("config", config, fp8_amax.AmaxRowsConfig)
+    return (out, *fp8_amax._rows_with_amax(out, offs, offs.numel(), 1, config, producer))
+
+
+def _gather(x, src, weight) -> tuple[torch.Tensor, Producer]:
+    x, src, weight = check_gather(x, src, weight)
+    out = torch.empty(src.numel(), x.shape[1], dtype=_BF16, device=x.device)
+    w = weight if weight is not None else src
+    return out, Producer(gather_producer, x.view(torch.int16), src, w, variant=weight is not None)
+
+
+def _swiglu(h1, h3) -> tuple[torch.Tensor, Producer]:
+    h1, h3 = swiglu.check_halves(h1, h3)
+    out = torch.empty(h1.shape, dtype=_BF16, device=h1.device)
+    return out, Producer(swiglu.swiglu_producer, h1, h3, h1, h1.stride(0), h3.stride(0))
+
+
+def _swiglu_backward(grad_act, h1, h3) -> tuple[torch.Tensor, Producer]:
+    grad_act, h1, h3 = swiglu.check_backward(grad_act, h1, h3)
+    out = torch.empty(h1.shape[0], 2 * h1.shape[1], dtype=_BF16, device=h1.device)
+    return out, Producer(swiglu.swiglu_backward_producer, h1, h3, grad_act, h1.stride(0), h3.stride(0))
+
+
+# ---- MXFP8: the bf16 tensor, its e4m3 data (M, C) and M-groups blocked scales ---------------------------------
+
+
+def gather_quantize_mxfp8(x, src, weight, offs, mode="rceil", *, config: quantize.RowsConfig | None = None):
+    """(xs, xs_q, xs_sb): ``xs = moe_rows.gather_weighted(x, src, weight)`` (R, D) bf16 and
+    ``quantize_blocked.quantize_dim0_blocked(xs, offs, mode)``. D a multiple of 32; offs int32 (G,) group ends over
+    the R rows. ``config``: the rows kernel's launch (None: ``MX_FUSED``, as for every MXFP8 fused call)."""
+    out, producer = _gather(x, src, weight)
+    return _mxfp8(out, offs, mode, config, producer)
+
+
+def swiglu_quantize_mxfp8(h1, h3, offs, mode="rceil", *, config: quantize.RowsConfig | None = None):
+    """(act, act_q, act_sb): ``act = swiglu.swiglu(h1, h3)`` (M, N) bf16 and ``quantize_dim0_blocked(act, offs,
+    mode)``. h1, h3 as ``swiglu`` takes them (views of one (M, 2N) output are fine); N a multiple of 32."""
+    out, producer = _swiglu(h1, h3)
+    return _mxfp8(out, offs, mode, config, producer)
+
+
+def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *, config: quantize.RowsConfig | None = None):
+    """(grad_h, gh_q, gh_sb): ``(grad_h,) = swiglu.swiglu_backward(grad_act, h1, h3, packed=True)`` (M, 2N) bf16 and
+    ``quantize_dim0_blocked(grad_h, offs, mode)``. 2N a multiple of 32."""
+    out, producer = _swiglu_backward(grad_act, h1, h3)
+    return _mxfp8(out, offs, mode, config, producer)
+
+
+# ---- FP8 rowwise: the bf16 tensor, its e4m3 data, row scales (M,) and the (G, C) column amax table ------------
+
+
+def gather_quantize_fp8(x, src, weight, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
+    """(xs, xs_q, xs_s, xs_amax): ``xs = gather_weighted(x, src, weight)`` and
+    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: ``FP8_GATHER``)."""
+    out, producer = _gather(x, src, weight)
+    return _fp8(out, offs, config or FP8_GATHER, producer)
+
+
+def swiglu_quantize_fp8(h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
+    """(act, act_q, act_s, act_amax): ``act = swiglu(h1, h3)`` and ``quantize_fp8_rowwise_with_amax(act, offs)``."""
+    out, producer = _swiglu(h1, h3)
+    return _fp8(out, offs, config or FP8_SWIGLU, producer)
+
+
+def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
+    """(grad_h, gh_q, gh_s, gh_amax): the packed ``swiglu_backward`` and ``quantize_fp8_rowwise_with_amax(grad_h,
+    offs)``."""
+    out, producer = _swiglu_backward(grad_act, h1, h3)
+    return _fp8(out, offs, config or (FP8_SWIGLU_BWD_WIDE if out.shape[1] >= 16384 else FP8_SWIGLU_BWD), producer)
+
+
+# ---- costs: the producer's reads, and the writes of both; the chain also reads the bf16 tensor back -------------
+
+
+def _fused(producer: Cost, quantizer: Cost) -> Cost:
+    """The producer's reads and both writes: the chain's bytes less the quantizer's read of the bf16 tensor."""
+    return Cost(producer.bytes_read, producer.bytes_written + quantizer.bytes_written)
+
+
+def gather_quantize_mxfp8_cost(R: int, D: int, G: int, tokens_rows: int, weighted: bool) -> Cost:
+    """``gather_quantize_mxfp8`` of R rows of D (``tokens_rows`` distinct source rows read) in G groups. Saves
+    R * D * 2 bytes (the quantizer's read of xs) against the chain."""
+    return _fused(gather_weighted_cost(R, D, tokens_rows, weighted),
+                  quantize_blocked.quantize_dim0_blocked_cost(R, D, G, _BF16))  # fmt: skip
+
+
+def swiglu_quantize_mxfp8_cost(M: int, N: int, G: int) -> Cost:
+    """``swiglu_quantize_mxfp8`` of (M, N) in G groups: read h1 and h3, write act, its e4m3 and the blocked
+    scales. Saves M * N * 2 bytes (the read of act)."""
+    return _fused(swiglu.swiglu_cost(M, N), quantize_blocked.quantize_dim0_blocked_cost(M, N, G, _BF16))
+
+
+def swiglu_backward_quantize_mxfp8_cost(M: int, N: int, G: int) -> Cost:
+    """``swiglu_backward_quantize_mxfp8`` of (M, N) in G groups: read grad_act, h1, h3 (once from device memory:
+    the second half's programs find them in L2), write grad_h (M, 2N), its e4m3 and the blocked scales. Saves
+    M * 2N * 2 bytes (the read of grad_h)."""
+    return _fused(swiglu.swiglu_backward_cost(M, N), quantize_blocked.quantize_dim0_blocked_cost(M, 2 * N, G, _BF16))
+
+
+def gather_quantize_fp8_cost(R: int, D: int, G: int, tokens_rows: int, weighted: bool) -> Cost:
+    """``gather_quantize_fp8``: the gather's reads, xs, its e4m3, R fp32 scales and the (G, D) amax table. Saves
+    R * D * 2 bytes."""
+    return _fused(gather_weighted_cost(R, D, tokens_rows, weighted), fp8_amax.with_amax_cost(R, D, G, _BF16))
+
+
+def swiglu_quantize_fp8_cost(M: int, N: int, G: int) -> Cost:
+    """``swiglu_quantize_fp8``: read h1, h3; write act, its e4m3, M scales, the (G, N) table. Saves M * N * 2."""
+    return _fused(swiglu.swiglu_cost(M, N), fp8_amax.with_amax_cost(M, N, G, _BF16))
+
+
+def swiglu_backward_quantize_fp8_cost(M: int, N: int, G: int) -> Cost:
+    """``swiglu_backward_quantize_fp8``: read grad_act, h1, h3; write grad_h (M, 2N), its e4m3, M scales, the
+    (G, 2N) table. Saves M * 2N * 2."""
+    return _fused(swiglu.swiglu_backward_cost(M, N), fp8_amax.with_amax_cost(M, 2 * N, G, _BF16))

@@ -1,0 +1,495 @@
+"""Expert parallelism as stages: the EP stage specs and the three strategies, each a stage list of one rank.
+
+One MoE expert projection ``y = x @ w_e^T`` with EP degree = world size W and E local experts per rank (global
+expert g lives on rank g // E as local expert g % E). A rank holds T tokens x (T, K) routed to top_k distinct
+global experts each, its experts' weights w (E, N, K), and returns y (T * top_k, N): row t * top_k + j is token
+t through its j-th expert. Per rank, in execution order:
+
+forward   sort the token copies by global expert -> dispatch all-to-all -> permute the received rows from
+          [source rank][local expert] to [local expert][source rank] -> (pad groups) -> grouped GEMM -> (unpad) ->
+          unpermute -> combine all-to-all -> unsort back to copy order
+backward  the mirror for grad_x (the dispatch's gradient sums each token's top_k copies), and the weight gradient
+          from the permuted rows and the permuted gradient.
+
+Strategies (``STRATEGIES``), which differ in where the tokens are MXFP8:
+
+* ``bf16``: bf16 all-to-alls and bf16 GEMMs (the recipe ``bf16`` step on the permuted rows);
+* ``mxfp8``: bf16 all-to-alls, the recipe ``mxfp8`` step (quantize right before each GEMM): today's usual recipe;
+* ``mxfp8_a2a``: x is quantized (1x32 along K) before the dispatch; e4m3 data and e8m0 scales travel through the
+  sort, the dispatch and the permute, and feed the forward GEMM with no re-quantization. The combine returns bf16.
+  In the backward the combine's gradient is quantized (1x32 along N) before its all-to-all and feeds the dgrad
+  GEMM; the dispatch's gradient travels in bf16.
+
+The weight gradient's precision is an option of its own (``ep_wgrad.Wgrad``; by default MXFP8 for mxfp8 and a bf16
+GEMM of the exactly dequantized rows for mxfp8_a2a, as torchao's EP benchmark runs it), so that mxfp8 and
+mxfp8_a2a at the same wgrad differ in the all-to-all precision alone.
+
+The EP specs are ``StageSpec``s like every other stage (contract, oracle, comparison rule, mxkernels' implementation),
+declared under the recipe of the data they carry (``bf16`` or ``mxfp8``) in their own table, ``ep_specs()``; the
+all-to-alls' contract takes the host split sizes and the process group as parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..ep import comm
+from ..gemm import dequant, grouped_gemm
+from ..layouts import scale_layout, padding
+from ..quant import quantize
+from ..core.comparison import BitExact
+from ..core.cost import Cost, ceil_to
+from .ep_wgrad import Wgrad, rebind, resolve_wgrad, wgrad_recipe, wgrad_stages
+from ..core.format import BLOCK_SIZE, dequantize_reference
+from ..core.names import PASSES, Category, Pass, Recipe
+from .pipeline import Stage, bind_stage, needs_padding, step_stages, with_impls
+from ..core.runtime import MAX_GROUPS, InputError
+from .step_specs import Port, StageImpl, StageSpec, get_spec, padding_alignment
+from ..moe.token_permute import (
+    chunk_transpose_cost,
+    chunk_transpose_index,
+    chunk_transpose_reference,
+    gather_rows,
+    gather_rows_cost,
+    gather_rows_reference,
+)
+
+STRATEGIES = ("bf16", "mxfp8", "mxfp8_a2a")
+BASELINE = "bf16"
+A2A_PARAMS = ("send_splits", "recv_splits", "group")
+
+
+@dataclass(frozen=True)
+class EPShape:
+    """What one rank's stage list is bound to: the layer's sizes and the routing as known on the host.
+
+    ``send_counts[r][e]``: token copies this rank sends to local expert e of rank r; ``recv_counts[s][e]``: copies
+    rank s sends this rank for its local expert e (both W x E).
+    """
+
+    T: int
+    K: int
+    N: int
+    E: int
+    top_k: int
+    rank: int
+    world: int
+    send_counts: tuple[tuple[int, ...], ...]
+    recv_counts: tuple[tuple[int, ...], ...]
+
+    @property
+    def S(self) -> int:
+        """Token copies this rank sends (T * top_k)."""
+        return self.T * self.top_k
+
+    @property
+    def send_splits(self) -> list[int]:
+        return [sum(row) for row in self.send_counts]
+
+    @property
+    def recv_splits(self) -> list[int]:
+        return [sum(row) for row in self.recv_counts]
+
+    @property
+    def R(self) -> int:
+        """Rows this rank receives: the M of its grouped GEMMs."""
+        return sum(self.recv_splits)
+
+    @property
+    def group_sizes(self) -> list[int]:
+        """Received rows per local expert."""
+        return [sum(row[e] for row in self.recv_counts) for e in range(self.E)]
+
+
+def check_layer(T: int, K: int, N: int, E: int, top_k: int, world: int) -> None:
+    """Raise ``InputError`` naming the bad size (before any process group work)."""
+    for name, value in (("tokens", T), ("K", K), ("N", N)):
+        if not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be a positive integer, got {value!r}")
+    for name, value in (("K", K), ("N", N)):
+        if value % BLOCK_SIZE:
+            raise InputError(f"{name} must be a multiple of {BLOCK_SIZE}, got {value}")
+    if not 1 <= E <= MAX_GROUPS:
+        raise InputError(f"experts (local experts per rank) must be between 1 and {MAX_GROUPS}, got {E}")
+    if not 1 <= top_k <= E * world:
+        raise InputError(f"top-k must be between 1 and the {E * world} experts of all ranks, got {top_k}")
+
+
+def check_strategy(strategy: str) -> str:
+    if strategy not in STRATEGIES:
+        raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+    return strategy
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The calls (each stage's calling contract: payload tensors, then an index or counts tensor)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _gather(*args, top_k=1):
+    *xs, index = args
+    return tuple(gather_rows(x, index, top_k) for x in xs)
+
+
+def _gather_reference(*args, top_k=1):
+    *xs, index = args
+    return tuple(gather_rows_reference(x, index, top_k) for x in xs)
+
+
+def _permute(*args):
+    *xs, counts = args
+    index, ends = chunk_transpose_index(counts, xs[0].shape[0])
+    return (*(gather_rows(x, index) for x in xs), ends)
+
+
+def _permute_reference(*args):
+    *xs, counts = args
+    moved = [chunk_transpose_reference(x, counts) for x in xs]
+    return (*(x for x, _ in moved), moved[0][1])
+
+
+def _unpermute(x, counts):
+    return _permute(x, counts.t().contiguous())[:1]
+
+
+def _unpermute_reference(x, counts):
+    return _permute_reference(x, counts.t().contiguous())[:1]
+
+
+def _pad_mx(q, s, offs, *, alignment):
+    q_p, offs_p = padding.pad_token_groups(q, offs, alignment)
+    return q_p, padding.pad_token_groups(s, offs, alignment)[0], offs_p
+
+
+def _pad_mx_reference(q, s, offs, *, alignment):
+    q_p, offs_p = padding.pad_token_groups_reference(q, offs, alignment)
+    return q_p, padding.pad_token_groups_reference(s, offs, alignment)[0], offs_p
+
+
+def _dequantize(q, sb, offs):
+    return (dequant.dequantize_blocked(q, sb, offs, layout="m_groups"),)
+
+
+def _dequantize_reference(q, sb, offs):
+    """Each group's scales unblocked from its image (group g's from row sum_{j<g} ceil_128(size_j)), then the
+    format's dequantization rounded to bf16; rows past offs[-1] zero."""
+    out = torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
+    cols, image, start = q.shape[1] // BLOCK_SIZE, 0, 0
+    for end in offs.tolist():
+        rows = end - start
+        scales = scale_layout.from_blocked(sb[image : image + ceil_to(rows, 128)], rows, cols)
+        out[start:end] = dequantize_reference(q[start:end], scales).to(torch.bfloat16)
+        image, start = image + ceil_to(rows, 128), end
+    return (out,)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The declarations
+# ---------------------------------------------------------------------------------------------------------------
+
+_COUNTS = Port("counts", "int32 (W, E) on the device: rows source rank s sent for local expert e")
+_ENDS = Port("offs", "int32 (E,) group ends of the expert-major rows")
+_TOKEN_OF = Port("token_of", "int32 (T*k,): the token of each copy, copies sorted by global expert")
+_ORDER = Port("order", "int32 (T*k,): the copies sorted by global expert (copy c = token * k + choice)")
+_POS = Port("pos", "int32 (T*k,): where each copy stands in the sorted order")
+_GROUPS = Port("offs", "int32 (E,) group ends")
+
+
+def _payload(recipe: Recipe, name: str, rows: str, width: str) -> tuple[Port, ...]:
+    if recipe == Recipe.MXFP8:
+        return (Port(f"{name}_q", f"float8_e4m3fn ({rows}, {width})"),
+                Port(f"{name}_s", f"float8_e8m0fnu ({rows}, {width}/32) scales, row-major"))  # fmt: skip
+    return (Port(name, f"bf16 ({rows}, {width})"),)
+
+
+def _move(recipe, name, pass_, category, purpose, src, dst, rows, width, index, oracle, impl, kernel, params=(),
+          extra_out=()) -> StageSpec:  # fmt: skip
+    ins = (*_payload(recipe, src, rows[0], width), *index)
+    outs = (*_payload(recipe, dst, rows[1], width), *extra_out)
+    return StageSpec(recipe, name, pass_, category, purpose, ins, outs, oracle, BitExact(), impl, kernel, params)
+
+
+def _moves(recipe: Recipe) -> list[StageSpec]:
+    """The row movements of one payload kind (bf16 rows, or MXFP8 data rows with their scale rows)."""
+    F, DI, P, A = Pass.FORWARD, Pass.BACKWARD_INPUT, Category.PERMUTE, Category.ALL_TO_ALL
+    sort = (_gather_reference, _gather, "gather_rows")
+    a2a = (comm.all_to_all_rows_reference, comm.all_to_all_rows, "torch.distributed.all_to_all_single")
+    permute = (_permute_reference, _permute, "chunk_transpose_index + gather_rows")
+    unpermute = (_unpermute_reference, _unpermute, "chunk_transpose_index + gather_rows")
+    # name, pass, category, purpose, src, dst, (rows in, rows out), width, index ports, calls, params, extra outputs
+    table = [
+        ("sort_tokens", F, P, "Sort token copies by global expert", "x", "xs", ("T", "T*k"), "K", (_TOKEN_OF,), sort),
+        ("dispatch", F, A, "Dispatch all-to-all: token copies to their experts' ranks", "xs", "xr", ("T*k", "R"), "K",
+         (), a2a, A2A_PARAMS),
+        ("permute", F, P, "Permute received rows to expert-major order", "xr", "a", ("R", "R"), "K", (_COUNTS,),
+         permute, (), (_ENDS,)),
+        ("unpermute", F, P, "Unpermute the output to source-rank-major order", "out", "outr", ("R", "R"), "N",
+         (_COUNTS,), unpermute),
+        ("combine", F, A, "Combine all-to-all: outputs back to their tokens' ranks", "outr", "ys", ("R", "T*k"), "N",
+         (), a2a, A2A_PARAMS),
+        ("unsort_tokens", F, P, "Unsort the output to copy order", "ys", "y", ("T*k", "T*k"), "N", (_POS,), sort),
+        ("sort_grad", DI, P, "Sort grad_out by global expert", "dy", "dys", ("T*k", "T*k"), "N", (_ORDER,), sort),
+        ("combine_grad", DI, A, "Combine's gradient all-to-all (to the experts' ranks)", "dys", "dyr", ("T*k", "R"),
+         "N", (), a2a, A2A_PARAMS),
+        ("permute_grad", DI, P, "Permute received grad_out rows to expert-major order", "dyr", "grad_out",
+         ("R", "R"), "N", (_COUNTS,), permute, (), (_ENDS,)),
+        ("unpermute_grad", DI, P, "Unpermute grad_a to source-rank-major order", "grad_a", "grad_ar", ("R", "R"), "K",
+         (_COUNTS,), unpermute),
+        ("dispatch_grad", DI, A, "Dispatch's gradient all-to-all (back to the tokens' ranks)", "grad_ar", "grad_xs",
+         ("R", "T*k"), "K", (), a2a, A2A_PARAMS),
+        ("unsort_grad", DI, P, "Sum each token's top_k gradient copies (fp32, rounded once)", "grad_xs", "grad_x",
+         ("T*k", "T"), "K", (_POS,), sort, ("top_k",)),
+    ]  # fmt: skip
+    # MXFP8 rows move only where mxfp8_a2a carries them: the dispatch side forward, the combine side backward.
+    mx_moves = {"sort_tokens", "dispatch", "permute", "sort_grad", "combine_grad", "permute_grad"}
+    specs = []
+    for name, pass_, cat, purpose, src, dst, rows, width, index, (oracle, impl, kernel), *rest in table:
+        if recipe == Recipe.MXFP8 and name not in mx_moves:
+            continue
+        params, extra_out = (rest + [(), ()])[:2]
+        specs.append(_move(recipe, name, pass_, cat, purpose, src, dst, rows, width, index, oracle, impl, kernel,
+                           params, extra_out))  # fmt: skip
+    return specs
+
+
+def _mx_extras() -> list[StageSpec]:
+    """mxfp8_a2a's own stages: padding MXFP8 rows with their scales, and the exact dequantization for its wgrad."""
+    R, F, DI, DW = Recipe.MXFP8, Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT
+    specs = []
+    for name, pass_, src, width in (("pad_a_mx", F, "a", "K"), ("pad_grad_out_mx", DI, "grad_out", "N")):
+        specs.append(StageSpec(
+            R, name, pass_, Category.PAD, f"Pad MXFP8 {src} token groups (data and scales) to the alignment",
+            (*_payload(R, src, "R", width), _GROUPS), (*_payload(R, f"{src}_p", "padded", width),
+                                                       Port("offs_p", "int32 (E,) slot ends")),
+            _pad_mx_reference, BitExact(), _pad_mx, "pad_token_groups (data, scales)", params=("alignment",),
+        ))  # fmt: skip
+    for name, src in (("dequantize_a", "a"), ("dequantize_grad_out", "grad_out")):
+        specs.append(StageSpec(
+            R, name, DW, Category.QUANTIZE, f"Dequantize MXFP8 {src} to bf16 (exact) for the bf16 wgrad",
+            (Port(f"{src}_q", "float8_e4m3fn (M, D)"), Port(f"{src}_sb", "float8_e8m0fnu m-groups blocked scales"),
+             _GROUPS), (Port(src, "bf16 (M, D); rows past offs[-1] zero"),),
+            _dequantize_reference, BitExact(), _dequantize, "dequantize_blocked(layout=m_groups)",
+        ))  # fmt: skip
+    return specs
+
+
+@functools.cache
+def ep_specs() -> dict[tuple[Recipe, str], StageSpec]:
+    """Every EP stage spec by (recipe, name): bf16 row movements, MXFP8 row movements, and mxfp8_a2a's own stages.
+
+    Kept apart from ``stages.all_specs()``, the single-GPU step's table, which ``mxbench check`` and the registry run
+    one recipe at a time outside any process group."""
+    return {s.key: s for s in (*_moves(Recipe.BF16), *_moves(Recipe.MXFP8), *_mx_extras())}
+
+
+def get_ep_spec(recipe: str, name: str) -> StageSpec:
+    """The spec of a stage an EP step runs: an EP spec, else the single-GPU step's (``stages.get_spec``)."""
+    return ep_specs().get((Recipe(recipe), name)) or get_spec(recipe, name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The strategies
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Builder:
+    """Stages of one rank's step, bound to its shape: movement stages know their costs from the shape."""
+
+    def __init__(self, shape: EPShape, group, mode: str, backend: str | None, wgrad: Recipe = Recipe.BF16):
+        self.s, self.group, self.mode, self.backend, self.wgrad = shape, group, mode, backend, wgrad
+        self.stages: list[Stage] = []
+
+    def add(self, recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> None:
+        self.stages.append(bind_stage(get_ep_spec(recipe, name), shapes, cost, inputs, outputs, params, backend))
+
+    def gather(self, recipe, name, rows_in, rows_out, width, index, src, dst, top_k=1) -> None:
+        widths = _widths(recipe, width)
+        cost = sum((gather_rows_cost(rows_out, w, e, top_k) for w, e in widths), Cost(0, 0))
+        params = {"top_k": top_k} if top_k > 1 else None
+        self.add(recipe, name, [(rows_in, width)], cost, (*src, index), dst, params)
+
+    def a2a(self, recipe, name, width, src, dst, forward: bool) -> None:
+        s = self.s
+        send, recv = (s.send_splits, s.recv_splits) if forward else (s.recv_splits, s.send_splits)
+        row_bytes = sum(w * e for w, e in _widths(recipe, width))
+        params = {"send_splits": tuple(send), "recv_splits": tuple(recv), "group": self.group}
+        self.add(recipe, name, [(sum(send), width)], comm.all_to_all_cost(send, recv, s.rank, row_bytes), src, dst,
+                 params)  # fmt: skip
+
+    def permute(self, recipe, name, width, src, dst) -> None:
+        s, chunks = self.s, self.s.world * self.s.E
+        widths = _widths(recipe, width)
+        cost = chunk_transpose_cost(s.R, widths[0][0], widths[0][1], chunks)
+        cost = sum((gather_rows_cost(s.R, w, e) for w, e in widths[1:]), cost)
+        self.add(recipe, name, [(s.R, width)], cost, (*src, "counts"), dst)
+
+
+def _widths(recipe: Recipe, width: int) -> list[tuple[int, int]]:
+    """(columns, bytes per element) of each tensor of a row payload."""
+    return [(width, 1), (width // BLOCK_SIZE, 1)] if recipe == Recipe.MXFP8 else [(width, 2)]
+
+
+def _split_passes(stages: Sequence[Stage]) -> dict[Pass, list[Stage]]:
+    return {p: [s for s in stages if s.pass_name == p] for p in PASSES}
+
+
+def _recipe_strategy(b: _Builder, recipe: Recipe) -> None:
+    """bf16 / mxfp8: bf16 rows everywhere, the recipe's own step on the permuted rows."""
+    s, BF = b.s, Recipe.BF16
+    pad = needs_padding(recipe, s.group_sizes)
+    expert = _split_passes(step_stages(recipe, s.R, s.N, s.K, s.E, mode=b.mode,
+                                       backend=None if recipe == Recipe.BF16 else b.backend, pad=pad))  # fmt: skip
+    if recipe == Recipe.BF16:  # torch._grouped_mm has no backend choice: name it in the records, as pipeline does
+        expert = {p: [replace(st, backend="bf16") if st.category == Category.GEMM else st for st in stages]
+                  for p, stages in expert.items()}  # fmt: skip
+    b.gather(BF, "sort_tokens", s.T, s.S, s.K, "token_of", ("x",), ("xs",))
+    b.a2a(BF, "dispatch", s.K, ("xs",), ("xr",), forward=True)
+    b.permute(BF, "permute", s.K, ("xr",), ("a", "offs"))
+    b.stages += expert[Pass.FORWARD]
+    _combine_side_forward(b)
+    b.gather(BF, "sort_grad", s.S, s.S, s.N, "order", ("dy",), ("dys",))
+    b.a2a(BF, "combine_grad", s.N, ("dys",), ("dyr",), forward=True)
+    b.permute(BF, "permute_grad", s.N, ("dyr",), ("grad_out", "offs"))
+    b.stages += expert[Pass.BACKWARD_INPUT]
+    _dispatch_side_backward(b)
+    if b.wgrad == recipe:
+        b.stages += expert[Pass.BACKWARD_WEIGHT]
+    else:  # the other precision's wgrad on the same (padded) rows
+        Rp = padding.padded_rows(s.R, s.E, padding_alignment(recipe)) if pad else s.R
+        names = {"grad_out": "dy_p", "a": "a_p", "offs": "offs_p"} if pad else {}
+        b.stages += rebind(wgrad_stages(b.wgrad, Rp, s.N, s.K, s.E, mode=b.mode, backend=b.backend), names)
+
+
+def _combine_side_forward(b: _Builder) -> None:
+    s, BF = b.s, Recipe.BF16
+    b.permute(BF, "unpermute", s.N, ("out",), ("outr",))
+    b.a2a(BF, "combine", s.N, ("outr",), ("ys",), forward=False)
+    b.gather(BF, "unsort_tokens", s.S, s.S, s.N, "pos", ("ys",), ("y",))
+
+
+def _dispatch_side_backward(b: _Builder) -> None:
+    s, BF = b.s, Recipe.BF16
+    b.permute(BF, "unpermute_grad", s.K, ("grad_a",), ("grad_ar",))
+    b.a2a(BF, "dispatch_grad", s.K, ("grad_ar",), ("grad_xs",), forward=False)
+    b.gather(BF, "unsort_grad", s.S, s.T, s.K, "pos", ("grad_xs",), ("grad_x",), top_k=s.top_k)
+
+
+@dataclass(frozen=True)
+class _MxPass:
+    """One MXFP8 path of mxfp8_a2a, from the bf16 rows where they are made to the GEMM on the expert's rank:
+    quantize ``src`` (``rows`` x ``width``), sort by expert (``sort`` with ``index``), all-to-all (``a2a``),
+    permute to ``act``, pad, rearrange its scales, and the GEMM against weights quantized along ``width``."""
+
+    quantize: str
+    src: str
+    rows: int
+    width: int
+    sort: str
+    index: str
+    a2a: str
+    permute: str
+    act: str
+    pad: str
+    rearrange: str
+    quantize_w: str
+    w: str
+    rearrange_w: str
+    w_rows: int  # the weights' rows in the GEMM's layout (G, w_rows, width)
+    gemm: str
+    out: str
+    unpad: str
+
+
+def _mx_pass(b: _Builder, mp: _MxPass, pad: bool) -> None:
+    s, MX = b.s, Recipe.MXFP8
+    bf16, align, md, width, blocks = torch.bfloat16, padding_alignment(MX), {"mode": b.mode}, mp.width, mp.width // BLOCK_SIZE
+    R, Rp = s.R, padding.padded_rows(s.R, s.E, align) if pad else s.R
+    p, offs = ("_p", "offs_p") if pad else ("", "offs")
+    q = lambda name: (f"{name}_q", f"{name}_s")  # data and scale names of one MXFP8 tensor
+    b.add(MX, mp.quantize, [(mp.rows, width)], quantize.quantize_2d_cost(mp.rows, width, bf16), (mp.src,), q(mp.src),
+          md)  # fmt: skip
+    b.gather(MX, mp.sort, s.T if mp.index == "token_of" else s.S, s.S, width, mp.index, q(mp.src), q(mp.src + "s"))
+    b.a2a(MX, mp.a2a, width, q(mp.src + "s"), q(mp.src + "r"), forward=True)
+    b.permute(MX, mp.permute, width, q(mp.src + "r"), (*q(mp.act), "offs"))
+    if pad:
+        cost = sum((padding.pad_cost(R, w, s.E, align, 1) for w in (width, blocks)), Cost(0, 0))
+        b.add(MX, mp.pad, [(R, width), (R, blocks)], cost, (*q(mp.act), "offs"), (f"{mp.act}_q_p", f"{mp.act}_s_p", "offs_p"),
+              {"alignment": align})  # fmt: skip
+    b.add(MX, mp.rearrange, [(Rp, blocks)], scale_layout.rearrange_m_groups_cost(Rp, blocks, s.E), (f"{mp.act}_s{p}", offs),
+          (f"{mp.act}_sb",))  # fmt: skip
+    b.add(MX, mp.quantize_w, [(s.E, s.N, s.K)], quantize.quantize_3d_cost(s.E, s.N, s.K, bf16), ("w",), q(mp.w), md)
+    b.add(MX, mp.rearrange_w, [(s.E, mp.w_rows, blocks)], scale_layout.rearrange_3d_cost(s.E, mp.w_rows, blocks),
+          (f"{mp.w}_s",), (f"{mp.w}_sb",))  # fmt: skip
+    b.add(MX, mp.gemm, [(Rp, width), (s.E, width, mp.w_rows)],
+          grouped_gemm.grouped_mm_cost(Rp, mp.w_rows, width, s.E, MX, "2d3d"),
+          (f"{mp.act}_q{p}", f"{mp.act}_sb", f"{mp.w}_q", f"{mp.w}_sb", offs), (f"{mp.out}{p}",), backend=b.backend)
+    if pad:
+        b.add(MX, mp.unpad, [(Rp, mp.w_rows)], padding.unpad_cost(R, mp.w_rows, s.E, align, 2),
+              (f"{mp.out}_p", "offs", "offs_p"), (mp.out,), {"num_tokens": R})  # fmt: skip
+
+
+def _mxfp8_a2a_strategy(b: _Builder) -> None:
+    """MXFP8 rows through sort, dispatch and permute (and the mirror of the combine in the backward)."""
+    s, MX = b.s, Recipe.MXFP8
+    pad = needs_padding(MX, s.group_sizes)
+    Rp = padding.padded_rows(s.R, s.E, padding_alignment(MX)) if pad else s.R
+    p, offs = ("_p", "offs_p") if pad else ("", "offs")
+    _mx_pass(b, _MxPass("quantize_a", "x", s.T, s.K, "sort_tokens", "token_of", "dispatch", "permute", "a",
+                        "pad_a_mx", "rearrange_a", "quantize_w", "w", "rearrange_w", s.N, "gemm_fwd", "out",
+                        "unpad_out"), pad)  # fmt: skip
+    _combine_side_forward(b)
+    _mx_pass(b, _MxPass("quantize_grad_out", "dy", s.S, s.N, "sort_grad", "order", "combine_grad", "permute_grad",
+                        "grad_out", "pad_grad_out_mx", "rearrange_grad_out", "quantize_w_t", "wt", "rearrange_w_t",
+                        s.K, "gemm_dgrad", "grad_a", "unpad_grad_a"), pad)  # fmt: skip
+    _dispatch_side_backward(b)
+    for name, src, width in (("dequantize_grad_out", "grad_out", s.N), ("dequantize_a", "a", s.K)):
+        b.add(MX, name, [(Rp, width)], dequantize_cost(Rp, width, s.E), (f"{src}_q{p}", f"{src}_sb", offs),
+              (f"{src}_bf",))  # fmt: skip
+    # Wgrad.RECIPE quantizes the dequantized rows again, 32x1 along the tokens (``ep_wgrad``)
+    wgrad = wgrad_stages(b.wgrad, Rp, s.N, s.K, s.E, mode=b.mode, backend=b.backend)
+    b.stages += rebind(wgrad, {"grad_out": "grad_out_bf", "a": "a_bf", "offs": offs})
+
+
+def dequantize_cost(rows: int, width: int, E: int) -> Cost:
+    """Read the e4m3 rows and their m-groups blocked scales, write bf16 rows."""
+    r, c = scale_layout.m_groups_shape(rows, width // BLOCK_SIZE, E)
+    return Cost(rows * width + r * c, 2 * rows * width)
+
+
+def ep_step_stages(
+    strategy: str,
+    shape: EPShape,
+    *,
+    group=None,
+    mode: str = "rceil",
+    backend: str | None = None,
+    impls: Mapping[str, StageImpl] | None = None,
+    wgrad: Wgrad | None = None,
+) -> list[Stage]:
+    """Every stage of one rank's EP step (forward, backward_input, backward_weight), in execution order.
+
+    The step's environment starts with x (T, K) bf16, w (E, N, K) bf16, the routing tensors ``token_of``,
+    ``order``, ``pos`` and ``counts`` (``ep.RoutingPlan``) and, for the backward, dy (T*k, N); it ends with y,
+    grad_x and grad_w. ``backend``: the MXFP8 GEMMs' (None: the device's default). ``impls``: stage name ->
+    implementation to run instead of mxkernels' (``pipeline.with_impls``). ``wgrad``: the weight gradient's
+    precision (``ep_wgrad``; None: the strategy's default).
+    """
+    check_strategy(strategy)
+    wgrad = resolve_wgrad(strategy, wgrad)
+    check_layer(shape.T, shape.K, shape.N, shape.E, shape.top_k, shape.world)
+    if shape.R == 0:
+        raise InputError(f"rank {shape.rank} receives no token copies with this routing: use more tokens per rank")
+    if strategy != BASELINE and backend is None:
+        backend = grouped_gemm.default_backend("mxfp8")
+    b = _Builder(shape, group, mode, backend, wgrad_recipe(strategy, wgrad))
+    if strategy == "mxfp8_a2a":
+        _mxfp8_a2a_strategy(b)
+    else:
+        _recipe_strategy(b, Recipe(strategy))
+    names = [st.name for st in b.stages]
+    assert len(names) == len(set(names)), f"stage names repeat in {strategy}: {names}"
+    return with_impls(b.stages, impls)
