@@ -1,22 +1,19 @@
-"""Test set-up: without a GPU, Triton kernels run on CPU tensors under the interpreter.
+"""The harness's test set-up: the kernel tests' (kernels/tests/kernel_fixtures.py: Triton under the interpreter
+without a GPU, GPU tests skipped, the ``device`` and ``poisoned_empty`` fixtures) plus the harness's own fixtures.
 
-TRITON_INTERPRET must be set before any kernel is defined, so it is set here, before test modules import
-mxkernels. GPU-only tests carry the ``gpu`` marker and skip cleanly without CUDA.
+kernel_fixtures must be imported before any test module imports mxkernels (it sets TRITON_INTERPRET), so first here.
 """
 
 import importlib.metadata
 import os
+import sys
+from pathlib import Path
 
-import pytest
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "tests"))
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-
-POISON = 0xA5
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from kernel_fixtures import device, poisoned_empty, skip_gpu_tests  # noqa: E402, F401
 
 
 SLOWEST_FIRST = (
@@ -26,7 +23,7 @@ SLOWEST_FIRST = (
     "tests/test_ep_layer.py::test_two_processes_check_every_strategy",
     "tests/test_ep_layer.py::test_three_processes_check",
     "tests/test_layer.py::test_fused_layer_is_bit_identical_to_the_chains",
-    "tests/test_quantize.py::test_512_experts",
+    "kernels/tests/test_quantize.py::test_512_experts",
     "tests/test_b200_first_run.py::test_the_first_run_commands_pass",
     "tests/test_ep_multinode.py::test_two_launchers",
     "tests/test_ep.py::test_two_processes_check_every_strategy",
@@ -42,12 +39,7 @@ def _slowness_rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_slowness_rank)  # stable: the rest keep their order
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    skip_gpu_tests(items)
 
 
 PLUGIN_GROUP = "mxbench.implementations"
@@ -76,27 +68,6 @@ def no_installed_plugins(monkeypatch):
         return importlib.metadata.EntryPoints(ep for ep in found if _plugin_key(ep) not in INSTALLED_PLUGINS)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
-
-
-@pytest.fixture
-def device() -> str:
-    """Where kernels run in CPU-or-GPU tests: the GPU when there is one, else CPU under the interpreter."""
-    return "cuda" if HAS_CUDA else "cpu"
-
-
-@pytest.fixture
-def poisoned_empty(monkeypatch):
-    """Make every fresh ``torch.empty`` allocation hold POISON bytes, so an output byte that a kernel never writes
-    shows up (on CPU, torch.empty often hands back pages that are already zero)."""
-    real_empty = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        if t.numel():
-            t.view(-1).view(torch.uint8).fill_(POISON)
-        return t
-
-    monkeypatch.setattr(torch, "empty", empty)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""An installed mxbench (a wheel, not an editable install) has everything a checkout has: the shape presets ship as
-package data (the top-level shapes/ stays their source) and the hardware specs beside them."""
+"""An installed mxbench (a wheel, not an editable install) has everything a checkout has: every package folder, the
+shape presets as package data (the top-level shapes/ links to them) and the hardware specs beside them; the kernel
+package's wheel likewise holds every folder of kernels/mxkernels/."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
-SOURCES = ("pyproject.toml", "README.md", "mxbench", "kernels", "shapes")
+SOURCES = ("pyproject.toml", "README.md", "mxbench")
 
 
 def run(args, **kwargs):
@@ -21,18 +25,38 @@ def run_in(args, env, cwd):
     return run(args, env={**env, "CUDA_VISIBLE_DEVICES": ""}, cwd=cwd)
 
 
-def test_a_wheel_installed_elsewhere_lists_the_presets(tmp_path):
-    # build from a copy: a build writes build/ and *.egg-info next to the sources
-    src = tmp_path / "src"
+def build_wheel(tmp_path: Path, folder: Path, sources) -> Path:
+    """The wheel of the distribution in ``folder``, built from a copy (a build writes build/ and *.egg-info next to
+    the sources)."""
+    src = tmp_path / f"src-{folder.name}"
     src.mkdir()
-    for name in SOURCES:
-        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
-        copy(REPO / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if (REPO / name).is_dir()
-                                         else {}))  # fmt: skip
+    for name in sources:
+        copy = shutil.copytree if (folder / name).is_dir() else shutil.copy
+        copy(folder / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if (folder / name).is_dir()
+                                           else {}))  # fmt: skip
     built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                  str(tmp_path / "dist"), str(src)])  # fmt: skip
     assert built.returncode == 0, built.stderr
-    (wheel,) = (tmp_path / "dist").glob("mxbench-*.whl")
+    (wheel,) = (tmp_path / "dist").glob(f"{Path(sources[-1]).name.split('/')[0]}-*.whl")
+    return wheel
+
+
+def package_folders(root: Path, top: str) -> set[str]:
+    """Every folder under ``root / top`` with an ``__init__.py``, as an import path."""
+    return {".".join(p.parent.relative_to(root).parts) for p in (root / top).rglob("__init__.py")
+            if "__pycache__" not in p.parts}  # fmt: skip
+
+
+@pytest.mark.parametrize("folder, sources", [(REPO, SOURCES), (REPO / "kernels", ("pyproject.toml", "mxkernels"))],
+                         ids=["mxbench", "mxkernels"])  # fmt: skip
+def test_each_wheel_holds_every_package_folder(tmp_path, folder, sources):
+    wheel = build_wheel(tmp_path, folder, sources)
+    inside = {".".join(Path(n).parent.parts) for n in zipfile.ZipFile(wheel).namelist() if n.endswith("/__init__.py")}
+    assert inside == package_folders(folder, sources[-1])
+
+
+def test_a_wheel_installed_elsewhere_lists_the_presets(tmp_path):
+    wheel = build_wheel(tmp_path, REPO, SOURCES)
     target = tmp_path / "site"
     installed = run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
                      str(target), str(wheel)])  # fmt: skip
@@ -44,7 +68,7 @@ def test_a_wheel_installed_elsewhere_lists_the_presets(tmp_path):
     where = run([sys.executable, "-c", "import mxbench.presets as p; print(p.__file__, p.SHAPES_DIR)"], env=env,
                 cwd=elsewhere)  # fmt: skip
     module, shapes = where.stdout.split()
-    assert Path(module).is_relative_to(target) and Path(shapes) == target / "mxbench" / "shapes"
+    assert Path(module).is_relative_to(target) and Path(shapes) == target / "mxbench" / "data" / "shapes"
     listed = run([sys.executable, "-m", "mxbench", "presets", "--format", "csv"], env=env, cwd=elsewhere)
     assert listed.returncode == 0, listed.stderr
     names = {line.split(",")[0] for line in listed.stdout.splitlines()[1:]}

@@ -1,5 +1,7 @@
 """Shape presets (shapes/*.toml): every model the suite names, each value with its published source."""
 
+from pathlib import Path
+
 import pytest
 
 from mxbench.presets import SHAPES_DIR, get_preset, load_presets
@@ -50,8 +52,8 @@ def test_unknown_preset_lists_the_valid_names():
     assert all(name in str(e.value) for name in NAMES)
 
 
-def test_presets_are_found_at_the_repository_root():
-    assert SHAPES_DIR.name == "shapes" and (SHAPES_DIR.parent / "pyproject.toml").exists()
+def test_the_checkouts_shapes_folder_is_the_package_data():
+    assert (Path(__file__).resolve().parents[1] / "shapes").resolve() == SHAPES_DIR and SHAPES_DIR.is_dir()
 
 
 GOOD = """

@@ -436,3 +436,11 @@ def test_a_fused_point_plans_builds_and_runs_end_to_end_with_fused_scales():
               instruments=ins)  # fmt: skip
     assert seen[:3] == [("plan", True), ("build", True), ("e2e", True)]
     assert seen[3:] == [("plan", False), ("build", False), ("e2e", False)]  # the bf16 baseline
+
+
+def test_fused_fp8_rowwise_scales_past_the_amax_kernels_width_are_refused_before_any_work():
+    from mxkernels.core.errors import InputError
+    from mxkernels.quant.fp8_amax import MAX_COLS
+
+    with pytest.raises(InputError, match="fuse-scales"):
+        plan_points([64], 128, MAX_COLS + 32, 2, ["fp8_rowwise"], fuse_scales=True)

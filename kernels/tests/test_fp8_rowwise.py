@@ -11,7 +11,7 @@ kernels under the interpreter on small shapes; the ``gpu`` tests repeat the chec
 import pytest
 import torch
 from crosscompile import compile_ptx
-from helpers import offsets
+from kernel_helpers import offsets
 from mxkernels.quant import fp8_colwise as C
 from mxkernels.quant import fp8_rowwise as F
 from mxkernels.core.cost import Cost

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import capture, random_group_ends
+from kernel_helpers import capture, random_group_ends
 from mxkernels.core.cost import Cost
 from mxkernels.layouts.padding import (
     default_pad_config,

@@ -16,7 +16,7 @@ import pytest
 import torch
 import triton
 from crosscompile import compile_ptx
-from helpers import offsets
+from kernel_helpers import offsets
 from mxkernels.gemm import dequant
 from mxkernels.gemm import fused
 from mxkernels.gemm import native as gemm_native

@@ -15,7 +15,7 @@ Where it writes, the double writes the emulation's bf16 answer, so every guarded
 ``backend="emulated"`` reference. Offs are "CUDA-like": they say they are on the GPU (so nothing checks them on the
 host) and fail the test if the host reads their values, as a CUDA-graph capture would.
 
-``tests/fixtures`` holds real ``torch.__config__.show()`` texts (fixtures/README.md says where each came from).
+``kernels/tests/fixtures`` holds real ``torch.__config__.show()`` texts (fixtures/README.md says where each came from).
 """
 
 from __future__ import annotations

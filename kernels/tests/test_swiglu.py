@@ -5,7 +5,7 @@ must be bit-exact but for rare 1-ulp differences (``helpers.assert_nearly_exact`
 
 import pytest
 import torch
-from helpers import assert_nearly_exact
+from kernel_helpers import assert_nearly_exact
 from mxkernels.moe import swiglu as sw
 from mxkernels.core.cost import Cost
 from mxkernels.core.errors import InputError

@@ -4,7 +4,7 @@ unwritten byte shows unless the chain leaves the same byte unwritten); argument 
 
 import pytest
 import torch
-from helpers import bits_of
+from kernel_helpers import bits_of
 from mxkernels.quant import fp8_amax
 from mxkernels.moe import moe_rows
 from mxkernels.quant import quantize_blocked

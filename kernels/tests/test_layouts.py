@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 from crosscompile import compile_ptx
-from helpers import capture, random_group_ends
+from kernel_helpers import capture, random_group_ends
 from mxkernels.layouts import scale_layout
 from mxkernels.core.format import SCALE_DTYPE
 from mxkernels.layouts.scale_layout import (

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from crosscompile import compile_ptx
-from helpers import offsets
+from kernel_helpers import offsets
 from mxkernels.gemm import fused as gemm_fused
 from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.core.format import dequantize_reference, quantize_reference

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import offsets
+from kernel_helpers import offsets
 from mxkernels.quant import quantize_blocked as QB
 from mxkernels.core.cost import Cost
 from mxkernels.layouts.scale_layout import k_groups_shape, m_groups_shape

@@ -11,7 +11,7 @@ fused stages capturable in a CUDA graph (no host sync)."""
 
 import pytest
 import torch
-from helpers import assert_bits_equal, assert_nearly_exact, capture
+from kernel_helpers import assert_bits_equal, assert_nearly_exact, capture
 from mxkernels.quant import fp8_amax
 from mxkernels.moe import moe_rows
 from mxkernels.quant import quantize_blocked

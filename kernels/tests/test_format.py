@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from helpers import f32
+from kernel_helpers import f32
 from mxkernels.core.format import (
     BLOCK_SIZE,
     DATA_DTYPE,

@@ -4,7 +4,7 @@ written (poisoned allocations); argument checks before any launch; costs."""
 
 import pytest
 import torch
-from helpers import assert_bits_equal
+from kernel_helpers import assert_bits_equal
 from mxkernels.moe import moe_rows as mr
 from mxkernels.core.cost import Cost
 from mxkernels.core.errors import InputError

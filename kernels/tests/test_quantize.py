@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from crosscompile import compile_ptx
-from helpers import f32
+from kernel_helpers import f32
 from mxkernels.core.block_math import scale_byte, to_e4m3_bits
 from mxkernels.core.cost import Cost
 from mxkernels.core.format import (

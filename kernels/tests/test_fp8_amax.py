@@ -9,15 +9,13 @@ given. Checked against hand-worked values, the plain-torch references and the un
 
 import pytest
 import torch
-from helpers import offsets
+from kernel_helpers import offsets
 from mxkernels.quant import fp8_amax as A
 from mxkernels.quant import fp8_rowwise as F
 from mxkernels.moe.projection import fp8_rowwise_grouped_mm
 from mxkernels.core.cost import Cost
 from mxkernels.core.errors import InputError
 from mxkernels.stages.pipeline import make_inputs, run_stages, step_stages
-
-from mxbench.points import plan_points
 
 E4M3 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
@@ -133,8 +131,6 @@ def test_bad_inputs_are_refused(device):
         A.AmaxRowsConfig(2, 8, max_registers=300)
     with pytest.raises(InputError, match="up to"):
         step_stages("fp8_rowwise", 64, 128, A.MAX_COLS + 32, 2, fuse_scales=True)
-    with pytest.raises(InputError, match="fuse-scales"):
-        plan_points([64], 128, A.MAX_COLS + 32, 2, ["fp8_rowwise"], fuse_scales=True)
 
 
 def test_costs_hand_worked():
