@@ -9,7 +9,7 @@ CARD ?= $(eval CARD := $(shell $(PYTHON) -c "import torch; from mxbench.hardware
 .PHONY: install test test-gpu roofline baseline regress
 
 install:
-	$(PYTHON) -m pip install -e ".[test]"
+	$(PYTHON) -m pip install -e ./kernels -e ".[test]"
 
 # The CPU suite on any machine: GPUs hidden, so the Triton kernels run under the interpreter as in CI.
 test:
