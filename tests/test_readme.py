@@ -1,6 +1,8 @@
-"""The README is checked like code: its rendered tables are what the commands above them print, byte for byte; its
-Python example and the notebook example run (the first on CPU tensors under Triton's interpreter); its CI commands and the example workflow use
-only targets and options that exist."""
+"""The README and the docs it links to are checked like code: every rendered table (README.md's headline tables,
+docs/results/<card>.md's full ones) is what the command above it prints, byte for byte; the Python example and the
+notebook example run (the first on CPU tensors under Triton's interpreter); every CPU command runs as written; the CI
+commands and the example workflow use only targets and options that exist; every relative link points at a file (and
+heading) that exists."""
 
 from __future__ import annotations
 
@@ -23,8 +25,16 @@ from mxbench.cli import cli, run_commands
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
+DOCS = REPO / "docs"
 WORKFLOW = REPO / ".github" / "workflows" / "gpu-regression.yml"
-TABLE_BLOCKS = list(re.finditer(r"```bash\n(mxbench (?:table|ep-project) [^\n]*)\n```\n\n", README))
+CHECKED = [REPO / "README.md", *sorted((DOCS / "results").glob("*.md")), DOCS / "plugins.md", DOCS / "ci.md",
+           DOCS / "stored-files.md"]  # fmt: skip
+"""The files whose tables and commands are run: the README and the docs its tables and checked blocks moved to."""
+TEXTS = {path.relative_to(REPO).as_posix(): path.read_text() for path in CHECKED}
+TABLE_BLOCKS = [(name, m) for name, text in TEXTS.items()
+                for m in re.finditer(r"```bash\n(mxbench (?:table|ep-project) [^\n]*)\n```\n\n", text)]  # fmt: skip
+TABLES_BEFORE_THE_MOVE = 29
+"""The distinct table commands the README rendered when it held every table (issue 31): none may be lost."""
 
 
 def section(title: str) -> str:
@@ -33,17 +43,24 @@ def section(title: str) -> str:
     return README[start : end if end >= 0 else None]
 
 
-@pytest.mark.parametrize("block", TABLE_BLOCKS, ids=lambda m: m.group(1)[:60])
+@pytest.mark.parametrize("block", TABLE_BLOCKS, ids=lambda b: f"{b[0]}: {b[1].group(1)[:60]}")
 def test_each_rendered_table_is_what_its_command_prints(block, monkeypatch):
+    name, match = block
     monkeypatch.chdir(REPO)
-    result = CliRunner().invoke(cli, shlex.split(block.group(1))[1:])
+    result = CliRunner().invoke(cli, shlex.split(match.group(1))[1:])
     assert result.exit_code == 0, result.output
-    shown = README[block.end() : block.end() + len(result.output)]
+    shown = TEXTS[name][match.end() : match.end() + len(result.output)]
     assert shown == result.output
 
 
-def test_the_readme_renders_tables():
-    assert len(TABLE_BLOCKS) >= 5
+def test_the_readme_and_the_results_pages_render_tables():
+    commands = {m.group(1) for _, m in TABLE_BLOCKS}
+    assert len(commands) >= TABLES_BEFORE_THE_MOVE  # every table the README rendered is still rendered somewhere
+    per_file = {name: sum(1 for n, _ in TABLE_BLOCKS if n == name) for name in TEXTS}
+    assert per_file["README.md"] >= 3  # a headline table per workload: the step, the layer, EP
+    assert all(per_file[name] >= 1 for name in TEXTS if name.startswith("docs/results/"))
+    shown = {m.group(1) for n, m in TABLE_BLOCKS if n == "README.md"}
+    assert shown <= {m.group(1) for n, m in TABLE_BLOCKS if n.startswith("docs/results/")}  # each also in the full set
 
 
 def test_the_python_example_runs_on_a_cpu(tmp_path):
@@ -113,7 +130,8 @@ def test_the_example_workflow_is_labelled_an_example_and_gates_on_make_regress()
 
 
 def test_the_notebook_example_runs_as_written(tmp_path, monkeypatch):
-    section = README[README.index("## Results in Python") :]
+    text = TEXTS["docs/stored-files.md"]
+    section = text[text.index("## Results in Python") :]
     bash, python, output = re.search(r"```bash\n(.*?)\n```\n\n```python\n(.*?)```\n\n```\n(.*?)```", section,
                                      re.DOTALL).groups()  # fmt: skip
     monkeypatch.chdir(tmp_path)
@@ -123,14 +141,15 @@ def test_the_notebook_example_runs_as_written(tmp_path, monkeypatch):
     assert made.exit_code == 0, made.output
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(python, "README.md", "exec"), {})  # noqa: S102 -- the README's own example, run as written
+        exec(compile(python, "docs/stored-files.md", "exec"), {})  # noqa: S102 -- the page's own example, as written
     assert printed.getvalue() == output
     assert (tmp_path / "breakdown-h200.png").read_bytes().startswith(b"\x89PNG")
 
 
 # ------------------------------------------------------------------------------ every CPU command, as written
 
-BASH_LINES = [line.split("  #")[0].strip() for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL)
+BASH_LINES = [line.split("  #")[0].strip() for text in TEXTS.values()
+              for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
               for line in block.splitlines() if line.startswith("mxbench ")]  # fmt: skip
 GPU_ONLY = {
     "mxbench ep --nproc 2 --K 7168 --N 2048 --experts 8 --tokens 131072": "times NCCL all-to-alls",
@@ -147,7 +166,7 @@ CWD = {"mxbench check --impl": REPO / "examples" / "plain_quantizer"}
 def test_every_readme_command_is_run_on_a_cpu_or_named_gpu_only():
     inline = re.findall(r"`(mxbench history [^`]*)`", README)
     assert inline and "mxbench history results/nvidia-h200 results/baselines" in inline
-    assert set(GPU_ONLY) <= set(BASH_LINES)  # nothing listed here that the README no longer says
+    assert set(GPU_ONLY) <= set(BASH_LINES)  # nothing listed here that the pages no longer say
     assert len(set(BASH_LINES) - set(GPU_ONLY)) >= 8
 
 
@@ -166,12 +185,37 @@ def test_each_cpu_command_of_the_readme_runs_as_written(line, tmp_path):
     done = subprocess.run([sys.executable, "-m", *shlex.split(line)], capture_output=True, text=True, timeout=600,
                           env=env, cwd=cwd, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    shown = re.search(re.escape(line) + r"\n```\n\n```\n(.*?)```", README, flags=re.DOTALL)
-    if shown:  # the output the README prints below it
-        assert done.stdout == shown.group(1)
+    for text in TEXTS.values():
+        shown = re.search(re.escape(line) + r"\n```\n\n```\n(.*?)```", text, flags=re.DOTALL)
+        if shown:  # the output the page prints below it
+            assert done.stdout == shown.group(1)
 
 
-def test_the_readme_states_the_gates_rules_as_compare_does():
+def test_the_ci_page_states_the_gates_rules_as_compare_does():
     from mxbench.gate_rules import rules_text
 
-    assert rules_text() in README
+    assert rules_text() in TEXTS["docs/ci.md"]
+    assert "docs/ci.md" in section("Tracking kernel timings in CI")
+
+
+# ------------------------------------------------------------------------------------------------- links
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in DOCS.rglob("*.md"))])
+def test_every_relative_link_resolves(page):
+    text = re.sub(r"```.*?```", "", (REPO / page).read_text(), flags=re.DOTALL)  # links in code are not links
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    for link in links:
+        if re.match(r"[a-z]+://", link) or link.startswith("mailto:"):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (REPO / page).parent / path if path else REPO / page
+        assert target.exists(), f"{page}: {link} -> {target.relative_to(REPO) if target.is_relative_to(REPO) else target}"
+        if anchor and target.suffix == ".md":
+            headings = re.findall(r"^#+ (.*)$", target.read_text(), flags=re.MULTILINE)
+            assert anchor in {_slug(h) for h in headings}, f"{page}: {link}: no heading with that anchor"

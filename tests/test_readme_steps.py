@@ -1,4 +1,4 @@
-"""What a user who follows the README sees: the CPU-torch install line CI runs, the exit code `make regress` gives,
+"""What a user who follows the README sees: the set-up and the CPU-torch install line CI runs, the exit code `make regress` gives,
 and the Python API reachable right after ``import mxbench`` (issue 26, item 9)."""
 
 from __future__ import annotations
@@ -22,6 +22,19 @@ def test_the_readmes_cpu_torch_install_is_the_line_ci_runs():
     words = [w for w in line.split() if w != "--quiet"]
     assert words[:3] == ["python", "-m", "pip"]
     assert "\n" + " ".join(["pip", *words[3:]]) + "\n" in README
+
+
+def test_the_readmes_set_up_is_what_ci_runs():
+    """Both distributions in one install (mxbench requires mxkernels, which is kernels/ here, not on an index), then
+    the test command: what .ci/run and `make install` do."""
+    (block,) = re.findall(r"## Set-up\n\n```bash\n(.*?)```", README, flags=re.DOTALL)
+    install, test = [line.split("  #")[0].strip() for line in block.strip().splitlines()]
+    assert install == 'pip install -e ./kernels -e ".[test]"' and test == "make test"
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.startswith("python -m pip install") and "torch==" not in line]
+    assert [" ".join(w for w in line.split() if w != "--quiet") for line in ci] == ["python -m " + install]
+    assert (REPO / ".ci" / "run").read_text().rstrip().endswith("\n" + test)
+    assert "$(PYTHON) -m " + install in (REPO / "Makefile").read_text()
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
