@@ -12,7 +12,7 @@ TUNE=$OUT/tune
 mkdir -p "$LOGS" "$TUNE" plots
 export TRITON_DEFAULT_FP_FUSION=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONPATH=$PWD/examples/plain_quantizer${PYTHONPATH:+:$PYTHONPATH}
-python -m pip install --no-deps --no-build-isolation -q -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
+python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
 if ls .wheels/torchao-*.whl >/dev/null 2>&1; then
   python -m pip install --no-deps -q .wheels/torchao-*.whl >>"$LOGS/install.log" 2>&1
 fi
