@@ -116,7 +116,7 @@ def test_its_declaration_sets_its_rank_config_and_out_dtypes(register, monkeypat
 
 def test_a_name_taken_in_a_recipe_is_refused_and_an_undeclared_one_is_bad_input(register):
     with pytest.raises(InputError, match="'triton' already serves fp8_rowwise, mxfp8"):
-        backends.register_backend(Backend("triton", run=throwaway().run, unavailable=always_available))
+        register(Backend("triton", run=throwaway().run, unavailable=always_available))
     bf16 = register(Backend("triton", run={Recipe.BF16: throwaway().run[Recipe.BF16]}, unavailable=always_available))
     assert GG.BACKENDS["bf16"] == ("native", "emulated", "triton")  # a name is one kernel family within a recipe
     assert backends.find("mxfp8", "triton") is not bf16

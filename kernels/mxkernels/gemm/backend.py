@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 
 import torch
 
@@ -49,7 +50,8 @@ def arch_of(cap: Capability) -> Arch:
 FIRST, DEFAULT_RANK, LATER, LAST = 0, 1, 2, 9
 """Ranks of ``Backend.preference``: lower goes first; equal ranks keep the order of ``backends.DECLARED``."""
 
-BOTH_DTYPES = (torch.bfloat16, torch.float32)
+OUT_DTYPES = (torch.bfloat16, torch.float32)
+"""The output dtypes the front door takes; a backend declares the ones it writes."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class Backend:
     # The launch configuration ``config=`` takes (its instances are frozen and check themselves); None: it takes none.
     config_type: type | None = None
     # What it can write: torch._grouped_mm and the native MX kernel write bf16 only.
-    out_dtypes: tuple[torch.dtype, ...] = BOTH_DTYPES
+    out_dtypes: tuple[torch.dtype, ...] = OUT_DTYPES
     # Rank in the default order per ``Arch`` (absent: ``DEFAULT_RANK``): measured speed decides, docs/perf-log.md.
     preference: Mapping[Arch, int] = field(default_factory=dict)
     # False where Triton's interpreter runs its dots (or fp32 registers) at bf16 precision: its CPU results cannot be
@@ -80,7 +82,7 @@ class Backend:
         unknown = [r for r in self.run if r not in tuple(Recipe)]
         if not self.run or unknown:
             raise InputError(f"backend {self.name!r} must run one or more of {', '.join(Recipe)}; got {list(self.run)}")
-        object.__setattr__(self, "run", {Recipe(r): fn for r, fn in self.run.items()})
+        object.__setattr__(self, "run", MappingProxyType({Recipe(r): fn for r, fn in self.run.items()}))
 
     @property
     def recipes(self) -> frozenset[Recipe]:

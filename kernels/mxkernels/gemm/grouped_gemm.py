@@ -66,7 +66,6 @@ from ..core.runtime import (
 )
 
 RECIPES = tuple(r.value for r in Recipe)
-OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
 class _ByRecipe(Mapping):
