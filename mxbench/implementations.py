@@ -17,7 +17,8 @@ import importlib.util
 from collections.abc import Callable
 
 import torch
-from mxkernels.gemm import grouped_gemm
+from mxkernels.gemm import backends, grouped_gemm
+from mxkernels.gemm.backend import Backend
 from mxkernels.layouts.scale_layout import blocked_3d_shape
 from mxkernels.core.names import MEMORY_CATEGORIES, Category, Recipe
 from mxkernels.core.runtime import INTERPRET
@@ -30,11 +31,6 @@ COMPILED = "torch.compile"
 _MX = "torchao.prototype.mx_formats.kernels"
 _MOE = "torchao.prototype.moe_training.kernels.mxfp8"
 _PLAIN_TORCH_KERNELS = ("torch._grouped_mm",)
-_INTERPRETER_IMPRECISE = ("triton", "triton_fp8", "triton_fused")
-"""Backends the interpreter cannot judge: it runs fp8 / block-scaled dots at bf16 precision, and triton_fused's
-fp32 registers come out truncated to bf16 there (47.9 dB against the fp64 oracle)."""
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # mxkernels
 # ---------------------------------------------------------------------------------------------------------------
@@ -46,20 +42,21 @@ def _triton_available(device: torch.device) -> str | None:
     return "needs a CUDA GPU or the Triton interpreter (TRITON_INTERPRET=1 set before mxkernels is imported)"
 
 
-def _gemm_available(recipe: str, backend: str | None) -> Callable[[torch.device], str | None]:
+def _gemm_available(recipe: str, backend: Backend | None) -> Callable[[torch.device], str | None]:
     def available(device: torch.device) -> str | None:
         if backend is None:
             return None  # the default backend is chosen per device, and one always exists (emulated)
-        if backend in _INTERPRETER_IMPRECISE and device.type != "cuda":
+        if not backend.interpreter_exact and device.type != "cuda":
             return "Triton's interpreter computes its dots / fp32 registers at bf16 precision: checked on a GPU only"
-        return grouped_gemm.backend_unavailable(recipe, backend, device)
+        return grouped_gemm.backend_unavailable(recipe, backend.name, device)
 
     return available
 
 
 def register_mxkernels(registry: Registry) -> None:
-    """mxkernels' implementation of every stage; for the MXFP8 GEMMs also one per backend, named
-    ``mxkernels:<backend>`` (``mxkernels`` alone runs the best backend of the device)."""
+    """mxkernels' implementation of every stage; for the GEMMs also one per declared backend of the recipe
+    (``mxkernels.gemm.backends``, those registered at run time too), named ``mxkernels:<backend>`` (``mxkernels``
+    alone runs the best backend of the device)."""
     for spec in all_specs().values():
         if spec.category == Category.GEMM:
             available = _gemm_available(spec.recipe, None)
@@ -69,13 +66,12 @@ def register_mxkernels(registry: Registry) -> None:
             available = _triton_available
         registry.add(Implementation(spec.recipe, spec.name, OURS, spec.impl, spec.kernel, available or always,
                                     origin="builtin"))  # fmt: skip
-        if spec.category == Category.GEMM and spec.recipe == Recipe.MXFP8:
-            for backend in grouped_gemm.BACKENDS["mxfp8"]:
-                if backend == "emulated":
-                    continue  # the oracle itself
+        if spec.category == Category.GEMM:
+            for backend in backends.declared(spec.recipe):
+                name = backend.name
                 registry.add(Implementation(
-                    spec.recipe, spec.name, f"{OURS}:{backend}", functools.partial(spec.impl, backend=backend),
-                    f"{spec.kernel}(backend={backend})", _gemm_available(spec.recipe, backend), origin="builtin",
+                    spec.recipe, spec.name, f"{OURS}:{name}", functools.partial(spec.impl, backend=name),
+                    f"{spec.kernel}(backend={name})", _gemm_available(spec.recipe, backend), origin="builtin",
                 ))  # fmt: skip
 
 

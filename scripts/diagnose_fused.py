@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--only-2d3d", action="store_true")
     args = p.parse_args()
-    GG.FUSED_WITHHELD = None
+    gemm_fused.FUSED_WITHHELD = None
     gemm_fused.torch = _NaNEmpty()
     torch.backends.cuda.matmul.allow_tf32 = False
     M, K, N, G = args.M, 7168, 2048, 8

@@ -317,7 +317,7 @@ def test_a_wrong_emulated_backend_fails_against_the_fp64_oracle(monkeypatch, rec
     from mxkernels.gemm import emulated as gemm_emulated
 
     right = getattr(gemm_emulated, backend_fn)
-    monkeypatch.setattr(gemm_emulated, backend_fn, lambda *args: right(*args) * 1.01)
+    monkeypatch.setattr(gemm_emulated, backend_fn, lambda *args, **kwargs: right(*args, **kwargs) * 1.01)
     ours = [i for i in builtin_registry() if i.recipe == recipe and i.name == "mxkernels"]
     gemms = [i for i in ours if i.stage.startswith("gemm")]
     results = run(gemms, recipe, M=128, K=64, N=64)

@@ -25,6 +25,8 @@ _EXPORTS = {
     "quantize_fp8_rowwise_3d": "quant.fp8_rowwise",
     "quantize_fp8_rowwise_k_groups": "quant.fp8_rowwise",
     "available_backends": "gemm.grouped_gemm",
+    "Backend": "gemm.backend",
+    "register_backend": "gemm.backends",
     "grouped_mm": "gemm.grouped_gemm",
     "from_blocked": "layouts.scale_layout",
     "rearrange_3d": "layouts.scale_layout",

@@ -248,7 +248,7 @@ def test_default_configs():
 def test_registered_but_withheld_on_gpus(monkeypatch):
     monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
     assert "triton_fused" not in GG.available_backends("mxfp8", "cuda")
-    assert GG.backend_unavailable("mxfp8", "triton_fused", torch.device("cuda")) == GG.FUSED_WITHHELD
+    assert GG.backend_unavailable("mxfp8", "triton_fused", torch.device("cuda")) == gemm_fused.FUSED_WITHHELD
     with pytest.raises(RuntimeError, match="withheld"):
         GG._resolve_backend("mxfp8", "triton_fused", torch.device("cuda"))
     assert "triton_fused" in GG.BACKENDS["mxfp8"] and GG.CONFIG_TYPES["mxfp8"]["triton_fused"] is FusedConfig
@@ -322,10 +322,10 @@ def test_contraction_streams_through_cp_async(ptx, case):
 
 @pytest.fixture(autouse=True)
 def unwithheld(request, monkeypatch):
-    """The backend is withheld from users on GPUs (``GG.FUSED_WITHHELD``); its own tests still run it there, all
+    """The backend is withheld from users on GPUs (``gemm_fused.FUSED_WITHHELD``); its own tests still run it there, all
     but the one that checks the withholding."""
     if request.node.originalname != "test_registered_but_withheld_on_gpus":
-        monkeypatch.setattr(GG, "FUSED_WITHHELD", None)
+        monkeypatch.setattr(gemm_fused, "FUSED_WITHHELD", None)
 
 
 @pytest.mark.gpu

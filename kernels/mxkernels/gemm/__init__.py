@@ -1,2 +1,2 @@
-"""Grouped GEMMs: one front door by recipe (``grouped_gemm``), the ``Backend`` record (``backend``), and one file per
-backend that declares itself."""
+"""Grouped GEMMs: one front door by recipe (``grouped_gemm``), the ``Backend`` record (``backend``), one file per
+backend that declares itself, and the list of those declarations (``backends``)."""

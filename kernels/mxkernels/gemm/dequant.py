@@ -22,7 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .backend import Backend, late, triton_unavailable
 from ..core.format import BLOCK_SIZE, DATA_DTYPE
+from ..core.names import Recipe
 from .native import run_bf16
 from ..layouts.scale_layout import SCALE_DTYPES, blocked_3d_shape, blocked_word, k_groups_shape, m_groups_shape
 from ..layouts.padding import group_bounds
@@ -182,10 +184,11 @@ def dequantize_blocked(
     return out
 
 
-def run_mxfp8(a_q, a_sb, b_q, b_sb, offs) -> torch.Tensor:
+def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The "triton_dequant" backend on operands ``grouped_gemm`` has checked: bf16 operands in the layouts
     ``torch._grouped_mm`` takes as they are (2D x 3D: a (M, K) row-major, b (G, K, N) as a transposed view of
-    (G, N, K); 2D x 2D: a (N, M) row-major, b (M, K) as a transposed view of (K, M)), so it copies nothing."""
+    (G, N, K); 2D x 2D: a (N, M) row-major, b (M, K) as a transposed view of (K, M)), so it copies nothing.
+    ``out_dtype``: bf16, all ``torch._grouped_mm`` writes (the front door refuses others, ``BACKEND.out_dtypes``)."""
     if b_q.dim() == 3:
         a = dequantize_blocked(a_q, a_sb, offs, layout="m_groups")
         b = dequantize_blocked(b_q, b_sb, layout="3d").transpose(-2, -1)
@@ -193,3 +196,8 @@ def run_mxfp8(a_q, a_sb, b_q, b_sb, offs) -> torch.Tensor:
         a = dequantize_blocked(a_q, a_sb, offs, layout="k_groups")
         b = dequantize_blocked(b_q, b_sb, offs, layout="k_groups").t()
     return run_bf16(a, b, offs)
+
+
+BACKEND = Backend("triton_dequant", run={Recipe.MXFP8: late(__name__, "run_mxfp8")},
+                  unavailable=triton_unavailable,
+                  out_dtypes=(torch.bfloat16,))  # fmt: skip

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from .backend import FIRST, LAST, Arch, Backend, always_available, late
 from ..core.cost import ceil_to
 from ..core.format import BLOCK_SIZE, dequantize_reference
+from ..core.names import Recipe
 from ..quant.fp8_rowwise import dequantize_fp8_rowwise_reference
 from ..layouts.scale_layout import TILE_COLS, TILE_ROWS, from_blocked
 
@@ -82,7 +84,19 @@ def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype: torch.dtype) -> torch.Tenso
     return grouped_matmul_fp32(a, b, offs, out_dtype)
 
 
-def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype) -> torch.Tensor:
-    """FP8 rowwise TN operands with fp32 scales, dequantized and multiplied in fp32."""
+def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, use_fast_accum: bool = False
+                    ) -> torch.Tensor:  # fmt: skip
+    """FP8 rowwise TN operands with fp32 scales, dequantized and multiplied in fp32 (``use_fast_accum`` asks the
+    native kernel for its fast sums; there is no faster sum here)."""
     a, b = _fp8_dequantize(a_q, a_scale, b_q, b_scale, _bounds(offs))
     return grouped_matmul_fp32(a, b, offs, out_dtype)
+
+
+BACKEND = Backend(
+    "emulated",
+    run={Recipe.MXFP8: late(__name__, "run_mxfp8"), Recipe.FP8_ROWWISE: late(__name__, "run_fp8_rowwise"),
+         Recipe.BF16: late(__name__, "grouped_matmul_fp32", out_dtype=torch.bfloat16)},
+    unavailable=always_available,
+    # A host loop: the slowest on every GPU, but on a CPU faster than the interpreted Triton kernels.
+    preference={Arch.CPU: FIRST, Arch.SM100: LAST, Arch.SM90: LAST, Arch.OTHER: LAST},
+)  # fmt: skip

@@ -37,7 +37,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .backend import Backend, late, triton_unavailable
 from .fused import _band_tile, _tile_2d3d
+from ..core.names import Recipe
 from ..layouts.padding import group_bounds, pick
 from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, persistent_programs, tile_launch
 
@@ -209,9 +211,10 @@ def _launch(kernel, tiles: int, args: tuple, G: int, config: Fp8Config, device: 
 
 
 def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, config: Fp8Config | None = None,
-                    fast: bool = False):  # fmt: skip
+                    fast: bool = False, use_fast_accum: bool = False):  # fmt: skip
     """The backend on operands ``grouped_gemm`` has checked (module doc); ``fast``: ``FAST_CONFIGS`` where no config
-    is given (backend "triton_fast")."""
+    is given (backend "triton_fast"). ``use_fast_accum`` is the native kernel's option: here the backend (or the
+    config's ``promote``) chooses the sums."""
     two_d_three_d = b_q.dim() == 3
     case = "2d3d" if two_d_three_d else "2d2d"
     config = config or (FAST_CONFIGS[case] if fast and not INTERPRET else default_config(case))
@@ -242,3 +245,22 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
     _launch(_fp8_2d2d_kernel, tiles, (x_desc, y_desc, a_q, b_q, a_scale, b_scale, offs, out, M, N, K), G, config,
             a_q.device)  # fmt: skip
     return out
+
+
+def _unavailable(recipe: Recipe, cap, device: torch.device) -> str | None:
+    if why := triton_unavailable(recipe, cap, device):
+        return why
+    if cap is not None and cap < (9, 0):
+        return (f"the Triton FP8 rowwise grouped GEMM reads its operands through TMA (compute capability >= 9.0), "
+                f"this GPU is {cap}")
+    return None
+
+
+def _declare(name: str, fast: bool) -> Backend:
+    # The two differ only in the default launch: "triton_fast" sums in the tensor core's accumulator throughout.
+    return Backend(name, run={Recipe.FP8_ROWWISE: late(__name__, "run_fp8_rowwise", fast=fast)},
+                   unavailable=_unavailable, config_type=Fp8Config)  # fmt: skip
+
+
+TRITON = _declare("triton", fast=False)
+TRITON_FAST = _declare("triton_fast", fast=True)

@@ -44,6 +44,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
+from .backend import FIRST, Arch, Backend, late
+from ..core.names import Recipe
 from ..core.runtime import InputError, check_int, persistent_programs
 
 # Gluon is experimental and renames as it goes: triton 3.6 (the GPU image) has async_copy_global_to_shared, later
@@ -473,8 +475,10 @@ def default_config(case: str) -> WsConfig:
     return _DEFAULT_CONFIGS[case]
 
 
-def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, config: WsConfig | None = None):
-    """The backend on operands ``grouped_gemm`` has checked (module doc: ``gemm_fp8_rowwise``'s contract)."""
+def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, config: WsConfig | None = None,
+                    use_fast_accum: bool = False):  # fmt: skip
+    """The backend on operands ``grouped_gemm`` has checked (module doc: ``gemm_fp8_rowwise``'s contract); it always
+    sums as torch's precise kernel does (``use_fast_accum`` is the native kernel's option)."""
     config = config or default_config("2d3d" if b_q.dim() == 3 else "2d2d")
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     contraction = a_q.shape[1]
@@ -514,3 +518,13 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
                         PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=config.consumer_regs,
                         num_warps=4)  # fmt: skip
     return out
+
+
+def _unavailable(recipe: Recipe, cap, device: torch.device) -> str | None:
+    # Gluon has no interpreter, and the kernel is built of SM90's wgmma (SM100 has none).
+    return None if cap == (9, 0) else f"triton_ws is an SM90 (Hopper) kernel, this device is {cap or device}"
+
+
+# On SM90 it sums as torch's does and is faster in every pass (docs/perf-log.md).
+BACKEND = Backend("triton_ws", run={Recipe.FP8_ROWWISE: late(__name__, "run_fp8_rowwise")}, unavailable=_unavailable,
+                  config_type=WsConfig, preference={Arch.SM90: FIRST})  # fmt: skip

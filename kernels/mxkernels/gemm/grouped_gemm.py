@@ -22,40 +22,29 @@ not straddle two experts). Offs are checked on the host only where that needs no
 Triton kernels trust them, and "native" checks them on the device on SM100 (``gemm_native``: malformed offs give an
 all-NaN output, never a dead CUDA context).
 ``fp8_rowwise_scaled_grouped_mm`` is its FP8 rowwise sibling (fp32 scales from ``fp8_rowwise``). The dispatchers here
-check every operand, then hand them to one backend module:
+check every operand, then hand them to the backend's run function.
 
-* "native" (``gemm_native``): ``torch._scaled_grouped_mm`` (MXFP8 on SM100 only, refused elsewhere before any
-  launch, and there only once a probe at first use passed; FP8 rowwise on SM90 / SM100) and ``torch._grouped_mm``
-  for bf16, all three behind guards on SM100 for what the SM100 kernels get wrong (empty 2D x 2D groups, fewer rows
-  than experts, malformed offs);
-* "triton", "triton_fp8" (``gemm_triton``): Triton grouped GEMMs on ``tl.dot_scaled`` and on fp8 ``tl.dot`` with
-  an fp32 rescale per 32-wide chunk;
-* "triton_dequant" (``gemm_dequant``): exact MXFP8 -> bf16 dequantization from the blocked scales, then
-  ``torch._grouped_mm``;
-* "triton_fused" (``gemm_fused``): persistent Triton grouped GEMMs that dequantize the token operand to bf16 in
-  registers, in the GEMM's load path, and multiply on bf16 tensor cores (no full-size bf16 copy);
-* "emulated" (``gemm_emulated``): dequantize and multiply in fp32, a host loop over groups: the reference.
-
-Default backend (``available_backends``, best first): SM100 native > triton > triton_dequant > triton_fused >
-triton_fp8; SM90 triton_dequant > triton_fused > triton_fp8 > triton; SM89 triton_fp8 > triton_dequant >
-triton_fused > triton; CPU emulated (the Triton backends run there only under the interpreter, for tests).
+The backends declare themselves: each module's ``Backend`` record (``backend``) says which recipes it runs, where it
+can run and why not, its launch configuration, what it writes and where it ranks; ``backends.DECLARED`` lists them
+(native, triton, triton_fast, triton_ws, triton_dequant, triton_fused, triton_fp8, emulated: each module's doc says
+what it is). ``BACKENDS``, ``CONFIG_TYPES``, ``available_backends`` (the default order per device) and the checks
+below are read from the declarations, so a backend added with ``backends.register_backend`` is one like the others.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from . import dequant, emulated as gemm_emulated, fp8_triton, fp8_ws, fused, native as gemm_native, mx_triton
+from . import backends as declarations, native as gemm_native
+from .backend import Backend, arch_of
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE, DATA_DTYPE, ScaleMode
+from ..core.names import Recipe
 from ..quant.fp8_rowwise import quantize_fp8_rowwise, quantize_fp8_rowwise_3d, quantize_fp8_rowwise_k_groups
-from .fp8_triton import Fp8Config
-from .fp8_ws import WsConfig
-from .fused import FusedConfig
-from .mx_triton import TileConfig
 from ..layouts.scale_layout import (
     SCALE_DTYPES,
     blocked_3d_shape,
@@ -67,7 +56,6 @@ from ..layouts.scale_layout import (
 )
 from ..quant.quantize import quantize_3d, quantize_dim0, quantize_dim1
 from ..core.runtime import (
-    INTERPRET,
     InputError,
     check_config,
     check_host_offsets,
@@ -77,17 +65,33 @@ from ..core.runtime import (
     check_tensor,
 )
 
-RECIPES = ("mxfp8", "fp8_rowwise", "bf16")
-BACKENDS = {
-    "bf16": ("native", "emulated"),
-    "fp8_rowwise": ("native", "triton", "triton_fast", "triton_ws", "emulated"),
-    "mxfp8": ("native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated"),
-}
+RECIPES = tuple(r.value for r in Recipe)
+
+
+class _ByRecipe(Mapping):
+    """A read-only table by recipe, computed from the declarations at each lookup (a backend registered at run time
+    is in it at once)."""
+
+    def __init__(self, of: Callable[[str], object]):
+        self._of = of
+
+    def __getitem__(self, recipe: str):
+        if recipe not in RECIPES:
+            raise KeyError(recipe)
+        return self._of(recipe)
+
+    def __iter__(self):
+        return iter(RECIPES)
+
+    def __len__(self) -> int:
+        return len(RECIPES)
+
+
+BACKENDS = _ByRecipe(lambda recipe: tuple(b.name for b in declarations.declared(recipe)))
+"""The backend names of each recipe, in declaration order."""
 # The launch configuration type of each backend that takes ``config=``, by recipe (a backend's name means one kernel
-# family within a recipe: "triton" is ``gemm_triton`` for MXFP8 and ``gemm_fp8_rowwise`` for FP8 rowwise).
-CONFIG_TYPES = {"mxfp8": {"triton": TileConfig, "triton_fp8": TileConfig, "triton_fused": FusedConfig},
-                "fp8_rowwise": {"triton": Fp8Config, "triton_fast": Fp8Config, "triton_ws": WsConfig}}  # fmt: skip
-OUT_DTYPES = (torch.bfloat16, torch.float32)
+# family within a recipe: "triton" is ``mx_triton`` for MXFP8 and ``fp8_triton`` for FP8 rowwise).
+CONFIG_TYPES = _ByRecipe(lambda recipe: {b.name: b.config_type for b in declarations.declared(recipe) if b.config_type})
 
 
 @dataclass(frozen=True)
@@ -108,57 +112,24 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
     return gemm_native.capability(device)
 
 
+def _declared(recipe: str, backend: str) -> Backend:
+    found = declarations.find(recipe, backend)
+    if found is None:
+        raise InputError(f"backend for recipe {recipe!r} must be one of {', '.join(BACKENDS[recipe])}; got {backend!r}")
+    return found
+
+
 def backend_unavailable(recipe: str, backend: str, device: torch.device) -> str | None:
-    """Why ``backend`` cannot run ``recipe`` on ``device``, or None if it can. Native MXFP8 on SM100 is probed at
-    its first use on a device (``gemm_native.probe_mxfp8``: a launch and a sync, so not inside CUDA-graph
-    capture)."""
-    cap = _capability(device)
-    if backend == "emulated":
-        return None
-    if backend == "native":
-        return gemm_native.unavailable(recipe, cap, device)
-    if backend == "triton_ws":
-        # Gluon has no interpreter, and the kernel is built of SM90's wgmma (SM100 has none).
-        return None if cap == (9, 0) else f"triton_ws is an SM90 (Hopper) kernel, this device is {cap or device}"
-    if cap is None:
-        return None if INTERPRET else f"the Triton backends need a CUDA device (or TRITON_INTERPRET=1), got {device}"
-    if cap < (8, 9):
-        return f"the Triton MXFP8 backends need fp8 tensor cores (compute capability >= 8.9), this GPU is {cap}"
-    if backend == "triton_fused":
-        return FUSED_WITHHELD
-    if recipe == "fp8_rowwise" and cap < (9, 0):
-        return f"the Triton FP8 rowwise grouped GEMM reads its operands through TMA (compute capability >= 9.0), this GPU is {cap}"
-    return None
+    """Why ``backend`` cannot run ``recipe`` on ``device``, or None if it can (its declaration's ``unavailable``).
+    Native MXFP8 on SM100 is probed at its first use on a device (``gemm_native.probe_mxfp8``: a launch and a sync,
+    so not inside CUDA-graph capture)."""
+    return _declared(recipe, backend).unavailable(Recipe(recipe), _capability(device), device)
 
 
-FUSED_WITHHELD = (
-    "triton_fused is withheld on GPUs: four pipeline stages of its 2D x 3D kernel gave wrong bf16 outputs on an H100 "
-    "(a race in the build, docs/perf-log.md), and the configurations measured right are no faster than triton_dequant; "
-    "it runs under the interpreter for its tests, and on GPUs in its own GPU tests and tuning script"
-)
-
-
-def _preference(recipe: str, device: torch.device) -> tuple[str, ...]:
-    cap = _capability(device)
-    if recipe == "fp8_rowwise":
-        # On CPU the Triton kernel runs in the interpreter, for tests; the emulation is the fast one there. On SM90
-        # the warp-specialized kernel sums as torch's does and is faster in every pass (docs/perf-log.md).
-        if cap is None:
-            return ("emulated", "native", "triton", "triton_fast")
-        return ("triton_ws", "native", "triton", "triton_fast", "emulated") if cap == (9, 0) else BACKENDS[recipe]
-    if recipe != "mxfp8":
-        return BACKENDS[recipe]
-    if cap is None:
-        # On CPU the Triton backends run in the interpreter, for tests; the emulation is the fast one there.
-        return ("emulated", "triton_dequant", "triton_fused", "triton_fp8", "triton")
-    if cap[0] == 10:
-        return ("native", "triton", "triton_dequant", "triton_fused", "triton_fp8", "emulated")
-    if cap == (9, 0):
-        # triton_fused stays behind triton_dequant until it is measured faster at the DeepSeek-V3 shapes
-        # (scripts/tune_fused_gemm.py, docs/perf-log.md).
-        return ("triton_dequant", "triton_fused", "triton_fp8", "triton", "emulated")
-    # Below SM90 torch._grouped_mm is a host loop over offs (a sync, not graph-capturable): not the default there.
-    return ("triton_fp8", "triton_dequant", "triton_fused", "triton", "emulated")
+def _preference(recipe: str, device: torch.device) -> list[Backend]:
+    """The recipe's backends by their rank on the device's architecture, ties in declaration order."""
+    arch = arch_of(_capability(device))
+    return sorted(declarations.declared(recipe), key=lambda b: b.rank(arch))
 
 
 def _default_device() -> torch.device:
@@ -175,7 +146,7 @@ def available_backends(recipe: str, device: torch.device | str | None = None) ->
     """Backends that can run ``recipe`` on ``device`` (default: the current GPU, else CPU), best first."""
     recipe = check_recipe(recipe)
     device = _default_device() if device is None else torch.device(device)
-    return [b for b in _preference(recipe, device) if backend_unavailable(recipe, b, device) is None]
+    return [b.name for b in _preference(recipe, device) if backend_unavailable(recipe, b.name, device) is None]
 
 
 def default_backend(recipe: str, device: torch.device | str | None = None) -> str:
@@ -183,15 +154,14 @@ def default_backend(recipe: str, device: torch.device | str | None = None) -> st
     return available_backends(recipe, device)[0]
 
 
-def _resolve_backend(recipe: str, backend: str | None, device: torch.device) -> str:
+def _resolve_backend(recipe: str, backend: str | None, device: torch.device) -> Backend:
+    """The declaration of ``backend`` (None: the device's default), refused here if it cannot run on ``device``."""
     if backend is None:
-        return default_backend(recipe, device)
-    if backend not in BACKENDS[recipe]:
-        raise InputError(f"backend for recipe {recipe!r} must be one of {', '.join(BACKENDS[recipe])}; got {backend!r}")
+        backend = default_backend(recipe, device)
     reason = backend_unavailable(recipe, backend, device)
     if reason:
         raise RuntimeError(reason)
-    return backend
+    return declarations.find(recipe, backend)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -230,21 +200,22 @@ def _check_same_device(a_q: torch.Tensor, **tensors: torch.Tensor) -> None:
         check_same_device(name, x, a_q, "a_q")
 
 
-def _check_launch_config(config: object, recipe: str, backend: str) -> None:
-    """``config`` must be None or the backend's launch configuration type; backends without one ignore any."""
-    types = CONFIG_TYPES[recipe]
-    if backend in types:
-        check_config("config", config, types[backend], f" for backend {backend!r} of recipe {recipe!r}")
-    elif config is not None and not isinstance(config, (TileConfig, FusedConfig, Fp8Config, WsConfig)):
-        raise InputError(f"config must be a launch configuration ({TileConfig.__name__}, {FusedConfig.__name__}, "
-                         f"{Fp8Config.__name__} or {WsConfig.__name__}) or None, got {config!r}")  # fmt: skip
+def _launch_options(config: object, recipe: str, backend: Backend) -> dict:
+    """The ``config=`` keyword of the backend's run function: None or its declared type. A backend without one gets
+    none, and ignores a launch configuration of another backend (so one ``config`` can go with ``backend=None``)."""
+    if backend.config_type is not None:
+        check_config("config", config, backend.config_type, f" for backend {backend.name!r} of recipe {recipe!r}")
+        return {"config": config}
+    types = tuple(dict.fromkeys(t for b in declarations.DECLARED if (t := b.config_type)))
+    if config is not None and not isinstance(config, types):
+        raise InputError(f"config must be a launch configuration ({', '.join(t.__name__ for t in types)}) or None, "
+                         f"got {config!r}")  # fmt: skip
+    return {}
 
 
-def _check_out_dtype(out_dtype: object, backend: str) -> torch.dtype:
-    # torch._grouped_mm and the native MX kernel write bf16 only.
-    allowed = (torch.bfloat16,) if backend in ("native", "triton_dequant") else OUT_DTYPES
-    if out_dtype not in allowed:
-        raise InputError(f"out_dtype must be one of {allowed} for backend {backend!r}; got {out_dtype}")
+def _check_out_dtype(out_dtype: object, backend: Backend) -> torch.dtype:
+    if out_dtype not in backend.out_dtypes:
+        raise InputError(f"out_dtype must be one of {backend.out_dtypes} for backend {backend.name!r}; got {out_dtype}")
     return out_dtype
 
 
@@ -262,7 +233,7 @@ def mxfp8_scaled_grouped_mm(
     *,
     backend: str | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
-    config: TileConfig | FusedConfig | None = None,
+    config: object = None,
 ) -> torch.Tensor:
     """MXFP8 grouped GEMM on quantized TN operands with blocked scales (shapes in the module doc).
 
@@ -287,19 +258,7 @@ def mxfp8_scaled_grouped_mm(
     else:
         check_shape("a_sb", a_sb, k_groups_shape(N, M // BLOCK_SIZE, G))
         check_shape("b_sb", b_sb, k_groups_shape(K, M // BLOCK_SIZE, G))
-    backend = _resolve_backend("mxfp8", backend, a_q.device)
-    out_dtype = _check_out_dtype(out_dtype, backend)
-    _check_launch_config(config, "mxfp8", backend)
-
-    if backend == "native":
-        return gemm_native.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype)
-    if backend == "emulated":
-        return gemm_emulated.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype)
-    if backend == "triton_dequant":
-        return dequant.run_mxfp8(a_q, a_sb, b_q, b_sb, offs)
-    if backend == "triton_fused":
-        return fused.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype=out_dtype, config=config)
-    return mx_triton.run_mxfp8(a_q, a_sb, b_q, b_sb, offs, backend=backend, out_dtype=out_dtype, config=config)
+    return _run("mxfp8", backend, (a_q, a_sb, b_q, b_sb, offs), out_dtype, config)
 
 
 def fp8_rowwise_scaled_grouped_mm(
@@ -312,7 +271,7 @@ def fp8_rowwise_scaled_grouped_mm(
     backend: str | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     use_fast_accum: bool = False,
-    config: Fp8Config | None = None,
+    config: object = None,
 ) -> torch.Tensor:
     """FP8 rowwise grouped GEMM on quantized TN operands with fp32 scales (``fp8_rowwise`` produces them).
 
@@ -334,18 +293,17 @@ def fp8_rowwise_scaled_grouped_mm(
         check_tensor(name, scale, dtypes=(torch.float32,))
         check_shape(name, scale, shape)
     _check_same_device(a_q, a_scale=a_scale, b_scale=b_scale)
-    backend = _resolve_backend("fp8_rowwise", backend, a_q.device)
-    out_dtype = _check_out_dtype(out_dtype, backend)
-    _check_launch_config(config, "fp8_rowwise", backend)
+    operands = (a_q, a_scale, b_q, b_scale, offs)
+    return _run("fp8_rowwise", backend, operands, out_dtype, config, use_fast_accum=use_fast_accum)
 
-    if backend == "emulated":
-        return gemm_emulated.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype)
-    if backend in ("triton", "triton_fast"):
-        return fp8_triton.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, config,
-                                                fast=backend == "triton_fast")  # fmt: skip
-    if backend == "triton_ws":
-        return fp8_ws.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, config)
-    return gemm_native.run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype, use_fast_accum)
+
+def _run(recipe: str, backend: str | None, operands: tuple, out_dtype: object, config: object, **options):
+    """The backend's run function for ``recipe`` on checked operands, once it has accepted the output dtype and
+    launch configuration (``backend`` module doc: the calling convention)."""
+    found = _resolve_backend(recipe, backend, operands[0].device)
+    out_dtype = _check_out_dtype(out_dtype, found)
+    options |= _launch_options(config, recipe, found)
+    return found.run[Recipe(recipe)](*operands, out_dtype, **options)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -411,16 +369,14 @@ def grouped_mm(
             raise InputError(f"offs must hold one group end per expert of b ({b.shape[0]}), got {offs.numel()}")
     elif a.shape[1] != b.shape[0]:
         raise InputError(f"a (N, M) and b (M, K) must agree on M; got {tuple(a.shape)}, {tuple(b.shape)}")
-    backend = _resolve_backend(recipe, backend, a.device)
+    backend = _resolve_backend(recipe, backend, a.device).name
 
     if recipe == "mxfp8":
         out = mxfp8_scaled_grouped_mm(*quantize_mxfp8_operands(a, b, offs, mode), offs, backend=backend)
     elif recipe == "fp8_rowwise":
         out = fp8_rowwise_scaled_grouped_mm(*_quantize_fp8_rowwise(a, b, offs), offs, backend=backend)
-    elif backend == "native":
-        out = gemm_native.run_bf16(a, b, offs)
     else:
-        out = gemm_emulated.grouped_matmul_fp32(a, b, offs, torch.bfloat16)
+        out = declarations.find(recipe, backend).run[Recipe.BF16](a, b, offs)
     return GroupedMMResult(out, backend)
 
 

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .backend import FIRST, LATER, Arch, Backend, late, triton_unavailable
+from ..core.names import Recipe
 from ..layouts.scale_layout import blocked_word
 from ..layouts.padding import group_bounds, locate, pick
 from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, tile_launch
@@ -270,7 +272,7 @@ def _scale_words(blocked: torch.Tensor) -> torch.Tensor:
     return blocked.view(torch.uint8).reshape(-1).view(torch.int32)
 
 
-def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, *, backend: str, out_dtype: torch.dtype, config: TileConfig | None):
+def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype: torch.dtype, *, backend: str, config: TileConfig | None = None):
     """The "triton" / "triton_fp8" backend on operands ``grouped_gemm`` has checked: (M, N) in 2D x 3D, (G, N, K)
     in 2D x 2D."""
     G = offs.numel()
@@ -293,3 +295,15 @@ def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, *, backend: str, out_dtype: torch.dtyp
         grid = (triton.cdiv(N, config.block_m) * triton.cdiv(K, config.block_n), G)
         _mx_2d2d_kernel[grid](*args, M=M, N=N, K=K, GROUP_M=config.group_m, **launch)
     return out
+
+
+def _declare(name: str, preference: dict) -> Backend:
+    # The two differ only in the kernel's main loop (``FP8_DOT``) and in where they rank.
+    return Backend(name, run={Recipe.MXFP8: late(__name__, "run_mxfp8", backend=name)}, unavailable=triton_unavailable,
+                   config_type=TileConfig, preference=preference, interpreter_exact=False)  # fmt: skip
+
+
+# dot_scaled is native only on SM100; elsewhere Triton upcasts to bf16, behind the others (docs/perf-log.md).
+TRITON = _declare("triton", {Arch.SM90: LATER, Arch.OTHER: LATER, Arch.CPU: LATER})
+# Below SM90 the fastest: torch._grouped_mm (triton_dequant's) is a host loop over offs there.
+TRITON_FP8 = _declare("triton_fp8", {Arch.OTHER: FIRST})

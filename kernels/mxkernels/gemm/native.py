@@ -50,8 +50,10 @@ import triton
 import triton.language as tl
 
 from . import emulated, native_build
+from .backend import FIRST, Arch, Backend, late
 from ..core.format import BLOCK_SIZE, DATA_DTYPE, SCALE_DTYPE
 from ..layouts.scale_layout import rearrange_3d_reference, rearrange_k_groups_reference, rearrange_m_groups_reference
+from ..core.names import Recipe
 from ..core.runtime import InputError
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -397,3 +399,14 @@ def run_bf16(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tens
     multiple = _TMA_BYTES // a.element_size() if moves else 1
     return guarded_call(lambda checked: ops.grouped_mm(a, b, offs=checked), offs, total, rows=rows,
                         multiple=multiple, exempt_last=True)  # fmt: skip
+
+
+BACKEND = Backend(
+    "native",
+    run={Recipe.MXFP8: late(__name__, "run_mxfp8"), Recipe.FP8_ROWWISE: late(__name__, "run_fp8_rowwise"),
+         Recipe.BF16: late(__name__, "run_bf16")},
+    unavailable=unavailable,
+    out_dtypes=(torch.bfloat16,),
+    # torch's own kernels go first wherever they run (bf16 on a CPU too), but on SM90, where triton_ws is faster.
+    preference={Arch.CPU: FIRST, Arch.SM100: FIRST, Arch.OTHER: FIRST},
+)

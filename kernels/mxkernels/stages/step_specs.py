@@ -169,12 +169,12 @@ def _mx_data_locate(kind: str):
 
 
 def _bf16_gemm(matmul):
-    """A bf16 GEMM stage's contract over ``matmul(a, b, offs) -> out`` (``torch._grouped_mm`` semantics), for the
-    three cases' operand forms."""
+    """A bf16 GEMM stage's contract over ``matmul(a, b, offs, **options) -> out`` (``torch._grouped_mm``
+    semantics), for the three cases' operand forms; ``options`` (ours: ``backend``) go to ``matmul``."""
 
-    def gemm(x, w, offs, *, case):
+    def gemm(x, w, offs, *, case, **options):
         a, b = {"fwd": (x, w.transpose(-2, -1)), "dgrad": (x, w), "wgrad": (x.t(), w)}[case]
-        return (matmul(a, b, offs),)
+        return (matmul(a, b, offs, **options),)
 
     return gemm
 
@@ -464,7 +464,7 @@ def _amax_port(out: str, shape: str) -> Port:
 
 def _bf16() -> list[StageSpec]:
     R = Recipe.BF16
-    ours = _bf16_gemm(lambda a, b, offs: grouped_gemm.grouped_mm(a, b, offs, recipe="bf16").out)
+    ours = _bf16_gemm(lambda a, b, offs, backend=None: grouped_gemm.grouped_mm(a, b, offs, "bf16", backend).out)
     oracle = _bf16_gemm(gemm_reference.bf16_reference)  # fp64: no backend checked against itself
     specs = []
     for name, pass_, ins, out, case, shapes in (
