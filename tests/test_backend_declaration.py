@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import offsets
+from kernel_helpers import offsets
 from mxkernels.core.errors import InputError
 from mxkernels.core.names import Recipe
 from mxkernels.gemm import backends
