@@ -17,7 +17,7 @@ from mxkernels.core.cost import Cost
 from mxkernels.core.errors import InputError
 from mxkernels.stages.pipeline import make_inputs, run_stages, step_stages
 
-from mxbench.points import plan_points
+from mxbench.plan.points import plan_points
 
 E4M3 = torch.float8_e4m3fn
 BF16 = torch.bfloat16

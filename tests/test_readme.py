@@ -172,6 +172,6 @@ def test_each_cpu_command_of_the_readme_runs_as_written(line, tmp_path):
 
 
 def test_the_readme_states_the_gates_rules_as_compare_does():
-    from mxbench.gate_rules import rules_text
+    from mxbench.gate.rules import rules_text
 
     assert rules_text() in README

@@ -10,9 +10,10 @@ import re
 import pytest
 from mxkernels.core.errors import InputError
 
-from mxbench import render, tables
-from mxbench.hardware import Peak
-from mxbench.results import Point, Record, Run
+from mxbench.views import render
+from mxbench.workloads.step import tables
+from mxbench.instruments.hardware import Peak
+from mxbench.storage.results import Point, Record, Run
 
 N, K, G = 2048, 7168, 8
 MS = (16384, 32768, 65536, 131072)

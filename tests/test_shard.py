@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from mxkernels.core.errors import InputError
 
-from mxbench import shard
-from mxbench.measure import SweepOptions
-from mxbench.points import plan_points, with_baselines
-from mxbench.regress import regress
-from mxbench.results import load_run
-from mxbench.shard import assign, check_ranks, unit_of
-from mxbench.sweep import run_sweep
+from mxbench.measuring import shard
+from mxbench.measuring.stages import SweepOptions
+from mxbench.plan.points import plan_points, with_baselines
+from mxbench.gate.regress import regress
+from mxbench.storage.results import load_run
+from mxbench.measuring.shard import assign, check_ranks, unit_of
+from mxbench.workloads.step.sweep import run_sweep
 
 WORLD = 2
 POINTS = plan_points([64, 128, 256], 64, 32, 2, ["mxfp8", "bf16"], power_limits=[250.0, 300.0])
@@ -163,13 +163,13 @@ def _regress(rank, tmp):
 def _cli(rank, tmp):
     from click.testing import CliRunner
 
-    import mxbench.instruments
+    import mxbench.instruments.kit
     from mxbench.cli import cli, run_commands
 
     os.chdir(tmp)
     run_commands._has_gpu = lambda: True
     run_commands._detected_spec = lambda device=0: "h100-sxm"
-    mxbench.instruments.Instruments.real = staticmethod(lambda *a, **k: fakes_for(rank)[1])
+    mxbench.instruments.kit.Instruments.real = staticmethod(lambda *a, **k: fakes_for(rank)[1])
     result = CliRunner().invoke(cli, ["roofline", "--K", "64", "--N", "64", "--G", "2", "--M", "64,128", "--samples",
                                       "3", "--out", f"cli-rank{rank}.json"])  # fmt: skip
     return result.exit_code, result.stdout, result.stderr, repr(result.exception)

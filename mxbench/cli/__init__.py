@@ -19,12 +19,13 @@ from collections.abc import Sequence
 
 import click
 
-from .. import __version__
-from ..ep import command as ep_command
-from ..ep import project_command
-from ..layer import command as layer_command
-from . import history_commands, registry_commands, report_commands, run_commands
-from .common import Group
+from ..version import __version__
+from ..workloads.ep import command as ep_command
+from ..workloads.ep import project_command
+from ..workloads.layer import command as layer_command
+from . import history_commands, registry_commands, report_commands
+from ..workloads.step import command as run_commands
+from ..clikit.common import Group
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

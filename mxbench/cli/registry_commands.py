@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import FORMATS, CommaList, Seed, refuse_ignored, shape_args
+from ..clikit.common import FORMATS, CommaList, Seed, refuse_ignored, shape_args
 
 
 def _device():
@@ -27,7 +27,8 @@ def _interpreter_on_cpu() -> None:
 
 
 def _registry(impl_texts, recipe):
-    from ..registry import default_registry, with_cli_impls
+    from ..implementations.default import default_registry
+    from ..implementations.registry import with_cli_impls
 
     registry = default_registry()
     added = with_cli_impls(registry, impl_texts, recipe)
@@ -46,8 +47,8 @@ def impls(stage, recipe, impl_texts, fmt) -> None:
     _interpreter_on_cpu()
     from mxkernels.stages.step_specs import PARAM_DOCS, all_specs
 
-    from ..registry import split_stage
-    from ..render import render
+    from ..implementations.registry import split_stage
+    from ..views.render import render
 
     registry, _ = _registry(impl_texts, recipe or "mxfp8")
     device = _device()
@@ -131,8 +132,8 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     from mxkernels.core.names import Category
     from mxkernels.stages.step_specs import get_spec
 
-    from ..check import check_step, exit_code, json_report, native_line, stages_checked
-    from ..registry import split_stage
+    from ..implementations.check import check_step, exit_code, json_report, native_line, stages_checked
+    from ..implementations.registry import split_stage
 
     bad = [m for m in modes if m not in ("rceil", "floor")]
     if bad or not modes:
@@ -142,7 +143,7 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
         N = CHECK_DEFAULTS["N"] if N is None else N
         G = CHECK_DEFAULTS["G"] if G is None else G
     K, N, G, _ = shape_args(K, N, G, preset)
-    from ..points import check_step_fits, check_tokens
+    from ..plan.points import check_step_fits, check_tokens
 
     check_tokens(M, "--M")
     check_step_fits(M, N, K, G)
@@ -183,8 +184,8 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
 def _report(results, load_errors, fmt: str, verbose: bool) -> int:
     """The table of ``results`` (one row per implementation, its worst verdict), each finding below it; the exit
     code."""
-    from ..check import exit_code, merged
-    from ..render import render
+    from ..implementations.check import exit_code, merged
+    from ..views.render import render
 
     rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": _first_line(r.detail)}
             for r in merged(results)]  # fmt: skip
@@ -202,8 +203,8 @@ def _report(results, load_errors, fmt: str, verbose: bool) -> int:
 
 def _check_layer(impl_texts, stages, recipe, K, N, G, M, modes, seed, timeout_s, fmt, verbose) -> int:
     """``check --layer``: the layer's own stages (``mxbench.layer.check``)."""
-    from ..check import exit_code, json_report
-    from ..layer.check import check_layer, layer_impls, layer_registry, parse_layer_impl
+    from ..implementations.check import exit_code, json_report
+    from ..workloads.layer.check import check_layer, layer_impls, layer_registry, parse_layer_impl
 
     added = [parse_layer_impl(text) for text in impl_texts]
     chosen = layer_impls(added or layer_registry(), recipe)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..ep import TABLE_KINDS as EP_TABLE_KINDS
-from ..layer import TABLE_KINDS as LAYER_TABLE_KINDS
-from .common import (
+from ..workloads.ep import TABLE_KINDS as EP_TABLE_KINDS
+from ..workloads.layer import TABLE_KINDS as LAYER_TABLE_KINDS
+from ..clikit.common import (
     EXIT_CODES_HELP,
     FORMATS,
     CommaList,
@@ -33,8 +33,8 @@ TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KIND
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
 def presets(fmt: str) -> None:
     """List the model shape presets (shapes/*.toml) with their sources."""
-    from ..presets import load_presets
-    from ..render import render
+    from ..plan.presets import load_presets
+    from ..views.render import render
 
     rows = [
         {
@@ -73,9 +73,9 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
 
     A filter value that matches nothing in any file is refused (exit 2) with what the files hold; with several
     files, each shows what it has of the values asked for, and a file with none of them is left out."""
-    from ..frame import frame_of, held_filters, load_runs, select
-    from ..projection import projection_table
-    from ..tables import check_kind, table
+    from ..views.frame import frame_of, held_filters, load_runs, select
+    from ..workloads.step.projection import projection_table
+    from ..workloads.step.tables import check_kind, table
 
     from mxkernels.core.errors import InputError
 
@@ -91,19 +91,19 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
     if not runs:
         raise click.BadParameter(f"no run in {', '.join(map(str, results))} has a {kind} table", param_hint="--kind")
     if kind == "ep-scaling":  # one table over all the runs: each is one EP degree
-        from ..ep.scaling import scaling_table
+        from ..workloads.ep.scaling import scaling_table
 
         click.echo(scaling_table([run for _, run in runs], fmt, columns=columns, strategies=recipes), nl=False)
         return
     if kind in EP_TABLE_KINDS:  # the expert-parallel tables choose their strategies themselves (--recipe)
-        from ..ep.tables import ep_table
+        from ..workloads.ep.tables import ep_table
 
         click.echo(
             "\n".join(ep_table(run, kind, fmt, columns=columns, strategies=recipes) for _, run in runs), nl=False
         )
         return
     if kind in LAYER_TABLE_KINDS:  # a layer run's tables: its recipes and stages as measured (or modelled)
-        from ..layer.tables import layer_table
+        from ..workloads.layer.tables import layer_table
 
         texts = [layer_table(run, fmt, kind=kind, columns=columns, denominator=_denominator(run, denominator))
                  + (layer_table(run, fmt, project=project, header=False, columns=columns) if project else "")
@@ -155,13 +155,13 @@ def _denominator(run, choice: str | None) -> str | None:
 def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: str | None) -> None:
     """Draw the figures of stored results (a peers run: the peers figure; an EP run: its figure; several EP runs of
     one layer at different EP degrees: the EP-degree scaling figure)."""
-    from ..outputs import check_figure_target
-    from ..plots import IMAGE_SUFFIXES, plot_all
-    from ..results import load_run
+    from ..storage.outputs import check_figure_target
+    from ..workloads.step.plots import IMAGE_SUFFIXES, plot_all
+    from ..storage.results import load_run
 
     check_figure_target(out, "--out", IMAGE_SUFFIXES)
     if len(results) > 1:
-        from ..ep.scaling import plot_scaling
+        from ..workloads.ep.scaling import plot_scaling
 
         if hardware or project:
             raise click.BadParameter("several runs draw the EP-degree figure, which takes no --hardware/--project")
@@ -187,9 +187,9 @@ def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: st
 @click.option("--allow-missing", is_flag=True, help="Compare what both runs hold when NEW lacks stages BASE has.")
 @threshold_options
 def compare(base: Path, new: Path, fmt: str, force: bool, allow_missing: bool, thresholds, floor_us) -> None:
-    from ..compare import Thresholds, compare_runs
-    from ..gate import check_usable
-    from ..results import load_run
+    from ..gate.compare import Thresholds, compare_runs
+    from ..gate.report import check_usable
+    from ..storage.results import load_run
 
     bands = Thresholds.parse(thresholds, floor_us)
     cmp = compare_runs(load_run(base), load_run(new), force=force, thresholds=bands)
