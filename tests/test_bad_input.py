@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner
 from helpers import FakeGPU
 
-from mxbench.cli import cli, run_commands
+from mxbench.cli import cli
+
+from mxbench.clikit import common
 from mxbench.instruments.kit import Instruments
 from mxbench.storage.results import load_run, save_run
 
@@ -40,9 +42,9 @@ def fake_gpu(monkeypatch, tmp_path):
     """roofline on a fake GPU: the real sweep (saving, Ctrl-C) over FakeGPU instruments; nothing may be built
     unless a test says so."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "Fake GPU")
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "card_name", lambda device=0: "Fake GPU")
 
     def untouched(n):
         raise AssertionError("a point was measured before the bad input was refused")
@@ -55,7 +57,7 @@ def fake_gpu(monkeypatch, tmp_path):
 @pytest.fixture
 def no_gpu(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
 
 
 # ----------------------------------------------------------------------------------------------- output paths
@@ -213,12 +215,13 @@ def test_ctrl_c_keeps_the_measured_points_marks_the_run_partial_and_exits_130(tm
         import os, signal, sys
         sys.path.insert(0, {str(TESTS)!r})
         from helpers import FakeGPU
-        from mxbench.cli import main, run_commands
+        from mxbench.cli import main
+        from mxbench.clikit import common
         from mxbench.instruments.kit import Instruments
 
-        run_commands._has_gpu = lambda: True
-        run_commands._detected_spec = lambda device=0: "h100-sxm"
-        run_commands._card_name = lambda device=0: "Fake GPU"
+        common.has_gpu = lambda: True
+        common.detected_spec = lambda device=0: "h100-sxm"
+        common.card_name = lambda device=0: "Fake GPU"
 
         def interrupt(n):
             if n == 2:

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mxbench.cli import cli, run_commands
+from mxbench.cli import cli
+
+from mxbench.clikit import common
 from mxbench.storage.results import Point, Record, Run, load_run, save_run
 
 CARD = "NVIDIA H100 80GB HBM3"
@@ -28,7 +30,7 @@ def invoke(*args: str):
 @pytest.fixture
 def no_gpu(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the model run is saved under results/ of the working folder
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
 
 
 def test_help_lists_every_command():
@@ -60,17 +62,16 @@ def test_the_command_line_loads_no_kernels_until_a_command_runs():
 
 
 def test_the_options_offer_what_the_harness_knows():
-    from mxbench.workloads import ep
-    from mxbench.workloads import layer
-    from mxbench.instruments import roofline
     from mxbench.cli import report_commands
     from mxbench.clikit import common
-    from mxbench.workloads.layer import command as layer_command
+    from mxbench.instruments import roofline
     from mxbench.views.render import FORMATS
-    from mxbench.workloads.step.tables import TABLES
+    from mxbench.workloads import ep, layer
+    from mxbench.workloads.layer import command as layer_command
+    from mxbench.workloads.step.tables import STEP_ROWS
 
     assert common.FORMATS == FORMATS
-    assert report_commands.TABLE_KINDS == (*TABLES, *ep.TABLE_KINDS, *layer.TABLE_KINDS)
+    assert report_commands.TABLE_KINDS == (*STEP_ROWS, "peers", *ep.TABLE_KINDS, *layer.TABLE_KINDS)
     assert layer_command.DENOMINATORS == roofline.DENOMINATORS  # written out there: the CLI imports no kernels
 
 
@@ -177,8 +178,8 @@ def test_power_limits_are_checked_before_anything_runs(monkeypatch, args, allowe
     import mxbench.instruments.power
     import mxbench.workloads.step.sweep
 
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
     monkeypatch.setattr(FakeController, "allowed", allowed)
     monkeypatch.setattr(mxbench.instruments.power, "PowerController", FakeController)
     monkeypatch.setattr(mxbench.workloads.step.sweep, "run_sweep", lambda *a, **k: pytest.fail("the sweep must not start"))
@@ -337,9 +338,9 @@ def fake_gpu(monkeypatch, tmp_path):
         return run
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: CARD)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "card_name", lambda device=0: CARD)
     monkeypatch.setattr(mxbench.instruments.power, "PowerController", FakeController)
     monkeypatch.setattr(mxbench.workloads.step.sweep, "run_sweep", fake_sweep)
     return calls

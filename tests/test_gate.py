@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from helpers import FakeGPU
 from test_cli import synthetic_run
 
-from mxbench.cli import cli, run_commands
+from mxbench.cli import cli
+
+from mxbench.clikit import common
 from mxbench.instruments.kit import Instruments
 from mxbench.storage.results import Point, Record, Run, load_run
 
@@ -124,7 +126,7 @@ def fake_baseline(us: float = 10.0) -> Run:
 def fake_card(monkeypatch, tmp_path):
     """regress on a fake GPU whose code version is set per test (``fake_card(us=..., drop=...)``)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
 
     def set_code(**kwargs):
         fake = FakeGPU(**kwargs)

@@ -82,7 +82,7 @@ def no_gpu_regress(monkeypatch):
 def test_regress_re_measures_the_implementation_its_baseline_recorded(monkeypatch, theirs, tmp_path):
     import mxbench.instruments.kit
     import mxbench.workloads.step.sweep
-    from mxbench.cli import run_commands
+    from mxbench.clikit import common
 
     seen = {}
 
@@ -92,7 +92,7 @@ def test_regress_re_measures_the_implementation_its_baseline_recorded(monkeypatc
         run.records[0] = dataclasses.replace(run.records[0], impl="theirs")
         return run
 
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
     monkeypatch.setattr(mxbench.instruments.kit.Instruments, "real", classmethod(lambda cls, *a, **k: None))
     monkeypatch.setattr(mxbench.workloads.step.sweep, "run_sweep", fake_sweep)
     result = invoke("regress", "--baseline", _baseline(tmp_path, "theirs"), "--rounds", 1)
@@ -102,7 +102,7 @@ def test_regress_re_measures_the_implementation_its_baseline_recorded(monkeypatc
 
 def test_peers_with_impl_times_ours_beside_the_named_implementation_only(monkeypatch, theirs, tmp_path):
     import mxbench.workloads.peers.measure
-    from mxbench.cli import run_commands
+    from mxbench.clikit import common
 
     seen = {}
 
@@ -111,9 +111,9 @@ def test_peers_with_impl_times_ours_beside_the_named_implementation_only(monkeyp
         raise KeyboardInterrupt  # stop before any table: the registry is what this test is about
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "card_name", lambda device=0: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(mxbench.workloads.peers.measure, "run_peers", fake_peers)
     invoke("peers", *SHAPE, "--impl", "theirs")
     names = {(i.stage, i.name) for i in seen["registry"] if i.stage == "quantize_a"}

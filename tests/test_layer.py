@@ -209,7 +209,7 @@ def test_regress_re_measures_a_layer_baseline_as_its_layer(tmp_path, monkeypatch
 
     import mxbench.instruments.kit
     import mxbench.workloads.layer.measure as layer_measure
-    from mxbench.cli import run_commands
+    from mxbench.clikit import common
     from mxbench.instruments.hardware import get_spec
     from mxbench.workloads.layer.measure import layer_points, model_layer_run
     from mxbench.storage.results import save_run
@@ -229,7 +229,7 @@ def test_regress_re_measures_a_layer_baseline_as_its_layer(tmp_path, monkeypatch
             u * (slow["factor"] if r.stage == "permute" else 1.0) for u in r.samples_us]) for r in base.records])
         return run
 
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
     monkeypatch.setattr(mxbench.instruments.kit.Instruments, "real", classmethod(lambda cls, *a, **k: None))
     monkeypatch.setattr(layer_measure, "run_layer", fake_run_layer)
     same = CliRunner().invoke(cli, ["regress", "--baseline", str(tmp_path / "base.json"), "--rounds", "1"])

@@ -19,7 +19,7 @@ from mxbench.workloads.peers.measure import BUILTIN_COLUMNS, run_peers
 from mxbench.implementations.default import builtin_registry
 from mxbench.implementations.registry import Implementation, Registry
 from mxbench.storage.results import Point, Record, Run, load_run
-from mxbench.workloads.step.tables import peer_rows
+from mxbench.workloads.peers.tables import peer_rows
 
 COST = Cost(300, 100)
 

@@ -17,7 +17,7 @@ from matplotlib.legend import Legend
 from test_report import synthetic_run
 
 import mxbench
-from mxbench.workloads.step import plots
+from mxbench import plots
 from mxbench.instruments.ceilings import Ceilings, measured_peaks
 from mxbench.views.panels import Context
 from mxbench.workloads.step.figures.step import draw_net_speedup

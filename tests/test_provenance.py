@@ -18,7 +18,8 @@ from helpers import FakeGPU
 import mxbench
 from mxbench.instruments import provenance
 from mxbench.implementations import default, registry
-from mxbench.cli import cli, run_commands
+from mxbench.cli import cli
+from mxbench.clikit import common
 from mxbench.gate.compare import compare_runs
 from mxbench.instruments.kit import Instruments
 from mxbench.measuring.stages import SweepOptions
@@ -145,9 +146,9 @@ def test_a_swept_run_names_each_records_implementation_once_in_its_metadata(outs
     _, head = outside_module
     fake = FakeGPU()
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "Fake GPU")
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "card_name", lambda device=0: "Fake GPU")
     monkeypatch.setattr(Instruments, "real", classmethod(lambda cls, *a, **k: fake.instruments()))
     out = tmp_path / "run.json"
     result = CliRunner().invoke(cli, ["roofline", "--K", "256", "--N", "128", "--G", "2", "--M", "512", "--out",

@@ -19,7 +19,9 @@ import yaml
 from click.testing import CliRunner
 from helpers import committed_results
 
-from mxbench.cli import cli, run_commands
+from mxbench.cli import cli
+
+from mxbench.clikit import common
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -118,7 +120,7 @@ def test_the_notebook_example_runs_as_written(tmp_path, monkeypatch):
                                      re.DOTALL).groups()  # fmt: skip
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results").symlink_to(REPO / "results")
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)  # the model run, as on a machine without a GPU
+    monkeypatch.setattr(common, "has_gpu", lambda: False)  # the model run, as on a machine without a GPU
     made = CliRunner().invoke(cli, shlex.split(bash)[1:])
     assert made.exit_code == 0, made.output
     printed = io.StringIO()

@@ -46,8 +46,7 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
         refuse_ignored(("checkout",), "--checkout is the git checkout of the implementation --by names; mxbench's "
                        "commits are read from this checkout")  # fmt: skip
     if plot_file is not None:  # checked before any work: a figure path that cannot be written is bad input
-        from ..storage.outputs import check_figure_target
-        from ..workloads.step.plots import IMAGE_SUFFIXES
+        from ..storage.outputs import IMAGE_SUFFIXES, check_figure_target
 
         check_figure_target(plot_file, "--plot", IMAGE_SUFFIXES)
     h = build(load_runs(results), by=by, card=card, checkout=checkout)

@@ -1,22 +1,32 @@
 """What the commands share: the group that turns bad input into exit code 2, option types and helpers, the
-command line as typed (for a run's metadata), and the echo of a comparison.
+command line as typed (for a run's metadata), the echo of a comparison, and what every command that measures asks
+first (is there a GPU, which card, where its run goes by default, may that run replace what is there).
 
-Nothing here imports torch or the kernels at import time: ``mxbench --help`` must stay fast.
+Nothing here imports torch or the kernels at import time (the imports inside the functions are there for that):
+``mxbench --help`` must stay fast. The commands call the run helpers through this module (``common.has_gpu()``),
+so a test that stands in for a GPU replaces them in one place.
 """
 
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
+from ..instruments.cards import DEFAULT_CARD
+
 FORMATS = ("markdown", "github", "csv", "plain")
 """``render.FORMATS``, stated here so that building the options imports no table code."""
 COMPARE_FORMATS = (*FORMATS, "json")
 """A comparison also prints as JSON (for machines); its markdown is a CI step summary."""
+RESULTS_DIR = Path("results")
+"""Where runs and ceilings go unless an option says otherwise (relative to the working folder)."""
 
 
 class BadInput(click.ClickException):
@@ -139,7 +149,7 @@ def project_option(command: Callable) -> Callable:
         "--project",
         metavar="SPEC",
         callback=lambda ctx, param, value: value if value is None else hardware_spec(value, "--project").key,
-        help="Also show the run projected onto this card (e.g. b200): each kernel at the efficiency it reached "
+        help=f"Also show the run projected onto this card (e.g. {DEFAULT_CARD}): each kernel at the efficiency it reached "
         "here, against that card's datasheet roofs, beside its peak model.",
     )(command)
 
@@ -268,8 +278,89 @@ REGRESS_EXIT_CODES_HELP = (
 )
 
 
-def peer_table(run, fmt: str, M: list[int] | None = None, columns: list[str] | None = None) -> str:
-    """The peers table of ``run`` under its header block (a peers run has no denominators)."""
-    from ..workloads.step.tables import table
+# ---------------------------------------------------------------------------------- what a measuring command asks
 
-    return table(run, "peers", fmt, columns=columns, M=M)
+
+def has_gpu() -> bool:
+    """Whether this process has a CUDA GPU. Under torchrun (a sharded run) that is its own, ``cuda:LOCAL_RANK``,
+    made the current device here, before anything else touches a GPU (``shard.local_device``)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    from ..measuring.shard import local_device
+
+    local_device()
+    return True
+
+
+def require_gpu(what: str) -> None:
+    if not has_gpu():
+        raise BadInput(f"no CUDA GPU found: {what}")
+
+
+def torch_device():
+    """This process's current CUDA device, else the CPU (where ``check`` runs the kernels in Triton's interpreter)."""
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def card_dir(device: int = 0) -> str:
+    """``results/<card>/``: the running card's name made path-safe, the folder its ceilings are stored in."""
+    from ..instruments.hardware import card_slug
+
+    return card_slug(card_name(device))
+
+
+def detected_spec(device: int = 0) -> str | None:
+    """Key of the running card's hardware spec, None for a card without one."""
+    from ..instruments.hardware import detect
+
+    spec = detect(device)
+    return None if spec is None else spec.key
+
+
+def card_name(device: int = 0) -> str:
+    from ..instruments.hardware import device_properties
+
+    return str(device_properties(device).get("name", "unknown"))
+
+
+def spec_key(hardware: str | None, gpu: bool) -> str | None:
+    """The spec a run is priced against: --hardware, else the detected card's, else (without a GPU) the default
+    card the model prices."""
+    return hardware or (detected_spec() if gpu else DEFAULT_CARD)
+
+
+def stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def exit_if_partial(run) -> None:
+    """Exit 130 after Ctrl-C, 1 when a rank of a sharded run failed: the partial results were saved."""
+    if run.meta.get("interrupted"):
+        click.echo("interrupted: the partial results above were saved", err=True)
+        sys.exit(130)
+    if run.meta.get("partial"):
+        click.echo(f"partial results saved: {run.meta['partial']}", err=True)
+        sys.exit(1)
+
+
+def check_replace(out: Path, measured: bool, card: str, points, force: bool | None, option: str = "--out") -> None:
+    """Before any work: may this run (measured or the model, on ``card``, of ``points``' shapes; ``points`` None:
+    not known yet) replace what ``out`` holds? (``replacing.check_replace``)"""
+    from ..storage.replacing import RunIdentity
+    from ..storage.replacing import check_replace as check
+
+    shapes = None if points is None else frozenset((p.N, p.K, p.G) for p in points)
+    check(out, option, RunIdentity(measured, card, shapes), force)
+
+
+def check_outputs(out: Path, plot_file: Path | None) -> None:
+    """Where results and figures go, checked before anything is measured (bad input, exit 2)."""
+    from ..storage.outputs import IMAGE_SUFFIXES, check_figure_target, check_results_file
+
+    check_results_file(out, "--out")
+    if plot_file is not None:
+        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)

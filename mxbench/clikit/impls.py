@@ -63,6 +63,13 @@ def resolve(texts: Iterable[str], recipes: Sequence[str]) -> list:
     return list(dict.fromkeys(impls))
 
 
+def run_impls(texts: Sequence[str], recipes: Sequence[str], points) -> list:
+    """The ``--impl`` implementations of a run of ``points``, each for a stage the run has."""
+    impls = resolve(texts, recipes)
+    refuse_absent(impls, points)
+    return impls
+
+
 def refuse_absent(impls: Sequence, points: Sequence) -> None:
     """Each implementation's (recipe, stage) must run at some point of the run (``pad_a`` does not when every
     group is aligned, say): otherwise it would be accepted and never run."""
@@ -133,3 +140,28 @@ def recorded_impls(baseline, overrides: Sequence = ()) -> list:
         raise BadInput(f"the baseline ran {', '.join(missing)}, which is not registered here: install it (its "
                        f"entry point) or pass --impl STAGE=module:function")  # fmt: skip
     return impls
+
+
+def report_check(results, load_errors, fmt: str, verbose: bool) -> int:
+    """The table of ``results`` (one row per implementation, its worst verdict), each finding below it; the exit
+    code."""
+    from ..implementations.check import exit_code, merged
+    from ..views.render import render
+
+    rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": _first_line(r.detail)}
+            for r in merged(results)]  # fmt: skip
+    click.echo(render(rows, fmt), nl=False)
+    for origin, message in load_errors:
+        click.echo(f"ERROR plugin {origin} did not load: {message}")
+    for r in merged(results):
+        if r.verdict in ("FAIL", "ERROR", "DEVIATES"):
+            for line in r.findings():
+                click.echo(f"{r.verdict} {r.stage} / {r.impl}: {line}")
+            if verbose and r.trace:
+                click.echo(r.trace.rstrip())
+    return exit_code(results, load_errors)
+
+
+def _first_line(detail: str, width: int = 160) -> str:
+    """A table cell: the detail cut to ``width`` characters (the findings below the table have it all)."""
+    return detail if len(detail) <= width else detail[: width - 3] + "..."

@@ -15,7 +15,7 @@ from .rules import CLOCK_RULE_CATEGORIES, DEFAULT_DELTAS, DEFAULT_FLOOR_US, MIN_
 from ..instruments.provenance import CodeChange, code_changes
 from ..views.render import Row, card_label
 from ..storage.results import Point, Record, Run
-from ..workloads.step.tables import PASS_TITLES, SM_CLOCK_KEY
+from ..views.frame import PASS_TITLES, SM_CLOCK_KEY
 
 
 class CompareError(InputError):

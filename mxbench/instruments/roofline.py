@@ -1,6 +1,6 @@
 """Efficiency math and the analytic roofline model.
 
-Efficiency is achieved throughput over a *named* peak (``mxbench.hardware.Peak``): data-movement kernels
+Efficiency is achieved throughput over a *named* peak (``hardware.Peak``): data-movement kernels
 (quantize, rearrange, pad) against a bandwidth peak, GEMMs against the compute peak of their precision. The
 numerator always comes from the cost the stage declared (``Record.bytes_read`` / ``bytes_written`` / ``flops``);
 nothing here recomputes a cost.
@@ -86,6 +86,16 @@ def efficiency(record: Record, peaks: dict[str, Peak]) -> tuple[float, Peak] | N
     else:
         return None
     return (100.0 * achieved / peak.value, peak) if peak is not None else None
+
+
+def run_denominator(run: Run, choice: str | None) -> str | None:
+    """The denominator a table of ``run`` shows efficiencies against: ``choice`` ("datasheet", "measured"; "none":
+    no efficiency values) where given, else the run's own (datasheet when it names a spec, else none)."""
+    if choice == "none":
+        return None
+    if choice is not None:
+        return choice
+    return run.meta.get("denominator", "datasheet") if run.meta.get("hardware") else None
 
 
 def peaks_for_run(run: Run, denominator: str = "datasheet") -> dict[str, Peak]:
@@ -182,7 +192,7 @@ def model_time_us(cost: Cost, spec: HardwareSpec) -> float:
 
 def cost_of(item: Any) -> Cost:
     """The declared cost of a pipeline ``Stage`` (``.cost``), of a stored ``Record`` (its cost fields) or of a row
-    of a runs frame (``mxbench.frame``, from ``DataFrame.itertuples()``: the same fields)."""
+    of a runs frame (``views.frame``, from ``DataFrame.itertuples()``: the same fields)."""
     if hasattr(item, "cost"):
         return item.cost
     precision = item.precision if isinstance(item.precision, str) else None  # a frame's missing value is NaN

@@ -25,6 +25,8 @@ import torch.distributed as dist
 from mxkernels.core.errors import InputError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+"""NVLink multicast off in every process that may open NCCL (issue 12): honoured where given, never overridden."""
 
 
 @dataclass

@@ -1,4 +1,6 @@
 """Sharded sweeps: ``roofline``, ``peers`` and ``regress`` on every GPU of a host, one process per GPU, one Run.
+What every sharded run shares is here (joining, exchanging, the deterministic split, the gathered metadata); the
+runs themselves are their workloads' (``workloads/step/sharded.py``, ``workloads/peers/sharded.py``).
 
 Launched the standard way, ``torchrun --nproc-per-node N -m mxbench roofline ...`` (or ``python -m
 torch.distributed.run``), every process runs the same command on its own GPU, ``cuda:LOCAL_RANK`` (the
@@ -17,7 +19,7 @@ The split is deterministic:
 * ``peers``: the (stage, implementation) pairs, dealt round robin in the order they are timed.
 
 torch.distributed is the engine: a gloo group (a sweep has no GPU collective; NCCL would only take GPU memory and
-stream work), ``all_gather_object`` to exchange records, ``ep.dist``'s bounded teardown to leave.
+stream work), ``all_gather_object`` to exchange records, ``dist``'s bounded teardown to leave.
 
 Refused before any point is measured (``InputError``, exit 2): ranks with different card models, ranks that
 planned different work, more processes on a host than it has GPUs.
@@ -52,10 +54,9 @@ from mxkernels.core.errors import InputError
 from mxkernels.core.names import BASELINE
 
 from ..instruments.kit import Instruments
-from .stages import SweepOptions, error_message
-from .metadata import now, points_metadata
-from ..plan.points import with_baselines
-from ..storage.results import Point, Record, Run, save_run
+from .stages import error_message
+from .metadata import now
+from ..storage.results import Point, Record, Run
 
 GROUP_TIMEOUT = timedelta(hours=24)
 """How long a collective may wait: a rank that finished its share waits in the exchange for the slowest rank, which
@@ -175,8 +176,7 @@ def _join():
     import torch
     import torch.distributed as dist
 
-    from .dist import Context
-    from ..workloads.ep.launch import MULTICAST_OFF
+    from .dist import MULTICAST_OFF, Context
 
     for name, value in MULTICAST_OFF.items():  # nothing here opens NCCL; whatever does later keeps NVLS off
         os.environ.setdefault(name, value)  # (issue 12: honoured where given, never overridden)
@@ -218,7 +218,7 @@ def session(instruments: Instruments, plan: Sequence = ()) -> Iterator[Shard]:
             props = dict(instruments.device_properties())
             mine = {"rank": s.rank, "host": platform.node(), "index": s.ctx.local_rank, "uuid": props.get("uuid"),
                     "card": props.get("name"), "plan": zlib.crc32(repr(list(plan)).encode())}  # fmt: skip
-            s.ranks = _exchange(s, mine)
+            s.ranks = exchange(s, mine)
             if s.stopped:
                 raise KeyboardInterrupt
             if s.broken or any(r is None for r in s.ranks):
@@ -238,7 +238,7 @@ def session(instruments: Instruments, plan: Sequence = ()) -> Iterator[Shard]:
         leave(s.ctx, code, barrier_s=STOPPED_BARRIER_S if s.stopped else BARRIER_TIMEOUT_S)
 
 
-def _exchange(s: Shard, payload: Any) -> list[Any]:
+def exchange(s: Shard, payload: Any) -> list[Any]:
     """Every rank's ``payload`` in rank order (None for a rank that did not answer), on every rank.
 
     The collective runs in a thread, so this (main) thread still takes Ctrl-C and SIGTERM while a rank that finished
@@ -275,7 +275,7 @@ def _exchange(s: Shard, payload: Any) -> list[Any]:
 # ------------------------------------------------------------------------------------------ measuring a share
 
 
-def _measure_share(s: Shard, measure: Callable[[], Run]) -> tuple[Run, dict[str, Any]]:
+def measure_share(s: Shard, measure: Callable[[], Run]) -> tuple[Run, dict[str, Any]]:
     """This rank's Run of its share and what it hands in: its records, metadata, and whether it stopped or failed.
     A failure is this rank's alone: it hands in its error, and the other ranks' records are still written."""
     try:
@@ -289,7 +289,7 @@ def _measure_share(s: Shard, measure: Callable[[], Run]) -> tuple[Run, dict[str,
     return run, {"rank": s.rank, "records": run.records, "meta": meta, "stopped": stopped, "error": error}
 
 
-def _tagged(s: Shard, parts: list[dict | None]) -> list[list[Record]]:
+def tagged(s: Shard, parts: list[dict | None]) -> list[list[Record]]:
     """Each rank's records (none for a rank that did not answer), each naming the device it was measured on."""
     lists = []
     for rank, part in enumerate(parts):
@@ -300,7 +300,7 @@ def _tagged(s: Shard, parts: list[dict | None]) -> list[list[Record]]:
     return lists
 
 
-def _gathered_meta(s: Shard, meta: dict[str, Any], parts: list[dict | None], missing: int) -> dict[str, Any]:
+def gathered_meta(s: Shard, meta: dict[str, Any], parts: list[dict | None], missing: int) -> dict[str, Any]:
     """Rank 0's metadata with every rank's device and snapshots; ``partial`` says what is missing (``missing``
     points not measured), ``interrupted`` whether any rank was stopped."""
     meta = {k: v for k, v in meta.items() if k != "partial"}
@@ -325,90 +325,3 @@ def _gathered_meta(s: Shard, meta: dict[str, Any], parts: list[dict | None], mis
     if s.stopped or any(r["stopped"] for r in ranks):
         meta["interrupted"] = True
     return meta
-
-
-def _sweep_share(s: Shard, work: list[Point], options: SweepOptions, ins: Instruments, progress: bool) -> Run:
-    """Measure this rank's share of ``work`` (with baselines) and return the gathered Run, on every rank."""
-    from ..workloads.step import sweep
-
-    owner = assign(work, s.world)
-    mine = [p for p in work if owner[p] == s.rank]
-    note = {"partial": f"rank 0's share of a sharded sweep over {s.world} GPUs ({len(mine)} of {len(work)} "
-                       "points) until every rank's records are gathered"}  # fmt: skip
-    local = replace(options, out=options.out if s.root else None)
-    run, payload = _measure_share(s, lambda: sweep.run_sweep(mine, options=local, progress=progress and s.root,
-                                                             instruments=ins, meta=note))  # fmt: skip
-    parts = _exchange(s, payload)
-    by_point: dict[Point, list[Record]] = {}
-    for records in _tagged(s, parts):
-        for r in records:
-            by_point.setdefault(r.point, []).append(r)
-    missing = sum(1 for p in work if p not in by_point)
-    meta = {**_gathered_meta(s, run.meta, parts, missing), **points_metadata(work)}
-    return Run(meta, [r for p in work for r in by_point.get(p, [])])
-
-
-# ---------------------------------------------------------------------------------------------- the commands
-
-
-def sharded_sweep(points: Sequence[Point], *, options: SweepOptions, instruments: Instruments | None = None,
-                  progress: bool = True) -> Run | None:  # fmt: skip
-    """``sweep.run_sweep`` over every rank's GPU (module doc): the gathered Run on rank 0 (saved to
-    ``options.out``), None on the other ranks."""
-    ins = instruments or Instruments.real(options.device, options.results_dir)
-    work = with_baselines(points)
-    with session(ins, plan=work) as s:
-        run = _sweep_share(s, work, options, ins, progress)
-        if s.root and options.out is not None:
-            save_run(run, options.out)
-    return run if s.root else None
-
-
-def sharded_peers(M: int, N: int, K: int, G: int, *, options: SweepOptions, instruments: Instruments | None = None,
-                  registry=None, progress: bool = True, **kwargs) -> Run | None:  # fmt: skip
-    """``peers.run_peers`` over every rank's GPU, the (stage, implementation) pairs dealt round robin: the gathered
-    Run on rank 0 (saved to ``options.out``), None on the other ranks. ``kwargs`` go to ``run_peers``."""
-    from ..workloads.peers.measure import run_peers
-    from ..implementations.default import default_registry
-
-    ins = instruments or Instruments.real(options.device, options.results_dir)
-    registry = registry or default_registry()
-    plan = [(M, N, K, G, [kwargs.get(k) for k in ("mode", "groups", "seed")], registry.names())]
-    with session(ins, plan=plan) as s:
-        note = {"partial": f"rank 0's share of a sharded peers run over {s.world} GPUs until every rank's records "
-                           "are gathered"}  # fmt: skip
-        local = replace(options, out=options.out if s.root else None)
-        run, payload = _measure_share(s, lambda: run_peers(M, N, K, G, options=local, instruments=ins,
-                                                           registry=registry, progress=progress and s.root,
-                                                           share=(s.rank, s.world), meta=note, **kwargs))  # fmt: skip
-        parts = _exchange(s, payload)
-        lists = _tagged(s, parts)
-        # pair i went to rank i % world as its (i // world)-th: deal them back in that order
-        records = [lists[r][j] for j in range(max(map(len, lists))) for r in range(s.world) if j < len(lists[r])]
-        gathered = Run(_gathered_meta(s, run.meta, parts, 0), records)
-        if s.root and options.out is not None:
-            save_run(gathered, options.out)
-    return gathered if s.root else None
-
-
-def sharded_regress(baseline: Run, *, options: SweepOptions, instruments: Instruments | None = None,
-                    **kwargs):  # fmt: skip
-    """``regress.regress`` with every round's points split over the ranks (module doc): the ``RegressResult`` on
-    rank 0, None on the other ranks. Every rank gets every round's records and so decides the same suspects to
-    confirm. A rank that fails or is stopped ends it on every rank (``ShardFailed``, ``KeyboardInterrupt``)."""
-    from ..gate.regress import regress
-
-    ins = instruments or Instruments.real(options.device, options.results_dir)
-    local = replace(options, out=None)
-    with session(ins, plan=list(dict.fromkeys(r.point for r in baseline.records))) as s:
-
-        def measure(points: list[Point]) -> Run:
-            run = _sweep_share(s, with_baselines(points), local, ins, progress=False)
-            if run.meta.get("interrupted"):
-                raise KeyboardInterrupt(run.meta.get("partial", "stopped"))
-            if run.meta.get("partial"):
-                raise ShardFailed(run.meta["partial"])
-            return run
-
-        result = regress(baseline, measure, **kwargs)
-    return result if s.root else None

@@ -16,6 +16,7 @@ from typing import Any
 from mxkernels.core.cost import Cost
 from mxkernels.core.names import END_TO_END_STAGE, Category, Pass, end_to_end_kernel, end_to_end_purpose
 
+from ..instruments.cards import DEFAULT_CARD
 from ..instruments.kit import Instruments
 from ..plan.points import BASELINE, point_group_sizes
 from ..storage.results import OURS, Point, Record
@@ -37,7 +38,7 @@ class SweepOptions:
     backend: str | None = None
     out: Path | None = None
     results_dir: Path = Path("results")
-    hardware: str | None = "b200"
+    hardware: str | None = DEFAULT_CARD
     denominator: str = "datasheet"
     command: str = ""
     impls: tuple = ()

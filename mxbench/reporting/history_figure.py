@@ -1,5 +1,5 @@
 """The history figure: each stage's median over commits with its IQR band, a panel per category, a marker where
-the stage changed since its previous commit (``mxbench.history``)."""
+the stage changed since its previous commit (``reporting.history``)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ from pathlib import Path
 
 from mxkernels.core.errors import InputError
 
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+"""What a figure path may end in (matplotlib writes each); any other path is a folder of figures."""
+
 RESULTS_SUFFIX = ".json"
 
 

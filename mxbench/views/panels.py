@@ -1,5 +1,5 @@
 """What every figure reads: the frame of one run, the condition its panels show, the card, the spec and the
-denominators; and the axis helpers the panels share.
+denominators; the axis helpers the panels share; and a figure of panels, and its file.
 
 Panels are drawn on one Axes by ``draw_*`` functions that take a ``Context`` and return whether they drew
 anything, so the same panel goes to its own PNG or into a combined sheet. Titles name the card (or the modelled
@@ -8,11 +8,13 @@ spec), the shape, the recipe (its scale mode only where it has one: mxfp8) and t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 from mxkernels.core.errors import InputError
 
@@ -151,3 +153,21 @@ def plain_log_ticks(axis, subs: tuple[float, ...] = (1.0, 2.0, 5.0)) -> None:
     axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda v, _: _compact(v)))
     axis.set_minor_formatter(NullFormatter())
+
+
+def panel_figure(panels: Sequence[Callable[[Axes, Context], bool]], ctx: Context, what: str,
+                 size: tuple[float, float] = PANEL_SIZE) -> Figure:  # fmt: skip
+    """A figure of ``panels`` side by side; bad input when one has nothing to draw."""
+    fig = Figure(figsize=(size[0] * len(panels), size[1]) if len(panels) > 1 else size, layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False).ravel()
+    drew = [panel(ax, ctx) for panel, ax in zip(panels, axes, strict=True)]  # every panel draws, then judge
+    if not all(drew):
+        raise InputError(f"run of {ctx.card} holds nothing to draw for the {what} figure")
+    return fig
+
+
+def save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import click
 
-from ...clikit.common import CommaList, Seed, command_words, force_option, refuse_ignored
-from ..step.command import RESULTS_DIR, _card_name, check_replace
+from ...clikit import common
+from ...clikit.common import RESULTS_DIR, CommaList, Seed, command_words, force_option, refuse_ignored
 
 DEFAULT_STRATEGIES = "bf16,mxfp8,mxfp8_a2a"
 
@@ -87,13 +87,12 @@ def _check_bounds(K: int, N: int, experts: int, tokens: int, top_k: int, world: 
 
 def _check_outputs(out: Path | None, plot_file: Path | None, results_dir: Path, force: bool, has_gpu: bool) -> None:
     """Where a measured run goes, checked before any worker starts (``outputs``, ``replacing``)."""
-    from ...storage.outputs import check_figure_target, check_folder, check_results_file
-    from ..step.plots import IMAGE_SUFFIXES
+    from ...storage.outputs import IMAGE_SUFFIXES, check_figure_target, check_folder, check_results_file
 
     check_folder(results_dir, "--results-dir")
     if out is not None:
         check_results_file(out, "--out")
-        check_replace(out, True, _card_name() if has_gpu else "unknown", None, force)
+        common.check_replace(out, True, common.card_name() if has_gpu else "unknown", None, force)
     if plot_file is not None:
         check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)
 

@@ -27,7 +27,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+from ...measuring.dist import MULTICAST_OFF
+
 # torchrun options that place and connect the workers (the rendezvous); everything else belongs to mxbench
 LAUNCHER_OPTIONS = ("--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--rdzv_backend",
                     "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf", "--master-addr", "--master-port", "--master_addr",
@@ -55,13 +56,13 @@ def worker_env(environ: Mapping[str, str], has_gpu: bool) -> dict[str, str]:
 def launcher_command(nproc: int, launcher_args: Sequence[str], worker_args: Sequence[str]) -> list[str]:
     """``python -m torch.distributed.run --nproc-per-node N <rendezvous> -m mxbench <worker args>``."""
     rendezvous = list(launcher_args) or ["--standalone"]
-    return [sys.executable, "-m", "mxbench.ep.torchrun", f"--nproc-per-node={nproc}", *rendezvous,
+    return [sys.executable, "-m", "mxbench.workloads.ep.torchrun", f"--nproc-per-node={nproc}", *rendezvous,
             "-m", "mxbench", *worker_args]  # fmt: skip
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Have the kernel send ``sig`` to this process when its parent dies (Linux; elsewhere nothing). A parent that
-    died before the call (this process's parent is no longer the one that started it: mxbench.ep.torchrun names
+    died before the call (this process's parent is no longer the one that started it: mxbench.workloads.ep.torchrun names
     itself) leaves this process orphaned: it exits at once."""
     from .torchrun import PARENT_ENV
 

@@ -17,7 +17,7 @@ import torch
 
 from ...instruments.hardware import detect, device_properties
 from ...measuring.dist import Context
-from .launch import MULTICAST_OFF
+from ...measuring.dist import MULTICAST_OFF
 
 TOPOLOGY_TIMEOUT_S = 20
 

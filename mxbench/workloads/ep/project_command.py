@@ -1,5 +1,5 @@
-"""``mxbench ep-project``: a measured EP run projected to other EP degrees per strategy, or validated against a run
-measured at another degree (``--validate``). The model and its assumptions: ``mxbench.ep.project``.
+"""``workloads.ep.project``: a measured EP run projected to other EP degrees per strategy, or validated against a run
+measured at another degree (``--validate``). The model and its assumptions: ``workloads.ep.project``.
 
 Exit codes: 0 written, 2 bad input (an option out of range, an EP degree the model cannot place, a file that is
 not a measured EP run, runs that do not time the same layer), before any projection.
@@ -81,8 +81,7 @@ def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run,
     RDMA 43-58 GB/s at EP 16-64). The assumptions are printed under the table and stored in the JSON."""
     from mxkernels.core.errors import InputError
 
-    from ...storage.outputs import check_figure_target, check_output_file
-    from ..step.plots import IMAGE_SUFFIXES
+    from ...storage.outputs import IMAGE_SUFFIXES, check_figure_target, check_output_file
     from .project import check_degree, predict, with_top_k
     from .project_output import assumptions, json_output, plot_projection, projection_rows, text_output, validation_rows
 

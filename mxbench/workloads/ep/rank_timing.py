@@ -1,6 +1,6 @@
 """Timing on every rank at once: a call that may hold collectives, timed in step, summarised per rank.
 
-Every rank times the same call with ``mxbench.timing.time_fn`` (CUDA-graph replays, cold L2, flush subtracted),
+Every rank times the same call with ``instruments.timing.time_fn`` (CUDA-graph replays, cold L2, flush subtracted),
 and the ranks agree on the calls per replay (the largest eager estimate wins), so each captures and replays the
 same number of collective calls in the same order. A collective can be captured only with host split sizes fixed
 at capture time (NCCL); before timing one in a graph, a throw-away capture of a single call is tried on every

@@ -99,3 +99,26 @@ def _layer_spec(recipe: str, stage: str):
 
         known = ", ".join(sorted({f"{r}/{n}" for r, n in layer_specs()}))
         raise InputError(f"the layer has no stage {recipe}/{stage}; its own stages: {known}") from None
+
+
+def check_command(impl_texts, stages, recipe, K, N, G, M, modes, seed, timeout_s, fmt, verbose) -> int:
+    """``mxbench check --layer``: the layer's own stages (mxkernels' and any --impl's), padded; the exit code."""
+    import click
+
+    from ...clikit.common import torch_device
+    from ...clikit.impls import report_check
+    from ...implementations.check import exit_code, json_report
+
+    added = [parse_layer_impl(text) for text in impl_texts]
+    chosen = layer_impls(added or layer_registry(), recipe)
+    if stages:
+        chosen = {key: found for key, found in chosen.items() if key[1] in set(stages)}
+        missing = set(stages) - {key[1] for key in chosen}
+        if missing:
+            raise click.BadParameter(f"no layer stage {', '.join(sorted(missing))} for {recipe}", param_hint="--stage")
+    results = check_layer(recipe, K, N, G, max(1, M // 8), chosen, modes=modes, device=torch_device(), seed=seed,
+                          timeout_s=timeout_s)  # fmt: skip
+    if fmt == "json":
+        click.echo(json_report(results), nl=False)
+        return exit_code(results)
+    return report_check(results, [], fmt, verbose)

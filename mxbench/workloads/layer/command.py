@@ -12,18 +12,17 @@ from pathlib import Path
 
 import click
 
-from ...clikit.common import CommaList, check_recipes_on, command_line, force_option, hardware_spec, refuse_ignored
-from ..step.command import (
+from ...clikit import common
+from ...clikit.common import (
     RESULTS_DIR,
-    _card_dir,
-    _card_name,
-    _check_outputs,
-    _detected_spec,
-    _exit_if_partial,
-    _has_gpu,
-    _stamp,
-    check_replace,
+    CommaList,
+    check_recipes_on,
+    command_line,
+    force_option,
+    hardware_spec,
+    refuse_ignored,
 )
+from ...instruments.cards import DEFAULT_CARD
 
 DENOMINATORS = ("datasheet", "measured")
 """``roofline.DENOMINATORS``, written out: importing roofline here would import mxkernels with the CLI, before
@@ -88,12 +87,12 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
 @click.option("--backend", help="MXFP8 GEMM backend. [default: the device's best]")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Inputs and routing.")
 @click.option("--samples", type=click.IntRange(min=1), default=25, show_default=True, help="Samples per stage.")
-@click.option("--hardware", help="Spec of the analytic model without a GPU. [default: b200]")
+@click.option("--hardware", help=f"Spec of the analytic model without a GPU. [default: {DEFAULT_CARD}]")
 @click.option("--denominator", type=click.Choice(DENOMINATORS), default="datasheet", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Results JSON. [default: results/<card>/layer-<shape>-<date>.json]")
 @click.option("--plot-file", type=click.Path(path_type=Path), help="Also draw the figure (.png).")
-@click.option("--project", type=click.Choice(["b200"]), help="Also print the B200 projection of the measured run.")
+@click.option("--project", type=click.Choice([DEFAULT_CARD]), help=f"Also print the {DEFAULT_CARD.upper()} projection of the measured run.")
 @click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function",
               help="Time another implementation of a layer stage (`mxbench check --layer` passes it first).")
 @force_option
@@ -118,23 +117,23 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
     if fuse and separate:
         raise click.BadParameter("the fused SwiGLU stages write the fused gate/up layout: drop --separate-gate-up",
                                  param_hint="--fuse")  # fmt: skip
-    gpu = _has_gpu()
+    gpu = common.has_gpu()
     if project is not None and not gpu:
         raise click.BadParameter("a projection carries measured efficiencies over; without a GPU the model over "
                                  "--hardware prices that card directly", param_hint="--project")  # fmt: skip
     if not gpu and denominator == "measured":
         raise click.BadParameter("measured ceilings need a GPU; use datasheet", param_hint="--denominator")
-    hardware = hardware or (_detected_spec() if gpu else "b200")
+    hardware = common.spec_key(hardware, gpu)
     spec = hardware_spec(hardware) if hardware else None
     check_recipes_on(spec, recipes)
     if not gpu:
         refuse_ignored(("samples", "backend"), "without a GPU the analytic model is shown, which is not timed")
-    out = out or RESULTS_DIR / (_card_dir() if gpu else f"model-{spec.key}") / f"layer-{label}-{_stamp()}.json"
-    _check_outputs(out, plot_file)
+    out = out or RESULTS_DIR / (common.card_dir() if gpu else f"model-{spec.key}") / f"layer-{label}-{common.stamp()}.json"
+    common.check_outputs(out, plot_file)
     from .measure import layer_points
 
     points = layer_points(shape, recipes, mode=mode, seed=seed, fuse=fuse)
-    check_replace(out, gpu, _card_name() if gpu else spec.name, points, force)
+    common.check_replace(out, gpu, common.card_name() if gpu else spec.name, points, force)
     impls = _checked_impls(impl_texts, recipes, shape)
     for p in points:  # every point planned before any work: a shape a recipe cannot run is bad input (exit 2)
         layer_stages(p.recipe, shape, mode=p.mode, fuse=p.fuse_scales, backend=None if p.recipe == "bf16" else "native")
@@ -160,11 +159,11 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
         click.echo(layer_table(run, "plain", project=project, header=False))
     click.echo(f"results: {out}" + ("" if gpu else " (model, not measured)"))
     if plot_file is not None:
-        from ..step.plots import plot_all
+        from .figure import plot_layer
 
-        for path in plot_all(run, plot_file if plot_file.suffix else plot_file / f"layer-{label}.png"):
+        for path in plot_layer(run, plot_file if plot_file.suffix else plot_file / f"layer-{label}.png"):
             click.echo(f"figure: {path}")
-    _exit_if_partial(run)
+    common.exit_if_partial(run)
 
 
 def _checked_impls(texts, recipes, shape) -> tuple:
@@ -173,13 +172,12 @@ def _checked_impls(texts, recipes, shape) -> tuple:
     if not texts:
         return ()
     from ...implementations.check import Verdict, merged
-    from ...cli.registry_commands import _device
     from .check import check_layer, layer_impls, parse_layer_impl
 
     impls = tuple(parse_layer_impl(text) for text in texts)
     for recipe in recipes:
         results = check_layer(recipe, shape.K, min(shape.N, 256), min(shape.E, 8), 32, layer_impls(impls, recipe),
-                              device=_device())  # fmt: skip
+                              device=common.torch_device())  # fmt: skip
         for r in merged(results):
             if r.verdict not in (Verdict.PASS, Verdict.SKIP):
                 click.echo(f"--impl {r.stage}={r.impl}: {r.verdict} against the oracle: {r.finding()}", err=True)

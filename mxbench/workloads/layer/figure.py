@@ -4,15 +4,20 @@ with the one-graph forward + backward marked beside each bar."""
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from mxkernels.core.errors import InputError
 from mxkernels.core.names import END_TO_END_STAGE
 
-from ...views.render import card_label
+from ...instruments.cards import DEFAULT_CARD
+from ...storage.outputs import IMAGE_SUFFIXES
 from ...storage.results import Run
+from ...views.panels import save
+from ...views.render import card_label
 
 GROUPS = {"routing": "routing", "permute": "permute/pad", "pad": "permute/pad", "quantize": "quantize",
           "rearrange": "quantize", "gemm": "GEMM", "activation": "activation", "combine": "combine"}  # fmt: skip
@@ -48,3 +53,12 @@ def layer_figure(run: Run):
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
+
+
+def plot_layer(run: Run, out: str | Path, project: str | None = None) -> list[Path]:
+    """The layer's figure: ``out`` itself where it names an image, else ``out/layer.png``."""
+    out = Path(out)
+    if project is not None:
+        raise InputError("a layer run's projection is a table: "
+                         f"`mxbench table RUN --kind layer --project {DEFAULT_CARD}`")
+    return [save(layer_figure(run), out if out.suffix.lower() in IMAGE_SUFFIXES else out / "layer.png")]

@@ -19,7 +19,7 @@ from mxkernels.stages.pipeline import run_stages
 from ...measuring.stages import EndToEnd, StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
 from ...measuring.metadata import common_metadata, run_metadata
 from ...storage.results import Point, Record, Run
-from ..step.sweep import measure_points
+from ...measuring.loop import measure_points
 
 
 class LayerStep(EndToEnd):
@@ -130,12 +130,26 @@ class LayerTimer(StageTimer):
 
 def run_layer(shape: LayerShape, points: Sequence[Point], options: SweepOptions, ins, *, label: str = "",
               progress=True) -> Run:
-    """Measure every point (``sweep.measure_points``: saved after each to ``options.out``; Ctrl-C keeps what was
+    """Measure every point (``loop.measure_points``: saved after each to ``options.out``; Ctrl-C keeps what was
     measured)."""
     meta_points = [replace(p, groups="balanced") for p in points]  # the layer's groups come from its router
     run = Run(meta={**run_metadata(meta_points, options, ins), **layer_meta(shape, label)})
     _drop_group_sizes(run.meta)
     return measure_points(run, points, LayerTimer(options, ins, shape), ins, options.out, progress)
+
+
+def remeasure(baseline: Run, options: SweepOptions, instruments):
+    """``regress``'s measurement of a layer baseline's points: its layer (``shape_of`` its metadata) with mxkernels'
+    stages, refused (as Ctrl-C) when stopped part-way, since a verdict on part of a round would mislead."""
+
+    def measure(points: list[Point]) -> Run:
+        label = baseline.meta["layer"].get("label", "")
+        run = run_layer(shape_of(baseline.meta), points, options, instruments, label=label)
+        if run.meta.get("interrupted"):
+            raise KeyboardInterrupt
+        return run
+
+    return measure
 
 
 def _drop_group_sizes(meta: dict) -> None:

@@ -1,10 +1,18 @@
-"""The peers panel: per stage of a peers run, one bar per implementation, its bandwidth against the HBM roof."""
+"""The peers figure: per stage of a peers run, one bar per implementation, its bandwidth against the HBM roof."""
 
 from __future__ import annotations
 
-from matplotlib.axes import Axes
+from pathlib import Path
 
-from ...views.panels import PASS_SHORT, Context, title
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from mxkernels.core.errors import InputError
+
+from ...instruments.hardware import HardwareSpec
+from ...storage.outputs import IMAGE_SUFFIXES
+from ...storage.results import Run
+from ...views.panels import PASS_SHORT, Context, panel_figure, save, title
 
 PEERS_SIZE = (13.0, 5.6)
 IMPL_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink")
@@ -45,3 +53,18 @@ def draw_peers(ax: Axes, ctx: Context) -> bool:
     title(ax, f"Data-movement kernels side by side at M={M}", ctx)
     ax.legend(fontsize=8, ncols=len(impls) + 2, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     return True
+
+
+def peers_figure(data: Run | pd.DataFrame) -> Figure:
+    """A peers run: per stage, one bar per implementation, its GB/s against the HBM roof."""
+    return panel_figure([draw_peers], Context.of(data), "peers", PEERS_SIZE)
+
+
+def plot_peers(data: Run | pd.DataFrame, out: str | Path, spec: HardwareSpec | None = None,
+               project: str | None = None) -> list[Path]:  # fmt: skip
+    """The peers figure of a peers run: ``out`` itself where it names an image, else ``out/peers.png``."""
+    out = Path(out)
+    ctx = Context.of(data, spec)
+    if project is not None:
+        raise InputError("a peers run times data-movement kernels side by side: it has no step to project")
+    return [save(peers_figure(ctx.frame), out if out.suffix.lower() in IMAGE_SUFFIXES else out / "peers.png")]

@@ -22,6 +22,7 @@ from mxkernels.core.errors import InputError
 from mxkernels.core.names import MEMORY_CATEGORIES
 
 from ...views.frame import PASS_TITLES, efficiency, select
+from ...instruments.cards import DEFAULT_CARD
 from ...instruments.hardware import HardwareSpec, datasheet_peaks, get_spec
 from ...views.render import Row, header_block, render
 from ...storage.results import Run
@@ -52,7 +53,7 @@ def _source_spec(df: pd.DataFrame) -> HardwareSpec:
     return get_spec(keys[0])
 
 
-def project(data: Run | pd.DataFrame, target: str = "b200") -> pd.DataFrame:
+def project(data: Run | pd.DataFrame, target: str = DEFAULT_CARD) -> pd.DataFrame:
     """The measured stages of the three passes with their projected time on ``target``.
 
     Added columns: ``carried_pct`` (the efficiency carried over, % of ``carried_peak`` on this card),
@@ -190,7 +191,7 @@ def projected_speedup_rows(data: Run | pd.DataFrame, proj: pd.DataFrame) -> list
 PROJECTED_KINDS = ("breakdown", "speedup")
 
 
-def projection_table(run: Run, kind: str, fmt: str, target: str = "b200", *, columns: list[str] | None = None,
+def projection_table(run: Run, kind: str, fmt: str, target: str = DEFAULT_CARD, *, columns: list[str] | None = None,
                      header: bool = True, **filters: Any) -> str:  # fmt: skip
     """The projected breakdown or speedup table of ``run`` on ``target``, under the run's header block and a line
     that says what the projection is (``header`` False: the line only). ``filters``: ``frame.select``'s (M,

@@ -10,22 +10,13 @@ instead. Nothing here computes a cost.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from pathlib import Path
 
 from ...instruments.kit import Instruments
 from ...measuring.stages import StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
-from ...measuring.metadata import common_metadata, now, run_metadata
+from ...measuring.loop import measure_points
+from ...measuring.metadata import common_metadata, run_metadata
 from ...plan.points import point_group_sizes, with_baselines
-from ...measuring.progress import Progress
-from ...storage.results import Point, Record, Run, save_run
-
-
-def _by_power_limit(points: Sequence[Point]) -> dict[float | None, list[Point]]:
-    groups: dict[float | None, list[Point]] = {}
-    for p in points:
-        groups.setdefault(p.power_limit_w, []).append(p)
-    return groups
+from ...storage.results import Point, Record, Run
 
 
 def run_sweep(
@@ -43,7 +34,7 @@ def run_sweep(
     Ctrl-C stops the sweep: the limit is restored, the partial Run (the points measured whole) saved and returned
     with ``meta["interrupted"] = True`` and ``meta["partial"]`` saying how many points it holds. ``meta`` is added
     to the Run's metadata (a rank of a sharded sweep marks the file it saves as its share only:
-    ``shard.sharded_sweep``).
+    ``sharded.sharded_sweep``).
     """
     ins = instruments or Instruments.real(options.device, options.results_dir)
     work = with_baselines(points)
@@ -51,34 +42,17 @@ def run_sweep(
     return measure_points(run, work, StageTimer(options, ins), ins, options.out, progress)
 
 
-def measure_points(run: Run, work: Sequence[Point], timer, ins: Instruments, out: Path | None, progress: bool) -> Run:
-    """Every point of ``work`` measured whole by ``timer`` into ``run`` (``run_sweep``'s loop, and ``mxbench
-    layer``'s): each power limit applied once, GPU memory released and the run saved after each point, Ctrl-C
-    keeping the points measured and marking the run partial."""
-    done = 0
-    try:
-        with Progress(len(work), progress) as bar:
-            for limit, group in _by_power_limit(work).items():
-                with nullcontext() if limit is None else ins.controller().applied(limit):
-                    run.meta.setdefault("power_snapshots", []).append({"requested_w": limit, **ins.snapshot()})
-                    for point in group:
-                        bar.start(point)
-                        run.records += timer.measure(point)  # a point goes in whole or not at all
-                        done += 1
-                        ins.release()
-                        _save(run, out)
-                        bar.finish(point)
-    except KeyboardInterrupt:
-        run.meta["interrupted"] = True
-        run.meta["partial"] = f"interrupted (Ctrl-C) after {done} of {len(work)} points"
-    run.meta["finished"] = now()
-    _save(run, out)
-    return run
+def remeasure(options: SweepOptions, instruments: Instruments) -> Callable[[list[Point]], Run]:
+    """``regress``'s measurement of a step baseline's points: a sweep of them, refused (as Ctrl-C) when stopped
+    part-way, since a verdict on part of a round would mislead."""
 
+    def measure(points: list[Point]) -> Run:
+        run = run_sweep(points, options=options, instruments=instruments)
+        if run.meta.get("interrupted"):  # the sweep kept its points; a verdict on part of a round would mislead
+            raise KeyboardInterrupt
+        return run
 
-def _save(run: Run, out: Path | None) -> None:
-    if out is not None:
-        save_run(run, out)
+    return measure
 
 
 # ---------------------------------------------------------------------------------------------- the model

@@ -1,5 +1,5 @@
-"""Tables of stored runs (breakdown, speedup, sweep, power, peers), built with pandas on the frame of
-``mxbench.frame``: every table selects its records with the same ``frame.select``, so a filter means the same in
+"""The step's tables of stored runs (breakdown, speedup, sweep, power), built with pandas on the frame of
+``views.frame``: every table selects its records with the same ``frame.select``, so a filter means the same in
 each, and one that matches nothing says what the run does hold.
 
 Row builders take a ``Run`` or a frame and return lists of dicts (column name -> display string, None where a
@@ -14,18 +14,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pandas as pd
-from mxkernels.core.errors import InputError
 from mxkernels.core.names import MEMORY_CATEGORIES, OURS
 
-from ..ep import TABLE_KINDS as EP_TABLE_KINDS
-from ..layer import TABLE_KINDS as LAYER_TABLE_KINDS
-from ...views.frame import ENERGY_KEY, PASS_TITLES, POINT_FIELDS, SM_CLOCK_KEY, efficiency, frame_of, select
+from ...views.frame import PASS_TITLES, POINT_FIELDS, efficiency, frame_of, select
 from ...views.render import MODEL_MARK, Row, header_block, render
 from ...storage.results import Run
 from ...instruments.roofline import MODEL_AT_PEAK, peaks_for_run
-
-# SM_CLOCK_KEY and ENERGY_KEY live in ``frame`` now; named here too, where ``compare`` has always read them
-__all__ = ["ENERGY_KEY", "PASS_TITLES", "SM_CLOCK_KEY"]
 
 # Point fields that become leading columns when they vary across a table's records (seed never does: it only
 # changes group sizes, which the other fields already name).
@@ -92,17 +86,17 @@ def _sorted(df: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------- cells
 
 
-def _present(x: Any) -> bool:
+def present(x: Any) -> bool:
     """A cell value: not None and not NaN (pandas' marker of a missing number)."""
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
-def _num(x: float | None, digits: int) -> str | None:
-    return f"{x:.{digits}f}" if _present(x) else None
+def num_text(x: float | None, digits: int) -> str | None:
+    return f"{x:.{digits}f}" if present(x) else None
 
 
 def _times(x: float | None) -> str | None:
-    return f"{x:.3f}x" if _present(x) else None
+    return f"{x:.3f}x" if present(x) else None
 
 
 def _point_cells(df: pd.DataFrame, always: Iterable[str] = (), exclude: Iterable[str] = ()) -> Callable[[Any], Row]:
@@ -116,7 +110,7 @@ def _point_cells(df: pd.DataFrame, always: Iterable[str] = (), exclude: Iterable
 
 
 def point_text(v: Any) -> str:
-    if not _present(v):
+    if not present(v):
         return "as found"
     return f"{v:g}" if isinstance(v, float) else str(v)
 
@@ -132,12 +126,12 @@ def _stage_cells(row: Any, pct: float, label: str | None) -> Row:
     if not row.ok:
         return {"Time (us)": _failure_text(row.error), **dict.fromkeys(("IQR (us)", "GB/s", "TFLOP/s", "Efficiency"))}
     return {
-        "Time (us)": _num(row.median_us, 1),
-        "IQR (us)": _num(row.iqr_us, 1) if row.measured else MODEL_MARK,
-        "GB/s": _num(row.gbps, 0) if row.category in MEMORY_CATEGORIES else None,
-        "TFLOP/s": _num(row.tflops, 1) if row.flops else None,
+        "Time (us)": num_text(row.median_us, 1),
+        "IQR (us)": num_text(row.iqr_us, 1) if row.measured else MODEL_MARK,
+        "GB/s": num_text(row.gbps, 0) if row.category in MEMORY_CATEGORIES else None,
+        "TFLOP/s": num_text(row.tflops, 1) if row.flops else None,
         "Efficiency": (f"{pct:.1f}% of {label}" if row.measured else MODEL_AT_PEAK)
-        if _present(label) and _present(pct) else None,
+        if present(label) and present(pct) else None,
     }  # fmt: skip
 
 
@@ -220,7 +214,7 @@ def _impl_cell(df: pd.DataFrame) -> Callable[[Any], Row]:
 
 
 def _ratio(base_us: float | None, us: float | None) -> float | None:
-    return base_us / us if _present(base_us) and _present(us) and base_us and us else None
+    return base_us / us if present(base_us) and present(us) and base_us and us else None
 
 
 def speedups(
@@ -288,8 +282,8 @@ def speedup_rows(
     return [
         {
             **lead(s),
-            "bf16 fwd+bwd (us)": _num(s.bf16_us, 1),
-            "Recipe fwd+bwd (us)": _num(s.recipe_us, 1),
+            "bf16 fwd+bwd (us)": num_text(s.bf16_us, 1),
+            "Recipe fwd+bwd (us)": num_text(s.recipe_us, 1),
             "Net speedup": _times(s.net),
             **{column: _times(getattr(s, f"gemm_{p}")) for p, column in GEMM_SPEEDUP_COLUMNS.items()},
             "Source": "measured" if s.measured else MODEL_MARK,
@@ -333,109 +327,51 @@ def power_rows(
             "Power limit (W)": point_text(row.power_limit_w),
             "Time (us)": cells["Time (us)"],
             "Efficiency": cells["Efficiency"],
-            "Energy/call (mJ)": _num(row.energy_j_per_call * 1e3, 3),
-            "SM clock (MHz)": _num(row.sm_clock_mhz, 0),
+            "Energy/call (mJ)": num_text(row.energy_j_per_call * 1e3, 3),
+            "SM clock (MHz)": num_text(row.sm_clock_mhz, 0),
         }
         for row, cells in _rows_with_cells(df, pct, label)
     ]
 
 
-def _peer_cell(row: Any) -> str | None:
-    if row is None:
-        return None
-    if row.ok:
-        return f"{row.median_us:.1f}"
-    return "skipped" if _present(row.skipped) else "error"
-
-
-def peer_rows(
-    data: Run | pd.DataFrame,
-    *,
-    passes: str | Iterable[str] | None = None,
-    M: int | Iterable[int] | None = None,
-    recipe: str | Iterable[str] | None = None,
-    card: str | None = None,
-) -> list[Row]:
-    """One row per stage of a peers run: each implementation's median time, our bandwidth, and best peer time /
-    ours (> 1: ours is faster). Cells of an implementation that failed say "error", of one that could not run
-    here "skipped"; absent ones are empty."""
-    from ...implementations.builtin import COMPILED, TORCHAO  # imported on use: the registry loads torch
-
-    df = select(as_frame(data), passes=passes, M=M, recipe=recipe, card=card)
-    columns = list(dict.fromkeys([OURS, TORCHAO, COMPILED, *df["impl"]]))
-    many_M = df["M"].nunique() > 1
-    rows = []
-    for _, stage in df.groupby([*POINT_KEY, "pass_name", "stage"], sort=False, dropna=False):
-        by_impl = {r.impl: r for r in stage.itertuples()}  # a later record of an implementation replaces one before
-        first = stage.iloc[0]
-        row = {"M": str(first["M"])} if many_M else {}
-        row.update({"Pass": PASS_TITLES.get(first["pass_name"], first["pass_name"]), "Stage": first["stage"],
-                    "Input shape": first["shape"]})  # fmt: skip
-        row.update({f"{impl} (us)": _peer_cell(by_impl.get(impl)) for impl in columns})
-        ours = by_impl.get(OURS)
-        ok = ours is not None and ours.ok
-        peer_us = [r.median_us for i, r in by_impl.items() if i != OURS and r.ok]
-        row["mxkernels GB/s"] = _num(ours.gbps, 0) if ok else None
-        row["Best peer / ours"] = f"{min(peer_us) / ours.median_us:.2f}x" if ok and peer_us else None
-        rows.append(row)
-    return rows
-
-
 # ---------------------------------------------------------------------------------------------- one table
 
 
-TABLES: dict[str, Callable[..., list[Row]]] = {
+STEP_ROWS: dict[str, Callable[..., list[Row]]] = {
     "breakdown": breakdown_rows,
     "speedup": speedup_rows,
     "sweep": sweep_rows,
     "power": power_rows,
-    "peers": peer_rows,
 }
-STEP_TABLES = ("breakdown", "speedup", "sweep", "power")
-"""The tables of a run of the step (``roofline``, ``regress``)."""
-_NO_DENOMINATOR = ("speedup", "peers")
+"""The tables of a run of the step (``roofline``, ``regress``), in the order ``table --kind`` lists them."""
+_NO_DENOMINATOR = ("speedup",)
 """Tables without an efficiency column (and so without denominators in their header)."""
 
 
-def check_kind(run: Run, kind: str, where: str = "this run") -> None:
-    """Each kind of run has its tables: a peers run the peers table, an expert-parallel run the EP tables, any
-    other run the step's tables; a table asked of the wrong kind of run is refused, naming the right ones."""
-    run_kind = run.meta.get("kind") or "roofline"
-    wanted = {"peers": ("peers",), "ep": EP_TABLE_KINDS, "layer": LAYER_TABLE_KINDS}.get(run_kind, STEP_TABLES)
-    if kind in wanted:
-        return
-    known = (*TABLES, *EP_TABLE_KINDS, *LAYER_TABLE_KINDS)
-    if kind not in known:
-        raise InputError(f"kind must be one of {list(known)}, got {kind!r}")
-    if run_kind not in ("peers", "ep", "layer"):
-        maker = "peers" if kind == "peers" else "layer" if kind in LAYER_TABLE_KINDS else "ep"
-        raise InputError(f"--kind {kind} needs a run of `mxbench {maker}`; {where} is not one: its tables are "
-                         f"{', '.join(STEP_TABLES)}")  # fmt: skip
-    raise InputError(f"{where} is a {run_kind} run (made by `mxbench {run_kind}`): its tables are --kind "
-                     f"{', '.join(wanted)}, not {kind}")  # fmt: skip
-
-
-def table(
+def rows_table(
     run: Run,
-    kind: str = "breakdown",
+    rows: Callable[..., list[Row]],
     fmt: str = "markdown",
     *,
     columns: list[str] | None = None,
     denominator: str | None = "datasheet",
+    efficiencies: bool = True,
     header: bool = True,
     **filters: Any,
 ) -> str:
-    """One table of ``run`` rendered in ``fmt``, preceded (except in csv) by its header block.
-
-    ``kind``: "breakdown" | "speedup" | "sweep" | "power" | "peers"; ``filters`` go to the row builder (passes, M,
-    recipe, card); ``denominator``: "datasheet" | "measured" (see ``peaks_for_run``) or None for no efficiency
-    column values (speedups and peers need none).
-    """
-    check_kind(run, kind)
-    peaks = {} if kind in _NO_DENOMINATOR else (peaks_for_run(run, denominator) if denominator else {})
-    if kind not in _NO_DENOMINATOR:
+    """The rows ``rows(run, **filters)`` builds, rendered in ``fmt`` and preceded (except in csv) by the run's header
+    block. ``efficiencies``: the rows have an efficiency column, against the run's peaks of ``denominator``
+    ("datasheet" | "measured", see ``peaks_for_run``; None: no values)."""
+    peaks = (peaks_for_run(run, denominator) if denominator else {}) if efficiencies else {}
+    if efficiencies:
         filters = {**filters, "peaks": peaks}
-    text = render(TABLES[kind](run, **filters), fmt, columns)
+    text = render(rows(run, **filters), fmt, columns)
     if header and fmt != "csv":
         text = header_block(run, peaks, fmt) + "\n" + text
     return text
+
+
+def step_table(run: Run, kind: str = "breakdown", fmt: str = "markdown", **kwargs: Any) -> str:
+    """One of the step's tables of ``run`` (``STEP_ROWS``: "breakdown" | "speedup" | "sweep" | "power");
+    ``kwargs`` as ``rows_table`` takes them (filters: passes, M, recipe, card)."""
+    return rows_table(run, STEP_ROWS[kind], fmt, efficiencies=kind not in _NO_DENOMINATOR, **kwargs)

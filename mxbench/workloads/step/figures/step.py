@@ -8,6 +8,7 @@ from matplotlib.axes import Axes
 from mxkernels.core.names import MEMORY_CATEGORIES
 
 from ....views.frame import PASS_TITLES, efficiency
+from ....instruments.cards import DEFAULT_CARD
 from ....instruments.hardware import HardwareSpec
 from ....views.render import MODEL_MARK, peak_text
 from ....instruments.roofline import model_step_us
@@ -49,7 +50,7 @@ def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
     # the legend's title says why a model line is missing: the legend finds a place clear of the data
     why = (
         f"no {', '.join(unreachable)} roofline model: {ctx.spec.name} has no MX tensor cores\n"
-        "(`mxbench plot --project b200` projects the run onto a B200)"
+        f"(`mxbench plot --project {DEFAULT_CARD}` projects the run onto a {DEFAULT_CARD.upper()})"
         if unreachable
         else None
     )
