@@ -57,7 +57,7 @@ def own_commit(tree: Path, **env: str) -> str:
     """``git_commit()`` as a process importing mxbench from ``tree`` reports it."""
     clean = {k: v for k, v in os.environ.items() if k != provenance.ENV_COMMIT}
     done = subprocess.run(
-        [sys.executable, "-c", "import mxbench, mxbench.instruments.provenance as p; print(mxbench.REPO_ROOT, p.git_commit())"],
+        [sys.executable, "-c", "import mxbench, mxbench.instruments.provenance as p; print(p.REPO_ROOT, p.git_commit())"],
         env={**clean, "PYTHONPATH": str(tree), **env}, cwd=tree, capture_output=True, text=True, timeout=120,
         check=True,
     )  # fmt: skip
