@@ -176,8 +176,8 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
         if fmt != "json":
             click.echo(native, err=fmt == "csv")
     modes = list(dict.fromkeys(modes))
-    results = check_step(recipe, M, N, K, G, by_stage, modes=modes, device=torch_device(), seed=seed, timeout_s=timeout_s,
-                         pad=pad)  # fmt: skip
+    results = check_step(recipe, M, N, K, G, by_stage, modes=modes, device=torch_device(), seed=seed,
+                         timeout_s=timeout_s, pad=pad)  # fmt: skip
     load_errors = registry.load_errors
     if fmt == "json":
         click.echo(json_report(results, load_errors, native), nl=False)

@@ -149,8 +149,8 @@ def project_option(command: Callable) -> Callable:
         "--project",
         metavar="SPEC",
         callback=lambda ctx, param, value: value if value is None else hardware_spec(value, "--project").key,
-        help=f"Also show the run projected onto this card (e.g. {DEFAULT_CARD}): each kernel at the efficiency it reached "
-        "here, against that card's datasheet roofs, beside its peak model.",
+        help=f"Also show the run projected onto this card (e.g. {DEFAULT_CARD}): each kernel at the efficiency it "
+        "reached here, against that card's datasheet roofs, beside its peak model.",
     )(command)
 
 

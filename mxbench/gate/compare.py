@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from mxkernels.core.errors import InputError
 
-from .rules import CLOCK_RULE_CATEGORIES, DEFAULT_DELTAS, DEFAULT_FLOOR_US, MIN_SAMPLES, VERDICTS
 from ..instruments.provenance import CodeChange, code_changes
-from ..views.render import Row, card_label
 from ..storage.results import Point, Record, Run
 from ..views.frame import PASS_TITLES, SM_CLOCK_KEY
+from ..views.render import Row, card_label
+from .rules import CLOCK_RULE_CATEGORIES, DEFAULT_DELTAS, DEFAULT_FLOOR_US, MIN_SAMPLES, VERDICTS
 
 
 class CompareError(InputError):

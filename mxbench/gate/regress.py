@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 from mxkernels.core.errors import InputError
 
-from .compare import Comparison, Match, MatchKey, Thresholds, compare_runs
 from ..storage.results import Point, Run
+from .compare import Comparison, Match, MatchKey, Thresholds, compare_runs
 
 Measure = Callable[[list[Point]], Run]
 

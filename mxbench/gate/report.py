@@ -19,8 +19,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from .compare import VERDICTS, CompareError, Comparison, MatchKey, broken_reason, comparison_rows
 from ..views.render import render
+from .compare import VERDICTS, CompareError, Comparison, MatchKey, broken_reason, comparison_rows
 
 EXIT_CODES = {0: "no stage slower", 1: "a stage SLOWER or broken", 2: "unusable input (nothing compared)"}
 _HOLDING_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w")

@@ -37,8 +37,8 @@ import triton.language as tl
 from mxkernels.core.errors import InputError
 from mxkernels.core.runtime import check_tensor
 
-from .hardware import Peak, card_slug, device_properties
 from ..storage.validation import Published, read_json, schema_file, validate
+from .hardware import Peak, card_slug, device_properties
 
 SCHEMA_VERSION: int = schema_file(Published.CEILINGS)["x-mxbench-schema"]
 _BANDWIDTH_KERNELS = {"copy": "copy_tbps", "read2write1": "read2write1_tbps", "read": "read_tbps"}

@@ -20,8 +20,8 @@ from mxkernels.core.cost import Cost
 from mxkernels.core.errors import InputError
 from mxkernels.core.names import END_TO_END_STAGE, MEMORY_CATEGORIES, Category, Pass
 
-from .hardware import HardwareSpec, Peak, datasheet_peaks, get_spec
 from ..storage.results import OURS, Point, Record, Run
+from .hardware import HardwareSpec, Peak, datasheet_peaks, get_spec
 
 if TYPE_CHECKING:
     from mxkernels.stages.pipeline import Stage

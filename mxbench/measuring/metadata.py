@@ -12,12 +12,12 @@ from typing import Any
 
 from mxkernels.core.names import OURS
 
-from ..version import __version__
 from ..instruments.kit import Instruments
-from .stages import SweepOptions
-from ..plan.points import SKEW_METHOD, group_sizes
 from ..instruments.provenance import git_commit, implementations_meta
+from ..plan.points import SKEW_METHOD, group_sizes
 from ..storage.results import Point
+from ..version import __version__
+from .stages import SweepOptions
 
 OUR_MODULE = "mxkernels"
 """The module named for our own implementation (``Record.impl`` "mxkernels"): the kernel package."""

@@ -54,9 +54,9 @@ from mxkernels.core.errors import InputError
 from mxkernels.core.names import BASELINE
 
 from ..instruments.kit import Instruments
-from .stages import error_message
-from .metadata import now
 from ..storage.results import Point, Record, Run
+from .metadata import now
+from .stages import error_message
 
 GROUP_TIMEOUT = timedelta(hours=24)
 """How long a collective may wait: a rank that finished its share waits in the exchange for the slowest rank, which

@@ -22,11 +22,11 @@ import numpy as np
 import pandas as pd
 from mxkernels.core.errors import InputError
 
-from ..instruments.provenance import REPO_ROOT
 from ..gate.compare import Comparison, MatchKey, compare_runs
+from ..instruments.provenance import REPO_ROOT
+from ..storage.results import Record, Run
 from ..views.frame import PASS_TITLES, POINT_FIELDS, implementation_info, samples_of, select
 from ..views.render import Row, card_label
-from ..storage.results import Record, Run
 
 MXBENCH = "mxbench"
 COMMIT_TIME_KEY = "git_commit_time"

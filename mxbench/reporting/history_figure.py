@@ -8,8 +8,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 from mxkernels.core.errors import InputError
 
-from .history import History, match_key, trends
 from ..views.panels import CATEGORY_COLORS, PASS_SHORT
+from .history import History, match_key, trends
 
 SHAPE = ["M", "N", "K", "G", "groups", "power_limit_w"]
 MARKS = {"SLOWER": ("^", "tab:red"), "FASTER": ("v", "tab:green"), "BROKEN": ("X", "black")}

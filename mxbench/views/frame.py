@@ -19,10 +19,10 @@ from mxkernels.core.errors import InputError
 from mxkernels.core.names import MEMORY_CATEGORIES, Pass
 
 from ..instruments.hardware import Peak
-from .render import card_label
-from ..storage.results import Run, load_run
 from ..instruments.roofline import gemm_peak, peaks_for_run
+from ..storage.results import Run, load_run
 from ..storage.validation import read_json
+from .render import card_label
 
 PASS_TITLES = {
     str(Pass.FORWARD): "Forward",

@@ -18,10 +18,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 from mxkernels.core.errors import InputError
 
-from .frame import frame_of
 from ..instruments.hardware import HardwareSpec, Peak, datasheet_peaks, get_spec
-from ..storage.results import Run, load_run
 from ..instruments.roofline import peaks_for_run
+from ..storage.results import Run, load_run
+from .frame import frame_of
 
 PASS_SHORT = {"forward": "fwd", "backward_input": "dA", "backward_weight": "dB"}
 PASS_MARKERS = {"forward": "^", "backward_input": "v", "backward_weight": "s"}

@@ -17,8 +17,8 @@ from mxkernels.core.errors import InputError
 from tabulate import tabulate
 
 from ..instruments.provenance import describe
-from ..storage.results import Run
 from ..instruments.roofline import MODEL_ASSUMPTION
+from ..storage.results import Run
 
 Row = dict[str, Any]
 

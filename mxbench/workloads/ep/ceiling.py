@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from ...instruments.ceilings import read_entries, write_entries
 from ...instruments.hardware import Peak, card_slug
-from ...storage.validation import Published, schema_file
 from ...measuring.dist import Context, gather
+from ...storage.validation import Published, schema_file
 from .metadata import nccl_version
 from .rank_timing import across_ranks, time_on_ranks
 

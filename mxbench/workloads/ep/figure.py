@@ -13,8 +13,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ...storage.results import Run
 from ...instruments.roofline import achieved_tbps
+from ...storage.results import Run
 from .tables import A2A, STEP, ep_part, ep_peaks, in_step
 
 CATEGORIES = {"all_to_all": ("all-to-all", "tab:purple"), "permute": ("permute", "tab:brown"),

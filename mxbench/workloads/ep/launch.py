@@ -62,7 +62,7 @@ def launcher_command(nproc: int, launcher_args: Sequence[str], worker_args: Sequ
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Have the kernel send ``sig`` to this process when its parent dies (Linux; elsewhere nothing). A parent that
-    died before the call (this process's parent is no longer the one that started it: mxbench.workloads.ep.torchrun names
+    died before the call (this process's parent is no longer the one that started it: ``torchrun`` names
     itself) leaves this process orphaned: it exits at once."""
     from .torchrun import PARENT_ENV
 

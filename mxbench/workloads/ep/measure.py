@@ -25,9 +25,9 @@ from mxkernels.core.names import END_TO_END_STAGE, Category, Pass
 from mxkernels.stages.pipeline import run_stages
 from mxkernels.moe.token_permute import route
 
+from ...measuring.dist import Context, gather
 from ...storage.results import Point, Record
 from .check import EPOptions, rank_inputs, strategy_stages
-from ...measuring.dist import Context, gather
 from .rank_timing import across_ranks, time_on_ranks
 from .workload import workload
 

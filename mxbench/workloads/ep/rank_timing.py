@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ...measuring.stages import error_message
 from ...instruments.timing import Timing, summarize, time_fn
 from ...measuring.dist import Context, agree_max, any_rank
+from ...measuring.stages import error_message
 
 METHOD_GRAPH = "graph"
 METHOD_EVENTS = "events"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ...views.render import Row, render
-from ...storage.results import Run
 from ...instruments.roofline import achieved_tbps
+from ...storage.results import Run
+from ...views.render import Row, render
 from .tables import A2A, STEP, ep_part, ep_peaks, in_step, summary_rows
 
 SAME_LAYER = ("K", "N", "experts_per_rank", "tokens_per_rank", "top_k")

@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...instruments.hardware import Peak, get_spec, link_peak, nic_peak
-from ...views.render import MISSING, Row, header_block, peak_text
-from ...storage.results import Record, Run
 from ...instruments.roofline import MEMORY_CATEGORIES, achieved_tbps, efficiency, held, peaks_for_run
+from ...storage.results import Record, Run
+from ...views.render import MISSING, Row, header_block, peak_text
 from . import TABLE_KINDS
 from .ceiling import alltoall_peak
 

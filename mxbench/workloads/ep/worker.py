@@ -17,13 +17,13 @@ from pathlib import Path
 import click
 from mxkernels.core.runtime import InputError
 
+from ...implementations.registry import parse_impl
 from ...instruments.guarded import one_line
 from ...instruments.hardware import card_slug
-from ...implementations.registry import parse_impl
-from ...views.render import render
-from ...storage.results import Run, save_run
-from .check import EPOptions, run_check
 from ...measuring.dist import Context, gather, init, leave
+from ...storage.results import Run, save_run
+from ...views.render import render
+from .check import EPOptions, run_check
 from .inputs import ROUTING_METHOD, routing
 from .topology import Topology, annotate_records, my_place
 

@@ -92,7 +92,8 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Results JSON. [default: results/<card>/layer-<shape>-<date>.json]")
 @click.option("--plot-file", type=click.Path(path_type=Path), help="Also draw the figure (.png).")
-@click.option("--project", type=click.Choice([DEFAULT_CARD]), help=f"Also print the {DEFAULT_CARD.upper()} projection of the measured run.")
+@click.option("--project", type=click.Choice([DEFAULT_CARD]),
+              help=f"Also print the {DEFAULT_CARD.upper()} projection of the measured run.")
 @click.option("--impl", "impl_texts", multiple=True, metavar="STAGE=module:function",
               help="Time another implementation of a layer stage (`mxbench check --layer` passes it first).")
 @force_option
@@ -128,7 +129,8 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
     check_recipes_on(spec, recipes)
     if not gpu:
         refuse_ignored(("samples", "backend"), "without a GPU the analytic model is shown, which is not timed")
-    out = out or RESULTS_DIR / (common.card_dir() if gpu else f"model-{spec.key}") / f"layer-{label}-{common.stamp()}.json"
+    folder = common.card_dir() if gpu else f"model-{spec.key}"
+    out = out or RESULTS_DIR / folder / f"layer-{label}-{common.stamp()}.json"
     common.check_outputs(out, plot_file)
     from .measure import layer_points
 

@@ -16,10 +16,10 @@ from mxkernels.moe.layer import layer_inputs, layer_outputs, layer_sqnr, moe_lay
 from mxkernels.core.names import Recipe
 from mxkernels.stages.pipeline import run_stages
 
-from ...measuring.stages import EndToEnd, StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
-from ...measuring.metadata import common_metadata, run_metadata
-from ...storage.results import Point, Record, Run
 from ...measuring.loop import measure_points
+from ...measuring.metadata import common_metadata, run_metadata
+from ...measuring.stages import EndToEnd, StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
+from ...storage.results import Point, Record, Run
 
 
 class LayerStep(EndToEnd):

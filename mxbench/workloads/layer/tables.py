@@ -13,9 +13,9 @@ from collections import defaultdict
 
 from mxkernels.core.names import END_TO_END_STAGE, Recipe
 
-from ...views.render import Row, header_block, render
-from ...storage.results import Record, Run
 from ...instruments.roofline import efficiency, peaks_for_run
+from ...storage.results import Record, Run
+from ...views.render import Row, header_block, render
 from . import SEED_ROWS, SEED_SOURCE
 
 SQNR_COLUMNS = ("y", "grad_x", "grad_w1", "grad_w3", "grad_w2", "grad_wr")

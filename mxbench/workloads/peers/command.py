@@ -40,7 +40,8 @@ def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt, im
     K, N, G, label = shape_args(K, N, G, preset)
     if out is not None:
         check_results_file(out, "--out")
-    impls = run_impls(impl_texts, ["mxfp8"], plan_points([M], N, K, G, ["mxfp8"], mode, groups, seed, [None], False))
+    planned = plan_points([M], N, K, G, ["mxfp8"], mode, groups, seed, [None], False)
+    impls = run_impls(impl_texts, ["mxfp8"], planned)
     common.require_gpu("peers are timed on a GPU")
     impls = checked(impls, K, N, G, mode)
     from ...measuring.shard import launched, local_device
@@ -51,8 +52,7 @@ def peers(K, N, preset, G, M, mode, groups, seed, samples, warm_l2, out, fmt, im
 
     out = out or RESULTS_DIR / common.card_dir() / f"peers-{label}-M{M}-{common.stamp()}.json"
     check_results_file(out, "--out")  # the default path: the working folder may not take it
-    common.check_replace(out, True, common.card_name(), plan_points([M], N, K, G, ["mxfp8"], mode, groups, seed, [None], False),
-                  force)  # fmt: skip
+    common.check_replace(out, True, common.card_name(), planned, force)
     options = SweepOptions(cold_l2=not warm_l2, samples=samples, out=out, results_dir=RESULTS_DIR,
                            hardware=common.detected_spec(), command=command_line(), device=local_device())  # fmt: skip
     measure = sharded_peers if launched() else run_peers  # under torchrun: None on ranks other than 0

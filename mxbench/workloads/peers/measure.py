@@ -20,13 +20,13 @@ import click
 from mxkernels.core.names import MEMORY_CATEGORIES, Category, Recipe
 
 from ...implementations.builtin import COMPILED, TORCHAO, torchao_version
-from ...instruments.kit import Instruments
-from ...measuring.stages import StageTimer, SweepOptions, error_message, stage_record
-from ...measuring.metadata import implementation_modules, run_metadata
-from ...plan.points import point_group_sizes
-from ...instruments.provenance import implementations_meta
 from ...implementations.default import default_registry
 from ...implementations.registry import OURS, Registry
+from ...instruments.kit import Instruments
+from ...instruments.provenance import implementations_meta
+from ...measuring.metadata import implementation_modules, run_metadata
+from ...measuring.stages import StageTimer, SweepOptions, error_message, stage_record
+from ...plan.points import point_group_sizes
 from ...storage.results import Point, Record, Run, save_run
 
 BUILTIN_COLUMNS = (OURS, TORCHAO, COMPILED)

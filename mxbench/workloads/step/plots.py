@@ -21,15 +21,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from mxkernels.core.errors import InputError
 
+from ...instruments.cards import DEFAULT_CARD
+from ...instruments.hardware import HardwareSpec
+from ...storage.outputs import IMAGE_SUFFIXES
+from ...storage.results import Run
 from ...views.panels import PANEL_SIZE, Context, panel_figure, save
 from .figures.power import POWER_METRICS, draw_power
 from .figures.projection import PROJECTION_SIZE, draw_projected_breakdown, draw_projected_speedup
 from .figures.roofline import ROOFLINE_SIZE, draw_roofline
 from .figures.step import draw_bandwidth, draw_breakdown, draw_gemm_speedup, draw_net_speedup
-from ...instruments.cards import DEFAULT_CARD
-from ...instruments.hardware import HardwareSpec
-from ...storage.outputs import IMAGE_SUFFIXES
-from ...storage.results import Run
 
 Data = Run | pd.DataFrame
 Panel = Callable[[Axes, Context], bool]

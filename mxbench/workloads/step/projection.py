@@ -21,12 +21,12 @@ import pandas as pd
 from mxkernels.core.errors import InputError
 from mxkernels.core.names import MEMORY_CATEGORIES
 
-from ...views.frame import PASS_TITLES, efficiency, select
 from ...instruments.cards import DEFAULT_CARD
 from ...instruments.hardware import HardwareSpec, datasheet_peaks, get_spec
-from ...views.render import Row, header_block, render
-from ...storage.results import Run
 from ...instruments.roofline import cost_of, gemm_peak, model_step_us, model_time_us
+from ...storage.results import Run
+from ...views.frame import PASS_TITLES, efficiency, select
+from ...views.render import Row, header_block, render
 from .tables import BASELINE_RECIPE, GEMM_SPEEDUP_COLUMNS, POINT_KEY, STEP_KEY, as_frame, speedups
 
 STEP_PASSES = tuple(p for p in PASS_TITLES if p != "end_to_end")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ...instruments.kit import Instruments
-from ...measuring.stages import StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
 from ...measuring.loop import measure_points
 from ...measuring.metadata import common_metadata, run_metadata
+from ...measuring.stages import StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
 from ...plan.points import point_group_sizes, with_baselines
 from ...storage.results import Point, Record, Run
 

@@ -16,10 +16,10 @@ from typing import Any
 import pandas as pd
 from mxkernels.core.names import MEMORY_CATEGORIES, OURS
 
+from ...instruments.roofline import MODEL_AT_PEAK, peaks_for_run
+from ...storage.results import Run
 from ...views.frame import PASS_TITLES, POINT_FIELDS, efficiency, frame_of, select
 from ...views.render import MODEL_MARK, Row, header_block, render
-from ...storage.results import Run
-from ...instruments.roofline import MODEL_AT_PEAK, peaks_for_run
 
 # Point fields that become leading columns when they vary across a table's records (seed never does: it only
 # changes group sizes, which the other fields already name).

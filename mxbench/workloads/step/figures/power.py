@@ -5,11 +5,11 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.axes import Axes
 
-from ....views.frame import ENERGY_KEY, efficiency
 from ....instruments.hardware import Peak
-from ....views.render import peak_text
 from ....instruments.roofline import gemm_peak
+from ....views.frame import ENERGY_KEY, efficiency
 from ....views.panels import CATEGORY_COLORS, CONDITION, PASS_SHORT, Context, legend, title
+from ....views.render import peak_text
 
 POWER_METRICS = {
     "time": "time (us per step: one call of each stage)",

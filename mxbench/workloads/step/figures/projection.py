@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from matplotlib.axes import Axes
 
-from ....views.frame import PASS_TITLES
 from ....instruments.hardware import get_spec
+from ....views.frame import PASS_TITLES
+from ....views.panels import RECIPE_COLORS, Context, legend, m_axis, title
 from ..projection import project, projected_speedups, source_label
 from ..tables import speedups
-from ....views.panels import RECIPE_COLORS, Context, legend, m_axis, title
 from .step import model_net_speedups, pass_times, stack_bars
 
 PROJECTION_SIZE = (13.0, 5.2)

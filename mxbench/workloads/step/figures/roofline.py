@@ -7,8 +7,8 @@ import math
 from matplotlib.axes import Axes
 
 from ....instruments.hardware import Peak
-from ..tables import GEMM_SPEEDUP_COLUMNS
 from ....views.panels import PASS_MARKERS, PASS_SHORT, RECIPE_COLORS, Context, plain_log_ticks, title
+from ..tables import GEMM_SPEEDUP_COLUMNS
 
 ROOF_COLORS = ("tab:purple", "tab:olive", "tab:cyan")
 ROOFLINE_SIZE = (7.2, 5.6)

@@ -7,13 +7,13 @@ import pandas as pd
 from matplotlib.axes import Axes
 from mxkernels.core.names import MEMORY_CATEGORIES
 
-from ....views.frame import PASS_TITLES, efficiency
 from ....instruments.cards import DEFAULT_CARD
 from ....instruments.hardware import HardwareSpec
-from ....views.render import MODEL_MARK, peak_text
 from ....instruments.roofline import model_step_us
-from ..tables import GEMM_SPEEDUP_COLUMNS, speedups
+from ....views.frame import PASS_TITLES, efficiency
 from ....views.panels import CATEGORY_COLORS, PASS_SHORT, RECIPE_COLORS, Context, legend, m_axis, title
+from ....views.render import MODEL_MARK, peak_text
+from ..tables import GEMM_SPEEDUP_COLUMNS, speedups
 
 
 def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
