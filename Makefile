@@ -4,7 +4,7 @@ PYTHON ?= python
 MXBENCH ?= mxbench
 # The card's folder name under results/ (e.g. nvidia-h200), from the CUDA device name; worked out on first use only
 # (importing torch takes seconds) and then kept.
-CARD ?= $(eval CARD := $(shell $(PYTHON) -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'no-gpu')" 2>/dev/null))$(CARD)
+CARD ?= $(eval CARD := $(shell $(PYTHON) -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else 'no-gpu')" 2>/dev/null))$(CARD)
 
 .PHONY: install test test-gpu roofline baseline regress
 

@@ -16,7 +16,7 @@ python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$LOG
 if ls .wheels/torchao-*.whl >/dev/null 2>&1; then
   python -m pip install --no-deps -q .wheels/torchao-*.whl >>"$LOGS/install.log" 2>&1
 fi
-CARD=$(python -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+CARD=$(python -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
 RES=results/$CARD
 mkdir -p "$RES"
 

@@ -12,7 +12,7 @@ LOGS=/tmp/mxbench-logs
 mkdir -p "$OUT" "$LOGS"
 export TRITON_DEFAULT_FP_FUSION=1 PYTHONUNBUFFERED=1
 python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
-CARD=$(python -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+CARD=$(python -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
 RES=results/$CARD
 TUNE=/tmp/mxbench-tune  # tuning-script JSON: evidence for the perf log, not results
 mkdir -p "$RES" "$TUNE" plots

@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e ./kernels -e . >/tmp/install.log 2>&1 || { cat /tmp/install.log; exit 1; }
-CARD=$(python3 -c "import torch; from mxbench.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+CARD=$(python3 -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
 mkdir -p "results/$CARD" "plots/$CARD"
 SAMPLES=${SAMPLES:-10}
 for step in "$@"; do

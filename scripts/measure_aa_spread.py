@@ -1,5 +1,5 @@
 """A/A spread of the regression gate on this GPU: how far the same code's timings move between runs, per stage
-category; the evidence behind the gate's default bands and floor (``mxbench.gate_rules``, docs/perf-log.md).
+category; the evidence behind the gate's default bands and floor (``mxbench.gate.rules``, docs/perf-log.md).
 
 One baseline (``mxbench roofline``, by default the points of ``make baseline``), then ``mxbench regress`` against it
 ``--repeats`` times with the same code: every stage's ratio new/base and its bootstrap 95% CI (3 interleaved rounds

@@ -9,7 +9,7 @@ Scout's weights (16, 8192, 5120) for quantize_3d along N. First the roof: the Tr
 ``mxbench ceilings`` on a (131072, 7168) bf16 tensor, copy (bf16 -> bf16) and cast (bf16 -> e4m3, a quantizer's
 2 + 1 bytes per element); "stream" is the better of the two. Then per case: the reference (the plain-torch oracle,
 computed once, in chunks), and each launch -- the old default first, the new default, the other candidates --
-run once and compared byte for byte with it, then timed with ``mxbench.timing.time_fn`` (cold-L2 CUDA-graph
+run once and compared byte for byte with it, then timed with ``mxbench.instruments.timing.time_fn`` (cold-L2 CUDA-graph
 replays). TB/s is over the case's minimal traffic (input read once, outputs written once, the blocked buffers'
 zero fill included), the same count for every launch of a case, so a launch that reads twice shows it as a lower
 rate. The fused cases' old default is the unfused pair, quantize then rearrange, timed as one call. A failing
@@ -42,7 +42,7 @@ from tune_quantize import make_input
 from tune_quantize import reference as mx_reference
 from tuning import copy_tbps, start
 
-from mxbench.timing import time_fn
+from mxbench.instruments.timing import time_fn
 
 M, K, N, G = 131072, 7168, 2048, 8
 SCOUT = (16, 8192, 5120)  # Llama 4 Scout's expert weights (G, N, K)

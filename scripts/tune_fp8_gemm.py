@@ -14,7 +14,7 @@ dense ``torch._scaled_mm`` of the same FLOPs (rowwise scales), and each candidat
 defaults only). Each candidate is first checked against "emulated" on a small ragged case with an empty group (SQNR
 in dB), then at the full size against "native" (SQNR in dB; inf: torch's outputs bit for bit): under
 ``MIN_SQNR_DB``, an empty group's output not all zeros, or an exception, it is reported and skipped. Every time is
-``mxbench.timing.time_fn`` (cold-L2 CUDA-graph replays after warm-up calls).
+``mxbench.instruments.timing.time_fn`` (cold-L2 CUDA-graph replays after warm-up calls).
 
 ``--deepgemm`` adds, and ``--only-deepgemm`` times alone (beside torch's kernel and the dense ``_scaled_mm``, the
 ratios' denominators), DeepGEMM's grouped FP8 GEMM (backend "deepgemm", fwd and dgrad: ``scripts/peers/deepgemm.py``)
@@ -39,7 +39,7 @@ from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.gemm import fp8_triton as F
 from mxkernels.gemm.fp8_triton import Fp8Config
 from mxkernels.gemm.fp8_ws import WsConfig
-from mxbench.timing import time_fn
+from mxbench.instruments.timing import time_fn
 from tune_gemm import sqnr_db
 from peers import deepgemm as DG
 

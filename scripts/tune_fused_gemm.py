@@ -18,7 +18,7 @@ step -- fwd (M, K) x (G, K, N), dgrad (M, N) x (G, N, K), wgrad (N, M) x (M, K) 
   kernel vs control is what the in-register dequantization costs, control vs ``torch._grouped_mm`` what the Triton
   GEMM itself gives away.
 
-Every time is ``mxbench.timing.time_fn`` (cold-L2 CUDA-graph replays after warm-up calls). The table printed last
+Every time is ``mxbench.instruments.timing.time_fn`` (cold-L2 CUDA-graph replays after warm-up calls). The table printed last
 has case, backend, config, us, TFLOP/s and the ratio to bf16; the JSON has every row. A candidate that fails is
 printed, recorded with its error and skipped; candidates left when ``--budget-s`` is spent are listed.
 """
@@ -41,7 +41,7 @@ from mxkernels.gemm import fused as gemm_fused
 from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.gemm.dequant import dequantize_blocked
 from mxkernels.gemm.fused import FusedConfig
-from mxbench.timing import time_fn
+from mxbench.instruments.timing import time_fn
 from tune_gemm import operands, sqnr_db
 
 # isort: on

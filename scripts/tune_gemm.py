@@ -5,7 +5,7 @@ At DeepSeek-V3 shapes (K = 7168, N = 2048, G = 8 balanced groups; M = 16384 and 
 and an explicit ``TileConfig`` (None: the backend's default; no autotuning): "triton_dequant" (dequantize to bf16,
 then ``torch._grouped_mm``) against the measured bests of "triton_fp8" as controls. Each is first checked against
 the "emulated" backend on a small shape with uneven groups (SQNR in dB; a variant under 40 dB or one that raises is
-reported and skipped), then timed with ``mxbench.timing.time_fn`` (CUDA-graph replays, cold L2, after warm-up
+reported and skipped), then timed with ``mxbench.instruments.timing.time_fn`` (CUDA-graph replays, cold L2, after warm-up
 calls). A last row per shape times "triton_dequant"'s dequantize pass alone (both operands), whose traffic is
 reported as TB/s. All numbers go to ``$OUT/tune_gemm.json`` when ``$OUT`` is set.
 
@@ -29,7 +29,7 @@ from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.gemm.dequant import dequantize_blocked
 from mxkernels.gemm.mx_triton import TileConfig
 
-from mxbench.timing import time_fn
+from mxbench.instruments.timing import time_fn
 
 K, N, G = 7168, 2048, 8
 MIN_SQNR_DB = 40.0

@@ -27,7 +27,7 @@ from mxkernels.layouts.padding import padded_rows
 from mxkernels.quant.quantize import RowsConfig
 from tuning import start
 
-from mxbench.timing import time_fn
+from mxbench.instruments.timing import time_fn
 
 COPIES, E, ALIGN = 131072, 8, 32
 SHAPES = {"deepseek-v3": (7168, 2048), "llama4-scout": (5120, 8192)}

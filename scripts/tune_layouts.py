@@ -4,7 +4,7 @@
 
 For each kernel at DeepSeek-V3 shapes (G = 8) and each candidate config passed explicitly (block sizes, warps),
 the output is first checked bit-exact against the plain-torch reference, then timed with
-``mxbench.timing.time_fn`` (cold-L2 CUDA-graph replays). One line per (kernel, case, config): median us, IQR,
+``mxbench.instruments.timing.time_fn`` (cold-L2 CUDA-graph replays). One line per (kernel, case, config): median us, IQR,
 TB/s over the module's ``*_cost`` (bytes read + whole output written), and the fraction of a plain device copy's
 TB/s measured first on the same card. Then the best config per case, and per kernel the config with the least
 total time over its cases. A config that fails (compile error, wrong bytes, timing error) is reported and skipped;
@@ -26,7 +26,7 @@ import triton
 from mxkernels.layouts import scale_layout
 from mxkernels.layouts import padding
 
-from mxbench.timing import time_fn
+from mxbench.instruments.timing import time_fn
 from tuning import start
 
 G = 8

@@ -5,7 +5,7 @@
 For each quantizer at DeepSeek-V3 and Llama 4 Scout shapes (bf16 input, RCEIL) and each candidate config passed
 explicitly (rows kernel: tile, num_warps; cols kernel: tile, num_warps, num_stages and the column-group width
 ``group_cols``, 0 = whole width; the first cols config is the control), the output is first checked bit-exact against ``quantize_reference`` (computed once per case, in
-chunks), then timed with ``mxbench.timing.time_fn`` (cold-L2 CUDA-graph replays). One line per (quantizer, shape,
+chunks), then timed with ``mxbench.instruments.timing.time_fn`` (cold-L2 CUDA-graph replays). One line per (quantizer, shape,
 config): median us, IQR, TB/s over ``quantize_2d_cost`` (2 B read + 1 + 1/32 B written per element) and the fraction
 of a plain copy kernel's TB/s measured first on the same card (the target is >= 90%). Then the best config per case,
 per quantizer the config with the least total time, and RCEIL vs FLOOR at the control config, timed back to back
@@ -24,7 +24,7 @@ import torch
 from mxkernels.quant import quantize as qz
 from mxkernels.core.format import BLOCK_SIZE, quantize_reference
 
-from mxbench.timing import time_fn
+from mxbench.instruments.timing import time_fn
 from tuning import start
 
 M = 131072

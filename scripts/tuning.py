@@ -27,8 +27,8 @@ def _importable_from_checkout() -> None:
 _importable_from_checkout()
 
 # Imported after the path set-up above.
-from mxbench.ceilings import stream_convert
-from mxbench.timing import time_fn
+from mxbench.instruments.ceilings import stream_convert
+from mxbench.instruments.timing import time_fn
 
 
 def copy_tbps(rows: int, cols: int, samples: int, dtype: torch.dtype = torch.bfloat16) -> float:

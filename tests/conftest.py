@@ -73,7 +73,7 @@ def no_installed_plugins(monkeypatch):
 @pytest.fixture
 def stored(tmp_path):
     """``stored(name, run)``: ``run`` saved as ``<tmp_path>/<name>.json`` (and its CSV); returns the JSON's path."""
-    from mxbench.results import save_run
+    from mxbench.storage.results import save_run
 
     def store(name: str, run):
         path = tmp_path / f"{name}.json"
@@ -88,7 +88,7 @@ def world_of_one():
     """A gloo group of this process alone: EP degree 1 (the all-to-alls copy locally)."""
     import torch.distributed as dist
 
-    from mxbench.ep.dist import Context
+    from mxbench.measuring.dist import Context
 
     if not os.environ.get("TRITON_INTERPRET"):
         # this path runs the kernels on CPU tensors; a GPU box checks it through the worker subprocesses

@@ -86,7 +86,7 @@ def fake_stage(pass_name, name, kernel, category, purpose="", shapes=(), cost=No
     """A pipeline ``Stage`` with a spec made up on the spot (harness tests that need no real kernel)."""
     from mxkernels.core.cost import Cost
 
-    from mxbench.results import parse_shapes
+    from mxbench.storage.results import parse_shapes
 
     fn = fn or (lambda *args, **kwargs: ())
     spec = StageSpec(Recipe(recipe), name, Pass(pass_name), Category(category), purpose,
@@ -130,7 +130,7 @@ class FakeGPU:
         return FakeTiming([self.us * (1 + 0.001 * i) for i in range(samples)])
 
     def instruments(self):
-        from mxbench.instruments import Instruments
+        from mxbench.instruments.kit import Instruments
 
         def build(*args, **kwargs):
             return [s for s in self.build(*args, **kwargs) if s.name not in self.drop]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from test_shard import POINTS, fakes_for, sweep_options
 
-from mxbench.shard import sharded_sweep
+from mxbench.workloads.step.sharded import sharded_sweep
 
 rank = int(os.environ["RANK"])
 f, ins = fakes_for(rank)

@@ -16,8 +16,8 @@ from mxkernels.gemm import native as gemm_native
 from mxkernels.stages.step_specs import padding_alignment
 from native_double import SM100, SM100Double, install
 
-from mxbench import check as C
-from mxbench import registry
+from mxbench.implementations import check as C
+from mxbench.implementations import default
 from mxbench.cli import cli
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "b200.md"
@@ -41,7 +41,7 @@ def recipe_of(args: list[str]) -> str:
 
 @pytest.fixture
 def sm100(monkeypatch):
-    monkeypatch.setattr(registry, "_DEFAULT", None)
+    monkeypatch.setattr(default, "_DEFAULT", None)
     return install(monkeypatch, SM100Double())
 
 

@@ -15,9 +15,11 @@ import pytest
 from click.testing import CliRunner
 from helpers import FakeGPU
 
-from mxbench.cli import cli, run_commands
-from mxbench.instruments import Instruments
-from mxbench.results import load_run, save_run
+from mxbench.cli import cli
+
+from mxbench.clikit import common
+from mxbench.instruments.kit import Instruments
+from mxbench.storage.results import load_run, save_run
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -40,9 +42,9 @@ def fake_gpu(monkeypatch, tmp_path):
     """roofline on a fake GPU: the real sweep (saving, Ctrl-C) over FakeGPU instruments; nothing may be built
     unless a test says so."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "Fake GPU")
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "card_name", lambda device=0: "Fake GPU")
 
     def untouched(n):
         raise AssertionError("a point was measured before the bad input was refused")
@@ -55,7 +57,7 @@ def fake_gpu(monkeypatch, tmp_path):
 @pytest.fixture
 def no_gpu(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
 
 
 # ----------------------------------------------------------------------------------------------- output paths
@@ -145,9 +147,9 @@ def test_without_a_gpu_a_limit_above_every_known_card_is_refused(no_gpu):
 def test_a_limit_outside_the_cards_nvml_range_names_the_option_and_the_range(fake_gpu, monkeypatch):
     from test_cli import FakeController
 
-    import mxbench.power
+    import mxbench.instruments.power
 
-    monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
+    monkeypatch.setattr(mxbench.instruments.power, "PowerController", FakeController)
     one_line_error(invoke("roofline", *SHAPE, "--power-limit-watts", "100"),
                    "--power-limit-watts: 100 W is outside this card's power-limit range [200, 700] W")  # fmt: skip
 
@@ -174,10 +176,10 @@ def test_without_a_gpu_the_model_run_is_saved_where_help_says(no_gpu, tmp_path):
 def test_a_model_rows_efficiency_is_model_at_peak_not_a_percentage():
     from mxkernels.stages.pipeline import plan_step
 
-    from mxbench.hardware import datasheet_peaks, get_spec
-    from mxbench.results import Point, Run
-    from mxbench.roofline import MODEL_AT_PEAK, efficiency, model_records
-    from mxbench.tables import breakdown_rows
+    from mxbench.instruments.hardware import datasheet_peaks, get_spec
+    from mxbench.storage.results import Point, Run
+    from mxbench.instruments.roofline import MODEL_AT_PEAK, efficiency, model_records
+    from mxbench.workloads.step.tables import breakdown_rows
 
     spec = get_spec("b200")
     point = Point(16384, 2048, 7168, 8)
@@ -213,12 +215,13 @@ def test_ctrl_c_keeps_the_measured_points_marks_the_run_partial_and_exits_130(tm
         import os, signal, sys
         sys.path.insert(0, {str(TESTS)!r})
         from helpers import FakeGPU
-        from mxbench.cli import main, run_commands
-        from mxbench.instruments import Instruments
+        from mxbench.cli import main
+        from mxbench.clikit import common
+        from mxbench.instruments.kit import Instruments
 
-        run_commands._has_gpu = lambda: True
-        run_commands._detected_spec = lambda device=0: "h100-sxm"
-        run_commands._card_name = lambda device=0: "Fake GPU"
+        common.has_gpu = lambda: True
+        common.detected_spec = lambda device=0: "h100-sxm"
+        common.card_name = lambda device=0: "Fake GPU"
 
         def interrupt(n):
             if n == 2:

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from mxbench import ceilings as ceil
-from mxbench import hardware
-from mxbench.ceilings import Ceilings, GemmPoint, load_ceilings, measure_ceilings, measured_peaks, save_ceilings
-from mxbench.timing import Timing
+from mxbench.instruments import ceilings as ceil
+from mxbench.instruments import hardware
+from mxbench.instruments.ceilings import Ceilings, GemmPoint, load_ceilings, measure_ceilings, measured_peaks, save_ceilings
+from mxbench.instruments.timing import Timing
 
 CARD = "NVIDIA H100 80GB HBM3"
 
@@ -239,7 +239,7 @@ class TestGemmCeilings:
             fn()
             return Timing([next(times)], "graph-cold", calls_per_replay=1)
 
-        monkeypatch.setattr("mxbench.timing.time_fn", fake_time_fn)
+        monkeypatch.setattr("mxbench.instruments.timing.time_fn", fake_time_fn)
         square, _ = ceil.square_candidates(32, device=device)
         bf16_square = [c for c in square if c.kind == "bf16"]
         grouped = [c for c in ceil.grouped_candidates(TINY, device=device, fp8_backend=None)]

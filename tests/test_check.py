@@ -19,8 +19,9 @@ from mxkernels.stages.pipeline import step_stages
 from mxkernels.core.runtime import InputError
 from mxkernels.stages.step_specs import all_specs, get_spec, specs_of
 
-from mxbench import check as C
-from mxbench.registry import Deviation, Implementation, Registry, builtin_registry, load_entry_points, parse_impl
+from mxbench.implementations import check as C
+from mxbench.implementations.default import builtin_registry, load_entry_points
+from mxbench.implementations.registry import Deviation, Implementation, Registry, parse_impl
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plain_quantizer"
 SMALL = {"M": 512, "N": 128, "K": 256, "G": 2}
@@ -350,7 +351,7 @@ def test_torchaos_3d_rearrange_adapter_returns_the_contracts_shape(monkeypatch):
 
     from mxkernels.layouts.scale_layout import rearrange_3d_reference
 
-    from mxbench import implementations
+    from mxbench.implementations import builtin as implementations
 
     fake = types.SimpleNamespace(triton_mx_block_rearrange_per_group_3d=lambda s: rearrange_3d_reference(s).flatten(1))
     monkeypatch.setattr(implementations, "_ao", lambda module, name: getattr(fake, name))

@@ -12,7 +12,7 @@ from test_cli import synthetic_run
 
 import mxbench
 from mxbench.cli import cli
-from mxbench.results import save_run
+from mxbench.storage.results import save_run
 
 
 def invoke(*args):
@@ -28,7 +28,7 @@ def test_a_folder_with_a_tuning_scripts_json_list_loads(tmp_path):
 
 def test_table_reads_a_folder_and_passes_over_runs_of_another_kind(tmp_path):
     save_run(synthetic_run(), tmp_path / "roofline.json")
-    peers = mxbench.results.Run(meta={**synthetic_run().meta, "kind": "peers"}, records=synthetic_run().records)
+    peers = mxbench.storage.results.Run(meta={**synthetic_run().meta, "kind": "peers"}, records=synthetic_run().records)
     save_run(peers, tmp_path / "peers.json")
     result = invoke("table", tmp_path, "--kind", "breakdown", "--format", "csv")
     assert result.exit_code == 0, result.output
@@ -54,7 +54,7 @@ def test_torchaos_import_noise_stays_off_stderr(tmp_path, monkeypatch, capfd):
     import logging
     import sys
 
-    from mxbench import implementations
+    from mxbench.implementations import builtin as implementations
 
     package = tmp_path / "torchao"
     package.mkdir()

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mxbench.cli import cli, run_commands
-from mxbench.results import Point, Record, Run, load_run, save_run
+from mxbench.cli import cli
+
+from mxbench.clikit import common
+from mxbench.storage.results import Point, Record, Run, load_run, save_run
 
 CARD = "NVIDIA H100 80GB HBM3"
 
@@ -28,7 +30,7 @@ def invoke(*args: str):
 @pytest.fixture
 def no_gpu(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the model run is saved under results/ of the working folder
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
 
 
 def test_help_lists_every_command():
@@ -60,14 +62,16 @@ def test_the_command_line_loads_no_kernels_until_a_command_runs():
 
 
 def test_the_options_offer_what_the_harness_knows():
-    from mxbench import ep, layer, roofline
-    from mxbench.cli import common, report_commands
-    from mxbench.layer import command as layer_command
-    from mxbench.render import FORMATS
-    from mxbench.tables import TABLES
+    from mxbench.cli import report_commands
+    from mxbench.clikit import common
+    from mxbench.instruments import roofline
+    from mxbench.views.render import FORMATS
+    from mxbench.workloads import ep, layer
+    from mxbench.workloads.layer import command as layer_command
+    from mxbench.workloads.step.tables import STEP_ROWS
 
     assert common.FORMATS == FORMATS
-    assert report_commands.TABLE_KINDS == (*TABLES, *ep.TABLE_KINDS, *layer.TABLE_KINDS)
+    assert report_commands.TABLE_KINDS == (*STEP_ROWS, "peers", *ep.TABLE_KINDS, *layer.TABLE_KINDS)
     assert layer_command.DENOMINATORS == roofline.DENOMINATORS  # written out there: the CLI imports no kernels
 
 
@@ -156,7 +160,7 @@ class FakeController:
         return limits
 
     def check_permission(self, watts):
-        from mxbench.power import PowerPermissionError
+        from mxbench.instruments.power import PowerPermissionError
 
         if watts is not None and not self.allowed:
             raise PowerPermissionError("setting a GPU power limit needs root (or CAP_SYS_ADMIN)")
@@ -171,14 +175,14 @@ class FakeController:
     ],
 )
 def test_power_limits_are_checked_before_anything_runs(monkeypatch, args, allowed, message):
-    import mxbench.power
-    import mxbench.sweep
+    import mxbench.instruments.power
+    import mxbench.workloads.step.sweep
 
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
     monkeypatch.setattr(FakeController, "allowed", allowed)
-    monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
-    monkeypatch.setattr(mxbench.sweep, "run_sweep", lambda *a, **k: pytest.fail("the sweep must not start"))
+    monkeypatch.setattr(mxbench.instruments.power, "PowerController", FakeController)
+    monkeypatch.setattr(mxbench.workloads.step.sweep, "run_sweep", lambda *a, **k: pytest.fail("the sweep must not start"))
     result = invoke("roofline", "--K", 7168, "--N", 2048, *args)
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
@@ -291,12 +295,12 @@ def test_a_file_that_is_not_a_run_exits_2(tmp_path):
 
 
 def test_an_exception_that_is_not_an_input_error_is_a_bug_and_exits_1(stored, monkeypatch):
-    import mxbench.frame
+    import mxbench.views.frame
 
     def broken(path):
         raise RuntimeError("a bug, not bad input")
 
-    monkeypatch.setattr(mxbench.frame, "load_run", broken)  # how `table` reads its files and folders
+    monkeypatch.setattr(mxbench.views.frame, "load_run", broken)  # how `table` reads its files and folders
     result = invoke("table", stored("a", synthetic_run()))
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
     assert "broken" in "".join(traceback.format_tb(result.exc_info[2]))  # its traceback reaches where it was raised
@@ -305,9 +309,9 @@ def test_an_exception_that_is_not_an_input_error_is_a_bug_and_exits_1(stored, mo
 def test_a_bare_value_error_prints_its_traceback_and_exits_1(stored):
     """A ValueError that is not an InputError is a bug too: the process shows the traceback, not a one-line message."""
     code = (
-        "import mxbench.results\n"
+        "import mxbench.storage.results\n"
         "def broken(path): raise ValueError('a bug, not bad input')\n"
-        "mxbench.results.load_run = broken\n"
+        "mxbench.storage.results.load_run = broken\n"
         "from mxbench.cli import main\n"
         f"main(['table', {str(stored('a', synthetic_run()))!r}])\n"
     )
@@ -322,8 +326,8 @@ def test_a_bare_value_error_prints_its_traceback_and_exits_1(stored):
 @pytest.fixture
 def fake_gpu(monkeypatch, tmp_path):
     """A GPU run without a GPU: the card is an H100 and run_sweep returns the synthetic run (saved where asked)."""
-    import mxbench.power
-    import mxbench.sweep
+    import mxbench.instruments.power
+    import mxbench.workloads.step.sweep
 
     calls = {}
 
@@ -334,11 +338,11 @@ def fake_gpu(monkeypatch, tmp_path):
         return run
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: CARD)
-    monkeypatch.setattr(mxbench.power, "PowerController", FakeController)
-    monkeypatch.setattr(mxbench.sweep, "run_sweep", fake_sweep)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "card_name", lambda device=0: CARD)
+    monkeypatch.setattr(mxbench.instruments.power, "PowerController", FakeController)
+    monkeypatch.setattr(mxbench.workloads.step.sweep, "run_sweep", fake_sweep)
     return calls
 
 

@@ -81,7 +81,7 @@ TINY_EP = ["--K", "64", "--N", "64", "--experts", "2", "--tokens", "32"]
     (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit-watts", "nan"], "positive and finite"),
 ])  # fmt: skip
 def test_numbers_past_what_the_kernels_and_devices_honour_exit_2_before_any_work(args, message, tmp_path, monkeypatch):
-    from mxbench.ep import launch, worker
+    from mxbench.workloads.ep import launch, worker
 
     monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("a worker was started"))
     monkeypatch.setattr(worker, "run_worker", lambda *a, **k: pytest.fail("the run started"))
@@ -99,7 +99,7 @@ def test_the_largest_seed_torch_takes_runs(tmp_path):
 
 
 def test_ep_generator_seeds_stay_in_torchs_range_and_keep_small_seeds():
-    from mxbench.ep.inputs import _generator
+    from mxbench.workloads.ep.inputs import _generator
 
     assert _generator(2**63 - 1, 1).initial_seed() == ((2**63 - 1) * 1_000_003 + 1) % 2**63
     assert _generator(7, 1).initial_seed() == 7 * 1_000_003 + 1  # the seeds of every earlier run are unchanged

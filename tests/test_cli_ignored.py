@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from mxbench.cli import cli
-from mxbench.ep import launch, worker
+from mxbench.workloads.ep import launch, worker
 
 TINY_EP = ["--K", "64", "--N", "64", "--experts", "2", "--tokens", "32"]
 ROOFLINE = ["roofline", "--K", "256", "--N", "128", "--M", "1024"]

@@ -17,7 +17,7 @@ from mxkernels.core.names import Recipe
 from mxkernels.stages.step_specs import all_specs, specs_of
 from test_cli import fake_gpu  # the fixture (a GPU run without a GPU), used by name
 
-from mxbench import registry
+from mxbench.implementations import default
 from mxbench.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def invoke(*args):
 @pytest.fixture(autouse=True)
 def fresh_registry(monkeypatch):
     """Each test starts from the built-in registry (``--impl`` adds to the process-wide one)."""
-    monkeypatch.setattr(registry, "_DEFAULT", None)
+    monkeypatch.setattr(default, "_DEFAULT", None)
 
 
 @pytest.fixture

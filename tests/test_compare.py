@@ -5,9 +5,10 @@ import time
 
 import pytest
 
-from mxbench import compare, render
-from mxbench.compare import CompareError, Thresholds, compare_runs
-from mxbench.results import Point, Record, Run
+from mxbench.gate import compare
+from mxbench.views import render
+from mxbench.gate.compare import CompareError, Thresholds, compare_runs
+from mxbench.storage.results import Point, Record, Run
 
 
 def samples(center: float, rel_sd: float, n: int = 30, seed: int = 1) -> list[float]:
@@ -208,7 +209,7 @@ def test_compare_command_takes_the_bands_and_floor_and_states_its_rules(tmp_path
     from click.testing import CliRunner
 
     from mxbench.cli import cli
-    from mxbench.results import save_run
+    from mxbench.storage.results import save_run
 
     kw = {"category": "quantize", "stage": "quantize_a"}
     paths = [tmp_path / "base.json", tmp_path / "new.json"]

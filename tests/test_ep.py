@@ -23,10 +23,10 @@ from mxkernels.core.comparison import sqnr_db
 from mxkernels.layouts.padding import padded_rows
 from mxkernels.stages.step_specs import all_specs, get_spec
 
-from mxbench.ep import check as ep_check
-from mxbench.ep import launch, measure, rank_timing, tables
-from mxbench.ep.dist import Context
-from mxbench.results import Run
+from mxbench.workloads.ep import check as ep_check
+from mxbench.workloads.ep import launch, measure, rank_timing, tables
+from mxbench.measuring.dist import Context
+from mxbench.storage.results import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--K", "64", "--N", "64", "--experts", "2", "--tokens", "32"]
@@ -135,7 +135,7 @@ def test_every_stage_matches_its_oracle_and_the_layer_its_reference(world_of_one
 
 def test_a_swapped_permutation_fails_stage_and_layer_checks(world_of_one):
     sys.path.insert(0, str(Path(__file__).parent))
-    from mxbench.registry import parse_impl
+    from mxbench.implementations.registry import parse_impl
 
     impl = parse_impl("permute=ep_broken:swapped_permute", "bf16", ep_stages.get_ep_spec)
     stage_checks, layer_checks = ep_check.check_strategy(world_of_one, "bf16", OPTIONS, [impl])
@@ -174,7 +174,7 @@ def test_measured_records_carry_costs_and_per_rank_statistics(world_of_one, monk
     # the GEMM runs on the padded buffer (skewed groups are not multiples of 32), whose rows it is charged for
     rows = padded_rows(OPTIONS.T * OPTIONS.top_k, OPTIONS.E, 32)
     assert gemm.flops == 2 * rows * OPTIONS.N * OPTIONS.K and gemm.shapes[0] == (rows, OPTIONS.K)
-    from mxbench.ep.metadata import ep_metadata, rank_info
+    from mxbench.workloads.ep.metadata import ep_metadata, rank_info
 
     layer = {"tokens_per_rank": OPTIONS.T, "K": OPTIONS.K, "N": OPTIONS.N, "experts_per_rank": OPTIONS.E, "top_k": 2}
     meta = ep_metadata(world_of_one, [rank_info(world_of_one)], layer, {"groups": "skewed", "seed": 3},
@@ -183,7 +183,7 @@ def test_measured_records_carry_costs_and_per_rank_statistics(world_of_one, monk
     run = Run(meta, records)
     assert {r["Stage"] for r in tables.ep_rows(run)} >= {"route", "exchange_counts", "dispatch", "pad_a_mx", "fwd+bwd"}
     assert "EP degree 1 (gloo" in tables.ep_table(run, "ep-summary", "plain")
-    from mxbench.ep.figure import plot_ep
+    from mxbench.workloads.ep.figure import plot_ep
 
     assert plot_ep(run, tmp_path / "ep.png").stat().st_size > 0
 
@@ -197,7 +197,7 @@ def _plan_shape(ctx):
 
 def synthetic_ep_run() -> Run:
     """A stored EP run by hand: one dispatch of 0.45 GB each way in 2 ms, and the steps of two strategies."""
-    from mxbench.results import Point, Record
+    from mxbench.storage.results import Point, Record
 
     record = Record(Point(64, 64, 64, 2, "bf16"), "forward", "dispatch", "a2a", "all_to_all", bytes_read=450_000_000,
                     bytes_written=450_000_000, samples_us=[2000.0], telemetry={"across_ranks": {}})  # fmt: skip
@@ -223,7 +223,7 @@ def test_table_kinds_ep_render_stored_ep_runs_only(tmp_path):
     from click.testing import CliRunner
 
     from mxbench.cli import cli
-    from mxbench.results import save_run
+    from mxbench.storage.results import save_run
 
     path, _ = save_run(synthetic_ep_run(), tmp_path / "ep.json")
     result = CliRunner().invoke(cli, ["table", str(path), "--kind", "ep-summary", "--format", "plain"])
@@ -245,7 +245,7 @@ def test_workers_keep_multicast_off_without_overriding_a_set_value():
 
 def test_launcher_command_passes_rendezvous_options_and_defaults_to_standalone():
     cmd = launch.launcher_command(2, [], ["ep", "--check"])
-    assert cmd[1:] == ["-m", "mxbench.ep.torchrun", "--nproc-per-node=2", "--standalone", "-m", "mxbench", "ep",
+    assert cmd[1:] == ["-m", "mxbench.workloads.ep.torchrun", "--nproc-per-node=2", "--standalone", "-m", "mxbench", "ep",
                        "--check"]  # fmt: skip
     assert "--standalone" not in launch.launcher_command(2, ["--master-port=29601"], ["ep"])
 
@@ -369,7 +369,7 @@ def test_a_graph_timing_that_fails_after_capture_is_retried_with_events(cuda_con
 
 
 def test_alltoall_ceilings_are_stored_per_card_and_world_size(tmp_path):
-    from mxbench.ep import ceiling
+    from mxbench.workloads.ep import ceiling
 
     entry = {"card": "NVIDIA H200", "world_size": 2, "bidirectional_gbps": 660.0, "nccl": "2.28.9"}
     ceiling.save_alltoall_ceiling(entry, tmp_path)
@@ -382,7 +382,7 @@ def test_alltoall_ceilings_are_stored_per_card_and_world_size(tmp_path):
 
 
 def test_a_measured_all_to_all_ceiling_that_the_run_beats_is_replaced_by_the_runs_best():
-    from mxbench.results import Point, Record, Run
+    from mxbench.storage.results import Point, Record, Run
 
     p = Point(1024, 64, 64, 2, "bf16")
     fast = Record(p, "forward", "dispatch", "a2a", "all_to_all", bytes_read=600_000, samples_us=[1.0])  # 0.6 TB/s

@@ -19,9 +19,9 @@ from mxkernels.stages.ep_wgrad import Wgrad
 from mxkernels.layouts.padding import padded_rows
 from test_ep import fake_time_on_ranks, mxbench_ep
 
-from mxbench.ep import check as ep_check
-from mxbench.ep import launch, measure
-from mxbench.ep.workload import LayerOptions, workload
+from mxbench.workloads.ep import check as ep_check
+from mxbench.workloads.ep import launch, measure
+from mxbench.workloads.ep.workload import LayerOptions, workload
 
 HERE = Path(__file__).parent
 TINY = ["--layer", "--K", "64", "--N", "32", "--experts", "2", "--tokens", "32"]
@@ -187,7 +187,7 @@ def test_the_other_wgrad_precision_fails_the_weight_gradients_check(world_of_one
 ])  # fmt: skip
 def test_planted_faults_fail_their_stage_and_the_layer(world_of_one, impl, score_before, stage):
     sys.path.insert(0, str(HERE))
-    from mxbench.registry import parse_impl
+    from mxbench.implementations.registry import parse_impl
 
     parsed = parse_impl(impl, "bf16", ep_layer.get_ep_layer_spec)
     stage_checks, layer_checks = ep_check.check_strategy(world_of_one, "bf16", options(score_before), [parsed])
@@ -226,7 +226,7 @@ def test_a_dispatch_that_drops_a_ranks_rows_fails_on_two_processes():
 ])  # fmt: skip
 def test_records_carry_the_part_and_the_wgrad_precision_that_ran(world_of_one, monkeypatch, strategy, wgrad, recorded,
                                                                  precision):  # fmt: skip
-    from mxbench.ep.worker import layer_meta
+    from mxbench.workloads.ep.worker import layer_meta
 
     monkeypatch.setattr(measure, "time_on_ranks", fake_time_on_ranks)
     o = options(wgrad=wgrad)
@@ -244,12 +244,12 @@ def test_a_layer_run_renders_labelled_tables_and_figure_and_never_joins_a_projec
                                                                                           tmp_path):  # fmt: skip
     from mxkernels.core.errors import InputError
 
-    from mxbench.ep import tables
-    from mxbench.ep.figure import plot_ep
-    from mxbench.ep.metadata import ep_metadata, rank_info
-    from mxbench.ep.scaling import scaling_rows
-    from mxbench.ep.worker import layer_meta
-    from mxbench.results import Run
+    from mxbench.workloads.ep import tables
+    from mxbench.workloads.ep.figure import plot_ep
+    from mxbench.workloads.ep.metadata import ep_metadata, rank_info
+    from mxbench.workloads.ep.scaling import scaling_rows
+    from mxbench.workloads.ep.worker import layer_meta
+    from mxbench.storage.results import Run
 
     monkeypatch.setattr(measure, "time_on_ranks", fake_time_on_ranks)
     o = options(score_before=False)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from mxbench.ep.check import EPOptions
-from mxbench.ep.topology import LinkClass, Place, Topology, split_bytes, stage_link_bytes
-from mxbench.results import Point, Record
+from mxbench.workloads.ep.check import EPOptions
+from mxbench.workloads.ep.topology import LinkClass, Place, Topology, split_bytes, stage_link_bytes
+from mxbench.storage.results import Point, Record
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH_TIMEOUT_S = 150  # each launcher; the pair takes some 25 s on two loaded CPU cores
@@ -54,7 +54,7 @@ def test_split_bytes_leaves_out_the_own_share_and_sorts_peers_by_node():
 def balanced_counts(world: int) -> list:
     from mxkernels.moe.token_permute import route
 
-    from mxbench.ep.inputs import routing
+    from mxbench.workloads.ep.inputs import routing
 
     return [route(routing(T, 1, world * E, "balanced", 0, r), world * E)["counts"].view(world, E).tolist()
             for r in range(world)]  # fmt: skip
@@ -89,7 +89,7 @@ def a2a_record(sent_rows: list[int], row_bytes: int) -> Record:
 
 
 def test_measured_records_are_split_by_the_way_their_rows_go():
-    from mxbench.ep.topology import annotate_records
+    from mxbench.workloads.ep.topology import annotate_records
 
     # dispatch's way: rank r sends COUNTS[r][d] (off-rank rows per rank: 6, 8, 7, 17), 100 B a row
     dispatch = a2a_record([6, 8, 7, 17], 100)
@@ -151,8 +151,8 @@ def test_two_launchers_as_two_nodes_check_the_run_and_record_its_topology(tmp_pa
 
 
 def test_an_all_to_all_across_nodes_reads_each_class_against_its_own_link():
-    from mxbench.ep import tables
-    from mxbench.results import Run
+    from mxbench.workloads.ep import tables
+    from mxbench.storage.results import Run
 
     split = {"intra_node": {"sent": 300_000_000, "received": 300_000_000},
              "inter_node": {"sent": 50_000_000, "received": 50_000_000}}  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from mxbench.cli import cli
-from mxbench.ep import launch
+from mxbench.workloads.ep import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--K", "64", "--N", "64", "--experts", "2", "--tokens", "32"]
@@ -41,7 +41,7 @@ def _terminal_signals() -> None:
 
 def workers(mark: str) -> list[int]:
     """The pids of the workers whose command line carries ``mark``: neither the launcher (its has --nproc) nor
-    torchrun (mxbench.ep.torchrun)."""
+    torchrun (mxbench.workloads.ep.torchrun)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -50,7 +50,7 @@ def workers(mark: str) -> list[int]:
             words = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if mark.encode() in words and b"mxbench.ep.torchrun" not in words and b"--nproc" not in words:
+        if mark.encode() in words and b"mxbench.workloads.ep.torchrun" not in words and b"--nproc" not in words:
             found.append(int(entry.name))
     return found
 
@@ -113,7 +113,7 @@ def test_a_stale_or_garbled_torchrun_environment_is_named_before_any_work(monkey
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("a worker was started"))
-    from mxbench.ep import worker
+    from mxbench.workloads.ep import worker
 
     monkeypatch.setattr(worker, "run_worker", lambda *a, **k: pytest.fail("the run started"))
     result = CliRunner().invoke(cli, ["ep", *nproc, "--check", *TINY])

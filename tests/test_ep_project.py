@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mxbench.ep import project
-from mxbench.ep.project import AllToAll, LinkModel, Measured, StrategyRun, bytes_per_copy, predict, read_run
-from mxbench.ep.topology import LinkClass
-from mxbench.results import load_run
+from mxbench.workloads.ep import project
+from mxbench.workloads.ep.project import AllToAll, LinkModel, Measured, StrategyRun, bytes_per_copy, predict, read_run
+from mxbench.workloads.ep.topology import LinkClass
+from mxbench.storage.results import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "results" / "nvidia-h100-80gb-hbm3" / "ep"
@@ -155,7 +155,7 @@ def test_a_run_that_is_not_an_ep_run_is_refused():
 def test_a_layer_run_reads_role_named_stages_by_category():
     """A whole-layer run (``mxbench ep --layer``): any stage that is not an all-to-all is compute, whatever its name;
     the routing calls outside the step are left out."""
-    from mxbench.results import Point, Record, Run
+    from mxbench.storage.results import Point, Record, Run
 
     def rec(stage, category, us, sent=0, note=None):
         ranks = [{"rank": r, "median_us": us - r, "bytes_read": sent, "bytes_written": sent} for r in range(2)]

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from mxkernels.core.errors import InputError
 
 from mxbench.cli import cli
-from mxbench.ep.scaling import scaling_rows
-from mxbench.results import load_run
+from mxbench.workloads.ep.scaling import scaling_rows
+from mxbench.storage.results import load_run
 
 EP = Path(__file__).resolve().parent.parent / "results" / "nvidia-h100-80gb-hbm3" / "ep"
 DSV3 = [EP / "ep-deepseek-v3.json", EP / "ep4-deepseek-v3.json"]

@@ -14,8 +14,8 @@ from helpers import committed_results
 from mxkernels.core.errors import InputError
 
 import mxbench
-from mxbench import frame
-from mxbench.results import Point, Record, Run
+from mxbench.views import frame
+from mxbench.storage.results import Point, Record, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "nvidia-h200"

@@ -20,7 +20,7 @@ from mxkernels.core.errors import InputError
 
 import mxbench
 from mxbench.cli import cli
-from mxbench.validation import Published, parse, schema_file, valid
+from mxbench.storage.validation import Published, parse, schema_file, valid
 
 REPO = Path(__file__).resolve().parent.parent
 SCALE = int(os.environ.get("MXBENCH_FUZZ_SCALE", "1"))

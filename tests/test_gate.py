@@ -11,9 +11,11 @@ from click.testing import CliRunner
 from helpers import FakeGPU
 from test_cli import synthetic_run
 
-from mxbench.cli import cli, run_commands
-from mxbench.instruments import Instruments
-from mxbench.results import Point, Record, Run, load_run
+from mxbench.cli import cli
+
+from mxbench.clikit import common
+from mxbench.instruments.kit import Instruments
+from mxbench.storage.results import Point, Record, Run, load_run
 
 
 def invoke(*args):
@@ -111,8 +113,8 @@ def test_exit_codes_are_in_the_help(command):
 
 def fake_baseline(us: float = 10.0) -> Run:
     """A baseline of the fake GPU: every stage of one small mxfp8 point and its bf16 point, 25 samples at us."""
-    from mxbench.measure import SweepOptions
-    from mxbench.sweep import run_sweep
+    from mxbench.measuring.stages import SweepOptions
+    from mxbench.workloads.step.sweep import run_sweep
 
     run = run_sweep([Point(512, 128, 256, 2)], options=SweepOptions(samples=25), progress=False,
                     instruments=FakeGPU(us).instruments())  # fmt: skip
@@ -124,7 +126,7 @@ def fake_baseline(us: float = 10.0) -> Run:
 def fake_card(monkeypatch, tmp_path):
     """regress on a fake GPU whose code version is set per test (``fake_card(us=..., drop=...)``)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
 
     def set_code(**kwargs):
         fake = FakeGPU(**kwargs)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from test_compare import rec, run, samples
 
-from mxbench.compare import compare_runs
-from mxbench.gate import json_report
+from mxbench.gate.compare import compare_runs
+from mxbench.gate.report import json_report
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mxbench import hardware
-from mxbench.hardware import Peak
+from mxbench.instruments import hardware
+from mxbench.instruments.hardware import Peak
 
 REQUIRED = ["b200", "gb200", "b300", "h100-sxm", "h100-pcie", "h200", "a100-sxm-80gb", "mi300x", "mi355x"]
 NUMBERS = ["hbm_tbps", "bf16_tflops", "fp8_tflops", "mxfp8_tflops", "sms", "l2_mb", "tdp_w"]

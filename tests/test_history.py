@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 from mxkernels.core.errors import InputError
 
-from mxbench import REPO_ROOT
+from mxbench.instruments.provenance import REPO_ROOT
 from mxbench.cli import cli
-from mxbench.frame import load_runs
-from mxbench.history import history, history_rows, latest_summary, step_rows
-from mxbench.results import Point, Record, Run, save_run
+from mxbench.views.frame import load_runs
+from mxbench.reporting.history import history, history_rows, latest_summary, step_rows
+from mxbench.storage.results import Point, Record, Run, save_run
 
 CARD = "NVIDIA H100 80GB HBM3"
 MX, BF = Point(1024, 2048, 7168, 8, "mxfp8"), Point(1024, 2048, 7168, 8, "bf16")

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from test_cli import fake_gpu, synthetic_run
 
 import mxbench
-from mxbench import registry
+from mxbench.implementations import default
 from mxbench.cli import cli
-from mxbench.results import save_run
+from mxbench.storage.results import save_run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plain_quantizer"
 SHAPE = ("--K", 256, "--N", 128, "--G", 2, "--M", 512)
@@ -27,7 +27,7 @@ def invoke(*args):
 @pytest.fixture
 def theirs(monkeypatch):
     """A fresh process-wide registry with the plain quantizer registered as "theirs" (as its entry point would)."""
-    monkeypatch.setattr(registry, "_DEFAULT", None)
+    monkeypatch.setattr(default, "_DEFAULT", None)
     monkeypatch.syspath_prepend(str(EXAMPLE))
     monkeypatch.delitem(sys.modules, "plain_quantizer", raising=False)
     import plain_quantizer
@@ -74,15 +74,15 @@ def test_regress_refuses_a_baseline_implementation_not_registered_here(no_gpu_re
 @pytest.fixture
 def no_gpu_regress(monkeypatch):
     """Fail loudly if regress would start measuring."""
-    import mxbench.sweep
+    import mxbench.workloads.step.sweep
 
-    monkeypatch.setattr(mxbench.sweep, "run_sweep", lambda *a, **k: pytest.fail("nothing may be measured"))
+    monkeypatch.setattr(mxbench.workloads.step.sweep, "run_sweep", lambda *a, **k: pytest.fail("nothing may be measured"))
 
 
 def test_regress_re_measures_the_implementation_its_baseline_recorded(monkeypatch, theirs, tmp_path):
-    import mxbench.instruments
-    import mxbench.sweep
-    from mxbench.cli import run_commands
+    import mxbench.instruments.kit
+    import mxbench.workloads.step.sweep
+    from mxbench.clikit import common
 
     seen = {}
 
@@ -92,17 +92,17 @@ def test_regress_re_measures_the_implementation_its_baseline_recorded(monkeypatc
         run.records[0] = dataclasses.replace(run.records[0], impl="theirs")
         return run
 
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(mxbench.instruments.Instruments, "real", classmethod(lambda cls, *a, **k: None))
-    monkeypatch.setattr(mxbench.sweep, "run_sweep", fake_sweep)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(mxbench.instruments.kit.Instruments, "real", classmethod(lambda cls, *a, **k: None))
+    monkeypatch.setattr(mxbench.workloads.step.sweep, "run_sweep", fake_sweep)
     result = invoke("regress", "--baseline", _baseline(tmp_path, "theirs"), "--rounds", 1)
     assert result.exit_code == 0, result.output
     assert [(i.stage, i.name) for i in seen["impls"]] == [("quantize_a", "theirs")]
 
 
 def test_peers_with_impl_times_ours_beside_the_named_implementation_only(monkeypatch, theirs, tmp_path):
-    import mxbench.peers
-    from mxbench.cli import run_commands
+    import mxbench.workloads.peers.measure
+    from mxbench.clikit import common
 
     seen = {}
 
@@ -111,10 +111,10 @@ def test_peers_with_impl_times_ours_beside_the_named_implementation_only(monkeyp
         raise KeyboardInterrupt  # stop before any table: the registry is what this test is about
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(mxbench.peers, "run_peers", fake_peers)
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "card_name", lambda device=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(mxbench.workloads.peers.measure, "run_peers", fake_peers)
     invoke("peers", *SHAPE, "--impl", "theirs")
     names = {(i.stage, i.name) for i in seen["registry"] if i.stage == "quantize_a"}
     assert names == {("quantize_a", "mxkernels"), ("quantize_a", "theirs")}  # no torchao, no torch.compile

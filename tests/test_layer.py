@@ -181,9 +181,9 @@ def test_a_measured_layer_projects_each_mxfp8_gemm_at_its_bf16_twin(tmp_path):
     several GEMMs a pass); the shared experts' grouped GEMMs, which have no bf16 twin, their pass's pooled one."""
     from dataclasses import replace as dc_replace
 
-    from mxbench.layer.measure import layer_points, model_layer_run
-    from mxbench.hardware import get_spec
-    from mxbench.projection import project
+    from mxbench.workloads.layer.measure import layer_points, model_layer_run
+    from mxbench.instruments.hardware import get_spec
+    from mxbench.workloads.step.projection import project
 
     shape = LayerShape(T=4096, K=1024, N=512, E=8, top_k=2, shared=1, shared_in_recipe=True)
     run = model_layer_run(shape, layer_points(shape, ["mxfp8"], mode="rceil", seed=0, fuse=False),
@@ -207,12 +207,12 @@ def test_regress_re_measures_a_layer_baseline_as_its_layer(tmp_path, monkeypatch
     metadata), not roofline points: the same numbers pass, a stage 1.5x slower fails."""
     from dataclasses import replace as dc_replace
 
-    import mxbench.instruments
-    import mxbench.layer.measure as layer_measure
-    from mxbench.cli import run_commands
-    from mxbench.hardware import get_spec
-    from mxbench.layer.measure import layer_points, model_layer_run
-    from mxbench.results import save_run
+    import mxbench.instruments.kit
+    import mxbench.workloads.layer.measure as layer_measure
+    from mxbench.clikit import common
+    from mxbench.instruments.hardware import get_spec
+    from mxbench.workloads.layer.measure import layer_points, model_layer_run
+    from mxbench.storage.results import save_run
 
     shape = LayerShape(T=256, K=64, N=64, E=4, top_k=2, shared=1, routing="skewed")
     base = model_layer_run(shape, layer_points(shape, ["mxfp8"], mode="rceil", seed=0, fuse=False),
@@ -229,8 +229,8 @@ def test_regress_re_measures_a_layer_baseline_as_its_layer(tmp_path, monkeypatch
             u * (slow["factor"] if r.stage == "permute" else 1.0) for u in r.samples_us]) for r in base.records])
         return run
 
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(mxbench.instruments.Instruments, "real", classmethod(lambda cls, *a, **k: None))
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(mxbench.instruments.kit.Instruments, "real", classmethod(lambda cls, *a, **k: None))
     monkeypatch.setattr(layer_measure, "run_layer", fake_run_layer)
     same = CliRunner().invoke(cli, ["regress", "--baseline", str(tmp_path / "base.json"), "--rounds", "1"])
     assert same.exit_code == 0, same.output

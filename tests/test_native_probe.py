@@ -134,8 +134,8 @@ PROBE_FAILURES = {
 
 @pytest.mark.parametrize("make, reason", PROBE_FAILURES.values(), ids=PROBE_FAILURES.keys())
 def test_a_failed_probe_makes_native_unavailable_with_its_reason(monkeypatch, make, reason):
-    from mxbench.check import native_line
-    from mxbench.registry import builtin_registry
+    from mxbench.implementations.check import native_line
+    from mxbench.implementations.default import builtin_registry
 
     install(monkeypatch, make())
     cpu = torch.device("cpu")

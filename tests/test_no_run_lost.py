@@ -18,8 +18,8 @@ from mxkernels.core.errors import InputError
 
 import mxbench
 from mxbench.cli import cli
-from mxbench.replacing import REPLACED_DIR, RunIdentity, check_replace
-from mxbench.results import Point, Record, Run, load_run, save_run
+from mxbench.storage.replacing import REPLACED_DIR, RunIdentity, check_replace
+from mxbench.storage.results import Point, Record, Run, load_run, save_run
 
 ROOFLINE = ["roofline", "--K", "256", "--N", "128", "--M", "1024"]
 
@@ -100,7 +100,7 @@ def test_a_measured_run_is_replaced_only_by_one_of_its_card_and_shape_unless_for
 
 WRITER = textwrap.dedent("""
     import sys
-    from mxbench.results import Point, Record, Run, save_run
+    from mxbench.storage.results import Point, Record, Run, save_run
     writer, path = int(sys.argv[1]), sys.argv[2]
     p = Point(1024, 128, 256, 8)
     for n in range(25):

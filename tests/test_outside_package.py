@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mxbench import registry
+from mxbench.implementations import default
 from mxbench.cli import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "outside"))
@@ -38,7 +38,7 @@ def site(installed, monkeypatch):
         monkeypatch.syspath_prepend(str(installed[which]))
         for module in ("outside_kernels", "plain_quantizer", "outside_raising", "outside_exiting"):
             monkeypatch.delitem(sys.modules, module, raising=False)
-        monkeypatch.setattr(registry, "_DEFAULT", None)
+        monkeypatch.setattr(default, "_DEFAULT", None)
 
     return use
 
@@ -132,7 +132,7 @@ def test_plugins_that_raise_while_registering_or_exit_at_import_fail_the_run(sit
 
 def test_the_package_commit_is_recorded(site, installed):
     site("good")
-    from mxbench.provenance import implementations_meta
+    from mxbench.instruments.provenance import implementations_meta
 
     meta = implementations_meta({"outside": "outside_kernels"})["outside"]
     assert meta["distribution"] == "outside-kernels" and meta["version"] == "0.3.0"

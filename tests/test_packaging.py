@@ -65,7 +65,7 @@ def test_a_wheel_installed_elsewhere_lists_the_presets(tmp_path):
     elsewhere.mkdir()
     # the installed copy first; the rest of the path only for torch, triton and the other dependencies
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *sys.path])}
-    where = run([sys.executable, "-c", "import mxbench.presets as p; print(p.__file__, p.SHAPES_DIR)"], env=env,
+    where = run([sys.executable, "-c", "import mxbench.plan.presets as p; print(p.__file__, p.SHAPES_DIR)"], env=env,
                 cwd=elsewhere)  # fmt: skip
     module, shapes = where.stdout.split()
     assert Path(module).is_relative_to(target) and Path(shapes) == target / "mxbench" / "data" / "shapes"

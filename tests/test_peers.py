@@ -12,13 +12,14 @@ from mxkernels.core.cost import Cost
 from mxkernels.core.errors import InputError
 from mxkernels.core.names import Recipe
 
-from mxbench import implementations
-from mxbench.instruments import Instruments
-from mxbench.measure import SweepOptions
-from mxbench.peers import BUILTIN_COLUMNS, run_peers
-from mxbench.registry import Implementation, Registry, builtin_registry
-from mxbench.results import Point, Record, Run, load_run
-from mxbench.tables import peer_rows
+from mxbench.implementations import builtin as implementations
+from mxbench.instruments.kit import Instruments
+from mxbench.measuring.stages import SweepOptions
+from mxbench.workloads.peers.measure import BUILTIN_COLUMNS, run_peers
+from mxbench.implementations.default import builtin_registry
+from mxbench.implementations.registry import Implementation, Registry
+from mxbench.storage.results import Point, Record, Run, load_run
+from mxbench.workloads.peers.tables import peer_rows
 
 COST = Cost(300, 100)
 

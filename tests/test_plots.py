@@ -18,11 +18,11 @@ from test_report import synthetic_run
 
 import mxbench
 from mxbench import plots
-from mxbench.ceilings import Ceilings, measured_peaks
-from mxbench.figures.context import Context
-from mxbench.figures.step import draw_net_speedup
-from mxbench.hardware import datasheet_peaks, get_spec
-from mxbench.results import load_run
+from mxbench.instruments.ceilings import Ceilings, measured_peaks
+from mxbench.views.panels import Context
+from mxbench.workloads.step.figures.step import draw_net_speedup
+from mxbench.instruments.hardware import datasheet_peaks, get_spec
+from mxbench.storage.results import load_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mxbench import power
-from mxbench.power import PowerController, PowerError, PowerLimits, PowerPermissionError, TelemetrySampler
+from mxbench.instruments import power
+from mxbench.instruments.power import PowerController, PowerError, PowerLimits, PowerPermissionError, TelemetrySampler
 
 NO_PERMISSION, NOT_SUPPORTED = 4, 3
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from mxbench.presets import SHAPES_DIR, get_preset, load_presets
+from mxbench.plan.presets import SHAPES_DIR, get_preset, load_presets
 
 NAMES = {
     "deepseek-v3", "kimi-k2", "llama4-scout", "llama4-maverick", "qwen3-235b-a22b", "qwen3-30b-a3b",

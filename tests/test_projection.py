@@ -10,9 +10,9 @@ import pytest
 from mxkernels.core.errors import InputError
 from test_report import BF16_GEMM_US, MX_E2E_US, MX_GEMM_US, mxfp8_stages, synthetic_run
 
-from mxbench.hardware import get_spec
-from mxbench.projection import project, projected_speedups, projection_table
-from mxbench.roofline import model_speedup
+from mxbench.instruments.hardware import get_spec
+from mxbench.workloads.step.projection import project, projected_speedups, projection_table
+from mxbench.instruments.roofline import model_speedup
 
 H100 = get_spec("h100-sxm")  # 3.35 TB/s, bf16 989, fp8 1979, no mxfp8
 B200 = get_spec("b200")  # 8.0 TB/s, bf16 2250, mxfp8 4500

@@ -16,14 +16,16 @@ from click.testing import CliRunner
 from helpers import FakeGPU
 
 import mxbench
-from mxbench import provenance, registry
-from mxbench.cli import cli, run_commands
-from mxbench.compare import compare_runs
-from mxbench.instruments import Instruments
-from mxbench.measure import SweepOptions
-from mxbench.metadata import run_metadata
-from mxbench.render import header_block
-from mxbench.results import Point, Record, Run, load_run
+from mxbench.instruments import provenance
+from mxbench.implementations import default, registry
+from mxbench.cli import cli
+from mxbench.clikit import common
+from mxbench.gate.compare import compare_runs
+from mxbench.instruments.kit import Instruments
+from mxbench.measuring.stages import SweepOptions
+from mxbench.measuring.metadata import run_metadata
+from mxbench.views.render import header_block
+from mxbench.storage.results import Point, Record, Run, load_run
 
 REPO = Path(__file__).resolve().parent.parent
 PLAIN = REPO / "examples" / "plain_quantizer" / "plain_quantizer.py"
@@ -55,7 +57,7 @@ def own_commit(tree: Path, **env: str) -> str:
     """``git_commit()`` as a process importing mxbench from ``tree`` reports it."""
     clean = {k: v for k, v in os.environ.items() if k != provenance.ENV_COMMIT}
     done = subprocess.run(
-        [sys.executable, "-c", "import mxbench, mxbench.provenance as p; print(mxbench.REPO_ROOT, p.git_commit())"],
+        [sys.executable, "-c", "import mxbench, mxbench.instruments.provenance as p; print(p.REPO_ROOT, p.git_commit())"],
         env={**clean, "PYTHONPATH": str(tree), **env}, cwd=tree, capture_output=True, text=True, timeout=120,
         check=True,
     )  # fmt: skip
@@ -98,7 +100,7 @@ def outside_module(tmp_path, monkeypatch):
     head = new_repo(repo)
     monkeypatch.syspath_prepend(str(repo))
     monkeypatch.delitem(sys.modules, "their_quantizer", raising=False)
-    monkeypatch.setattr(registry, "_DEFAULT", None)
+    monkeypatch.setattr(default, "_DEFAULT", None)
     return repo, head
 
 
@@ -134,8 +136,8 @@ def test_a_module_installed_in_site_packages_is_not_filed_under_an_enclosing_che
 
 
 def test_torchaos_adapters_are_filed_under_torchao():
-    impl = registry.builtin_registry().get("mxfp8", "quantize_a", "torchao")
-    assert impl.module == "torchao" and impl.fn.__module__ == "mxbench.implementations"
+    impl = default.builtin_registry().get("mxfp8", "quantize_a", "torchao")
+    assert impl.module == "torchao" and impl.fn.__module__ == "mxbench.implementations.builtin"
 
 
 def test_a_swept_run_names_each_records_implementation_once_in_its_metadata(outside_module, tmp_path, monkeypatch):
@@ -144,9 +146,9 @@ def test_a_swept_run_names_each_records_implementation_once_in_its_metadata(outs
     _, head = outside_module
     fake = FakeGPU()
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: True)
-    monkeypatch.setattr(run_commands, "_detected_spec", lambda device=0: "h100-sxm")
-    monkeypatch.setattr(run_commands, "_card_name", lambda device=0: "Fake GPU")
+    monkeypatch.setattr(common, "has_gpu", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h100-sxm")
+    monkeypatch.setattr(common, "card_name", lambda device=0: "Fake GPU")
     monkeypatch.setattr(Instruments, "real", classmethod(lambda cls, *a, **k: fake.instruments()))
     out = tmp_path / "run.json"
     result = CliRunner().invoke(cli, ["roofline", "--K", "256", "--N", "128", "--G", "2", "--M", "512", "--out",
@@ -190,7 +192,7 @@ def test_compare_says_which_implementations_code_changed(tmp_path):
     other = compare_runs(base, run_with({"mxkernels": entry("0.1.0", "aaa")}, git_commit="bbb+dirty")).code
     assert [c.text() for c in other] == ["mxbench 0.1.0, commit aaa -> 0.1.0, commit bbb+dirty",
                                          "m:f 1.0 (theirs), commit c1 -> not recorded"]  # fmt: skip
-    from mxbench.results import save_run
+    from mxbench.storage.results import save_run
 
     save_run(base, tmp_path / "a.json")
     save_run(new, tmp_path / "b.json")

@@ -21,7 +21,9 @@ import yaml
 from click.testing import CliRunner
 from helpers import committed_results
 
-from mxbench.cli import cli, run_commands
+from mxbench.cli import cli
+
+from mxbench.clikit import common
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -136,7 +138,7 @@ def test_the_notebook_example_runs_as_written(tmp_path, monkeypatch):
                                      re.DOTALL).groups()  # fmt: skip
     monkeypatch.chdir(tmp_path)
     (tmp_path / "results").symlink_to(REPO / "results")
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)  # the model run, as on a machine without a GPU
+    monkeypatch.setattr(common, "has_gpu", lambda: False)  # the model run, as on a machine without a GPU
     made = CliRunner().invoke(cli, shlex.split(bash)[1:])
     assert made.exit_code == 0, made.output
     printed = io.StringIO()
@@ -192,7 +194,7 @@ def test_each_cpu_command_of_the_readme_runs_as_written(line, tmp_path):
 
 
 def test_the_ci_page_states_the_gates_rules_as_compare_does():
-    from mxbench.gate_rules import rules_text
+    from mxbench.gate.rules import rules_text
 
     assert rules_text() in TEXTS["docs/ci.md"]
     assert "docs/ci.md" in section("Tracking kernel timings in CI")

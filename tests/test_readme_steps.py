@@ -58,10 +58,10 @@ def test_make_regress_passes_exit_0_through():
 
 
 def test_registry_register_works_right_after_import_mxbench():
-    code = ("import sys, mxbench; assert 'mxbench.registry' not in sys.modules; "
-            "print(mxbench.registry.register.__module__, mxbench.timing.time_fn.__module__)")  # fmt: skip
+    code = ("import sys, mxbench; assert 'mxbench.implementations.default' not in sys.modules; "
+            "from mxbench.instruments import timing; print(mxbench.register.__module__, timing.time_fn.__module__)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0 and done.stdout.split() == ["mxbench.registry", "mxbench.timing"], done.stderr
+    assert done.returncode == 0 and done.stdout.split() == ["mxbench.implementations.default", "mxbench.instruments.timing"], done.stderr
     missing = subprocess.run([sys.executable, "-c", "import mxbench; mxbench.no_such_thing"], capture_output=True,
                              text=True, timeout=120, check=False)  # fmt: skip
     assert missing.returncode == 1 and "has no attribute 'no_such_thing'" in missing.stderr

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from mxbench.compare import CompareError
-from mxbench.regress import measure_rounds, regress
-from mxbench.results import Point, Record, Run
+from mxbench.gate.compare import CompareError
+from mxbench.gate.regress import measure_rounds, regress
+from mxbench.storage.results import Point, Record, Run
 
 CARD = "NVIDIA H100 80GB HBM3"
 POINTS = [Point(M, 2048, 7168, 8, recipe=r) for M in (16384, 131072) for r in ("mxfp8", "bf16")]

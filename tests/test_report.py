@@ -10,9 +10,11 @@ import re
 import pytest
 from mxkernels.core.errors import InputError
 
-from mxbench import render, tables
-from mxbench.hardware import Peak
-from mxbench.results import Point, Record, Run
+from mxbench.views import render
+from mxbench.reporting import tables as front_door
+from mxbench.workloads.step import tables
+from mxbench.instruments.hardware import Peak
+from mxbench.storage.results import Point, Record, Run
 
 N, K, G = 2048, 7168, 8
 MS = (16384, 32768, 65536, 131072)
@@ -297,10 +299,10 @@ def test_header_block_of_a_model_run():
 
 def test_table_front_door(monkeypatch):
     monkeypatch.setattr(tables, "peaks_for_run", lambda run, denominator: PEAKS)
-    md = tables.table(synthetic_run(), "breakdown", "markdown", passes="forward")
+    md = front_door.table(synthetic_run(), "breakdown", "markdown", passes="forward")
     assert md.startswith("- **Card:** NVIDIA B200") and "| Forward" in md
-    csv_text = tables.table(synthetic_run(), "breakdown", "csv", passes="forward", columns=["Kernel"])
+    csv_text = front_door.table(synthetic_run(), "breakdown", "csv", passes="forward", columns=["Kernel"])
     assert csv_text.splitlines()[0] == "Kernel"
-    assert "Net speedup" in tables.table(synthetic_run(), "speedup", "plain")
+    assert "Net speedup" in front_door.table(synthetic_run(), "speedup", "plain")
     with pytest.raises(ValueError, match="kind"):
-        tables.table(synthetic_run(), "pie")
+        front_door.table(synthetic_run(), "pie")

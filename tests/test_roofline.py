@@ -7,10 +7,10 @@ from helpers import fake_stage
 from mxkernels.core.cost import Cost
 from mxkernels.stages.pipeline import Stage
 
-from mxbench import roofline
-from mxbench.ceilings import Ceilings
-from mxbench.hardware import HardwareSpec, Peak, datasheet_peaks
-from mxbench.results import Point, Record, Run
+from mxbench.instruments import roofline
+from mxbench.instruments.ceilings import Ceilings
+from mxbench.instruments.hardware import HardwareSpec, Peak, datasheet_peaks
+from mxbench.storage.results import Point, Record, Run
 
 # DeepSeek-V3 shapes of seed 000: M=131072 tokens, K=7168, N=2048.
 M, K, N = 131072, 7168, 2048

@@ -14,7 +14,7 @@ from helpers import committed_results
 from mxkernels.core.errors import InputError
 
 from mxbench.cli import cli
-from mxbench.results import Point, Record, Run, load_run, run_to_json
+from mxbench.storage.results import Point, Record, Run, load_run, run_to_json
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = [p for p in committed_results() if not p.name.endswith("ceilings.json") and p.parent.name != "tuning"]
@@ -139,8 +139,8 @@ def test_old_peers_runs_name_their_implementations_and_load_as_entries_of_unknow
 def test_the_ceilings_schema_is_the_ceilings_record():
     """The published entry names every field of ``Ceilings`` and requires those without a default (an entry without
     power_limit_w once crashed `table --denominator measured`)."""
-    from mxbench.ceilings import Ceilings
-    from mxbench.validation import Published, schema_file
+    from mxbench.instruments.ceilings import Ceilings
+    from mxbench.storage.validation import Published, schema_file
 
     entry = schema_file(Published.CEILINGS)["$defs"]["entry"]
     fields = dataclasses.fields(Ceilings)

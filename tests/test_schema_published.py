@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from mxkernels.core.errors import InputError
 
 from mxbench.cli import cli
-from mxbench.validation import KEYWORDS, MAX_DEPTH, Published, schema_file, validate
+from mxbench.storage.validation import KEYWORDS, MAX_DEPTH, Published, schema_file, validate
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(p for p in (REPO / "results").glob("**/*.json") if p.parent.name != "tuning")
@@ -79,7 +79,7 @@ def test_the_published_bounds_are_the_kernels_bounds():
     from mxkernels.core.names import Category, Pass
     from mxkernels.core.runtime import MAX_GROUPS
 
-    from mxbench.points import MAX_DIM, MAX_TOKENS
+    from mxbench.plan.points import MAX_DIM, MAX_TOKENS
 
     defs = schema_file(Published.RUN)["$defs"]
     point = defs["point"]["properties"]
@@ -196,7 +196,7 @@ def test_stored_ceilings_without_a_power_limit(tmp_path):
 
 
 def test_a_ceilings_file_without_a_power_limit(tmp_path):
-    from mxbench.ceilings import load_ceilings
+    from mxbench.instruments.ceilings import load_ceilings
 
     stored = json.loads((REPO / "results/nvidia-h200/ceilings.json").read_text())
     del stored["entries"][0]["power_limit_w"]
@@ -208,7 +208,7 @@ def test_a_ceilings_file_without_a_power_limit(tmp_path):
 
 
 def test_an_all_to_all_ceiling_with_no_rate(tmp_path):
-    from mxbench.ep.ceiling import load_alltoall_ceiling
+    from mxbench.workloads.ep.ceiling import load_alltoall_ceiling
 
     stored = json.loads((REPO / "results/nvidia-h100-80gb-hbm3/alltoall_ceilings.json").read_text())
     stored["entries"][0]["bidirectional_gbps"] = 0
@@ -259,6 +259,6 @@ def test_schema_true_is_not_schema_1(tmp_path):
 
 
 def valid_under_ours(payload) -> bool:
-    from mxbench.validation import valid
+    from mxbench.storage.validation import valid
 
     return valid(payload, schema_file(Published.RUN))

@@ -21,13 +21,15 @@ from pathlib import Path
 import pytest
 from mxkernels.core.errors import InputError
 
-from mxbench import shard
-from mxbench.measure import SweepOptions
-from mxbench.points import plan_points, with_baselines
-from mxbench.regress import regress
-from mxbench.results import load_run
-from mxbench.shard import assign, check_ranks, unit_of
-from mxbench.sweep import run_sweep
+from mxbench.measuring import shard
+from mxbench.measuring.stages import SweepOptions
+from mxbench.plan.points import plan_points, with_baselines
+from mxbench.gate.regress import regress
+from mxbench.storage.results import load_run
+from mxbench.measuring.shard import assign, check_ranks, unit_of
+from mxbench.workloads.peers import sharded as peers_sharded
+from mxbench.workloads.step import sharded as step_sharded
+from mxbench.workloads.step.sweep import run_sweep
 
 WORLD = 2
 POINTS = plan_points([64, 128, 256], 64, 32, 2, ["mxfp8", "bf16"], power_limits=[250.0, 300.0])
@@ -102,7 +104,7 @@ def sweep_options(out=None, rank=0):
 
 def _sweep(rank, tmp):
     f, ins = fakes_for(rank)
-    run = shard.sharded_sweep(POINTS, options=sweep_options(tmp / f"sweep-rank{rank}.json", rank), instruments=ins,
+    run = step_sharded.sharded_sweep(POINTS, options=sweep_options(tmp / f"sweep-rank{rank}.json", rank), instruments=ins,
                               progress=False)  # fmt: skip
     return run, f.built, f.power.events
 
@@ -110,7 +112,7 @@ def _sweep(rank, tmp):
 def _mixed(rank, tmp):
     f, ins = fakes_for(rank, card=["NVIDIA H100 80GB HBM3", "NVIDIA H200"][rank])
     try:
-        shard.sharded_sweep(POINTS, options=sweep_options(tmp / f"mixed-rank{rank}.json", rank), instruments=ins,
+        step_sharded.sharded_sweep(POINTS, options=sweep_options(tmp / f"mixed-rank{rank}.json", rank), instruments=ins,
                             progress=False)  # fmt: skip
     except InputError as e:
         return str(e), f.timed
@@ -125,7 +127,7 @@ def _failing(rank, tmp):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
         ins.release = release
-    return shard.sharded_sweep(POINTS, options=sweep_options(tmp / f"failing-rank{rank}.json", rank),
+    return step_sharded.sharded_sweep(POINTS, options=sweep_options(tmp / f"failing-rank{rank}.json", rank),
                                instruments=ins, progress=False)  # fmt: skip
 
 
@@ -138,7 +140,7 @@ def _stopped(rank, tmp):
                 raise KeyboardInterrupt
 
         f.on_time = ctrl_c_in_the_third_point
-    return shard.sharded_sweep(POINTS, options=sweep_options(tmp / f"stopped-rank{rank}.json", rank),
+    return step_sharded.sharded_sweep(POINTS, options=sweep_options(tmp / f"stopped-rank{rank}.json", rank),
                                instruments=ins, progress=False)  # fmt: skip
 
 
@@ -148,14 +150,14 @@ def _peers(rank, tmp):
     fakes = PeerFakes()
     ins = fakes.instruments()
     ins.device_properties = lambda: {"name": "Fake GPU", "uuid": f"GPU-{rank}"}
-    return shard.sharded_peers(64, 64, 32, 2, options=sweep_options(tmp / f"peers-rank{rank}.json", rank),
+    return peers_sharded.sharded_peers(64, 64, 32, 2, options=sweep_options(tmp / f"peers-rank{rank}.json", rank),
                                instruments=ins, registry=fake_registry(), pipeline=FakePipeline(),
                                progress=False)  # fmt: skip
 
 
 def _regress(rank, tmp):
     f, ins = fakes_for(rank)
-    result = shard.sharded_regress(load_run(tmp / "baseline.json"), options=sweep_options(rank=rank),
+    result = step_sharded.sharded_regress(load_run(tmp / "baseline.json"), options=sweep_options(rank=rank),
                                    instruments=ins, rounds=2)  # fmt: skip
     return result, [(recipe, M, w) for recipe, M, w, _ in f.built]
 
@@ -163,13 +165,14 @@ def _regress(rank, tmp):
 def _cli(rank, tmp):
     from click.testing import CliRunner
 
-    import mxbench.instruments
-    from mxbench.cli import cli, run_commands
+    import mxbench.instruments.kit
+    from mxbench.cli import cli
+    from mxbench.clikit import common
 
     os.chdir(tmp)
-    run_commands._has_gpu = lambda: True
-    run_commands._detected_spec = lambda device=0: "h100-sxm"
-    mxbench.instruments.Instruments.real = staticmethod(lambda *a, **k: fakes_for(rank)[1])
+    common.has_gpu = lambda: True
+    common.detected_spec = lambda device=0: "h100-sxm"
+    mxbench.instruments.kit.Instruments.real = staticmethod(lambda *a, **k: fakes_for(rank)[1])
     result = CliRunner().invoke(cli, ["roofline", "--K", "64", "--N", "64", "--G", "2", "--M", "64,128", "--samples",
                                       "3", "--out", f"cli-rank{rank}.json"])  # fmt: skip
     return result.exit_code, result.stdout, result.stderr, repr(result.exception)

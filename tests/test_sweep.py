@@ -16,13 +16,14 @@ import pytest
 from helpers import FakePower, FakeTelemetry, FakeTiming, fake_stage
 from mxkernels.core.cost import Cost
 
-import mxbench.points
-from mxbench import metadata, provenance
-from mxbench.instruments import Instruments
-from mxbench.measure import SweepOptions
-from mxbench.points import group_sizes, plan_points, with_baselines
-from mxbench.results import Point, load_run
-from mxbench.sweep import model_run, run_sweep
+import mxbench.plan.points
+from mxbench.measuring import metadata
+from mxbench.instruments import provenance
+from mxbench.instruments.kit import Instruments
+from mxbench.measuring.stages import SweepOptions
+from mxbench.plan.points import group_sizes, plan_points, with_baselines
+from mxbench.storage.results import Point, load_run
+from mxbench.workloads.step.sweep import model_run, run_sweep
 
 # ------------------------------------------------------------------------------------------------ planning
 
@@ -93,8 +94,8 @@ class TestGroupSizes:
 
     def test_largest_remainder_rounding(self):
         # floors 1 + 2 + 3 = 6; the one unit left goes to the largest fraction (a tie: the first group)
-        assert mxbench.points._largest_remainder([1.5, 2.5, 3.0], 7) == [2, 2, 3]
-        assert mxbench.points._largest_remainder([0.2, 0.9, 1.9], 3) == [0, 1, 2]
+        assert mxbench.plan.points._largest_remainder([1.5, 2.5, 3.0], 7) == [2, 2, 3]
+        assert mxbench.plan.points._largest_remainder([0.2, 0.9, 1.9], 3) == [0, 1, 2]
 
     @pytest.mark.parametrize(
         "args, match",
@@ -363,7 +364,7 @@ class TestRunSweep:
 def test_model_run_prices_every_stage_of_the_recipe_and_its_baseline():
     from mxkernels.stages.pipeline import plan_step
 
-    from mxbench.hardware import get_spec
+    from mxbench.instruments.hardware import get_spec
 
     points = plan_points([16384], 2048, 7168, 8)
     run = model_run(points, spec=get_spec("b200"), hardware="b200", command="test")

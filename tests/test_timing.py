@@ -8,8 +8,9 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from mxbench import hardware, timing
-from mxbench.timing import NodeCount, Timing, TimingError, TimingWarning, time_fn
+from mxbench.instruments import hardware
+from mxbench.instruments import timing
+from mxbench.instruments.timing import NodeCount, Timing, TimingError, TimingWarning, time_fn
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -7,10 +7,10 @@ raised below the CLI (the harness and the kernels validate their arguments with 
 traceback and exits 1. Heavy modules (torch, the kernels, NVML) are imported inside the commands, so ``--help``
 stays fast.
 
-``run_commands`` holds the commands that measure (roofline, ceilings, regress, peers), ``report_commands`` those
-that read stored results (table, plot, compare, presets), ``history_commands`` the history over commits,
-``registry_commands`` those about implementations (impls, check), ``common`` what they share; ``mxbench.ep.command``
-the expert-parallel pipeline (``ep``).
+Each workload brings its own commands (``roofline``, ``peers``, ``ep``, ``ep-project``, ``layer``: the workloads'
+declarations, ``mxbench.workloads.registered``); the harness's are here: ``measure_commands`` (ceilings, regress),
+``report_commands`` (table, plot, compare, presets), ``history_commands`` (the history over commits) and
+``registry_commands`` (impls, check); ``mxbench.clikit`` what they all share.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from collections.abc import Sequence
 
 import click
 
-from .. import __version__
-from ..ep import command as ep_command
-from ..ep import project_command
-from ..layer import command as layer_command
-from . import history_commands, registry_commands, report_commands, run_commands
-from .common import Group
+from ..clikit.common import Group
+from ..version import __version__
+from ..workloads.registered import WORKLOADS
+from . import history_commands, measure_commands, registry_commands, report_commands
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,20 +32,16 @@ def cli() -> None:
 
 
 for _command in (
-    run_commands.roofline,
     report_commands.presets,
-    run_commands.ceilings,
+    measure_commands.ceilings,
     report_commands.table_cmd,
     report_commands.plot,
     report_commands.compare,
     history_commands.history,
-    run_commands.regress,
-    run_commands.peers,
+    measure_commands.regress,
     registry_commands.impls,
     registry_commands.check,
-    ep_command.ep,
-    project_command.ep_project,
-    layer_command.layer,
+    *(command for workload in WORKLOADS for command in workload.commands),
 ):
     cli.add_command(_command)
 

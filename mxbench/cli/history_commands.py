@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import FORMATS, filter_options, refuse_ignored, unique_paths
+from ..clikit.common import FORMATS, filter_options, refuse_ignored, unique_paths
 
 
 @click.command()
@@ -37,17 +37,16 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
     marked SLOWER or FASTER with the ratio, by the statistics of `mxbench compare`. Exit codes: 0, 1 with
     --fail-on-latest when the newest step is SLOWER (or broke), 2 for unusable input.
     """
-    from ..frame import load_runs
-    from ..history import history as build
-    from ..history import history_rows, latest_summary, model_note, step_rows
-    from ..render import render
+    from ..views.frame import load_runs
+    from ..reporting.history import history as build
+    from ..reporting.history import history_rows, latest_summary, model_note, step_rows
+    from ..views.render import render
 
     if by == "mxbench":
         refuse_ignored(("checkout",), "--checkout is the git checkout of the implementation --by names; mxbench's "
                        "commits are read from this checkout")  # fmt: skip
     if plot_file is not None:  # checked before any work: a figure path that cannot be written is bad input
-        from ..outputs import check_figure_target
-        from ..plots import IMAGE_SUFFIXES
+        from ..storage.outputs import IMAGE_SUFFIXES, check_figure_target
 
         check_figure_target(plot_file, "--plot", IMAGE_SUFFIXES)
     h = build(load_runs(results), by=by, card=card, checkout=checkout)
@@ -66,8 +65,8 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
         if note := model_note(h):
             click.echo(note)
     if plot_file is not None:
-        from ..figures.history import history_figure
-        from ..plots import save
+        from ..reporting.history_figure import history_figure
+        from ..workloads.step.plots import save
 
         click.echo(f"figure: {save(history_figure(h, **filters), plot_file)}", err=fmt == "csv")
     if fail_on_latest and h.latest_failed:

@@ -8,13 +8,12 @@ import sys
 
 import click
 
-from .common import FORMATS, CommaList, Seed, refuse_ignored, shape_args
+from ..clikit.common import FORMATS, CommaList, Seed, refuse_ignored, shape_args, torch_device
+from ..clikit.impls import report_check
+from ..workloads.registered import WORKLOADS
 
-
-def _device():
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+CHECKED = tuple(w for w in WORKLOADS if w.check is not None)
+"""The workloads whose own stages ``check --<workload>`` checks (the step's are ``check``'s own)."""
 
 
 def _interpreter_on_cpu() -> None:
@@ -27,7 +26,8 @@ def _interpreter_on_cpu() -> None:
 
 
 def _registry(impl_texts, recipe):
-    from ..registry import default_registry, with_cli_impls
+    from ..implementations.default import default_registry
+    from ..implementations.registry import with_cli_impls
 
     registry = default_registry()
     added = with_cli_impls(registry, impl_texts, recipe)
@@ -46,11 +46,11 @@ def impls(stage, recipe, impl_texts, fmt) -> None:
     _interpreter_on_cpu()
     from mxkernels.stages.step_specs import PARAM_DOCS, all_specs
 
-    from ..registry import split_stage
-    from ..render import render
+    from ..implementations.registry import split_stage
+    from ..views.render import render
 
     registry, _ = _registry(impl_texts, recipe or "mxfp8")
-    device = _device()
+    device = torch_device()
     wanted = split_stage(stage, recipe or "mxfp8") if stage else None
     rows = []
     for spec in all_specs().values():
@@ -76,6 +76,13 @@ def impls(stage, recipe, impl_texts, fmt) -> None:
         click.echo(f"not loaded: {origin}: {message}", err=True)
     if registry.load_errors:
         sys.exit(1)  # a plugin that does not load is a failure, not a footnote
+
+
+def _workload_flags(command):
+    """A ``--<workload>`` flag for each workload that declares a check of its own stages, after the other options."""
+    for workload in reversed(CHECKED):
+        command = click.option(f"--{workload.name}", is_flag=True, help=workload.check.help)(command)
+    return command
 
 
 CHECK_DEFAULTS = {"K": 256, "N": 128, "G": 4, "M": 512}
@@ -110,11 +117,9 @@ CHECK_FORMATS = (*FORMATS, "json")
 @click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="plain", show_default=True,
               help="json: every result of every mode and scenario, with its findings, for machines.")
 @click.option("--verbose", "-v", is_flag=True, help="Print the full traceback of every ERROR.")
-@click.option("--layer", is_flag=True, help="The MoE layer's own stages instead (router, permute, SwiGLU, combine, "
-              "shared experts, the recipe's fused stages) in a layer of M/8 tokens, K, N, G experts, top-2: mxkernels' "
-              "and any --impl STAGE=module:function of a layer stage (`mxbench layer`'s).")
+@_workload_flags
 def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, seed, timeout_s, fmt, verbose,
-          layer) -> None:  # fmt: skip
+          **workloads) -> None:  # fmt: skip
     """Run implementations on seeded inputs with adversarial blocks and compare each with the stage's oracle.
 
     Every implementation gets copies of its stage's inputs at each scale mode and at two token splits (M tokens
@@ -131,8 +136,8 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     from mxkernels.core.names import Category
     from mxkernels.stages.step_specs import get_spec
 
-    from ..check import check_step, exit_code, json_report, native_line, stages_checked
-    from ..registry import split_stage
+    from ..implementations.check import check_step, exit_code, json_report, native_line, stages_checked
+    from ..implementations.registry import split_stage
 
     bad = [m for m in modes if m not in ("rceil", "floor")]
     if bad or not modes:
@@ -142,14 +147,14 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
         N = CHECK_DEFAULTS["N"] if N is None else N
         G = CHECK_DEFAULTS["G"] if G is None else G
     K, N, G, _ = shape_args(K, N, G, preset)
-    from ..points import check_step_fits, check_tokens
+    from ..plan.points import check_step_fits, check_tokens
 
     check_tokens(M, "--M")
     check_step_fits(M, N, K, G)
-    if layer:
-        refuse_ignored(("pad", "names"), "--layer checks the layer's own stages (mxkernels' and --impl's), padded")
-        sys.exit(_check_layer(impl_texts, stages, recipe, K, N, G, M, list(dict.fromkeys(modes)), seed, timeout_s,
-                              fmt, verbose))  # fmt: skip
+    for workload in (w for w in CHECKED if workloads[w.name]):
+        refuse_ignored(workload.check.ignores, workload.check.why)
+        sys.exit(workload.check.run(impl_texts, stages, recipe, K, N, G, M, list(dict.fromkeys(modes)), seed,
+                                    timeout_s, fmt, verbose))  # fmt: skip
     registry, added = _registry(impl_texts, recipe)
     selected_stages = {split_stage(s, recipe)[1] for s in stages} if stages else None
     if added and not names:
@@ -167,59 +172,14 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     # it: first line of the plain and markdown output, stderr beside a CSV (stdout stays parseable), a field of JSON.
     native = None
     if any(get_spec(recipe, stage).category == Category.GEMM for stage in by_stage):
-        native = native_line(recipe, _device())
+        native = native_line(recipe, torch_device())
         if fmt != "json":
             click.echo(native, err=fmt == "csv")
     modes = list(dict.fromkeys(modes))
-    results = check_step(recipe, M, N, K, G, by_stage, modes=modes, device=_device(), seed=seed, timeout_s=timeout_s,
-                         pad=pad)  # fmt: skip
+    results = check_step(recipe, M, N, K, G, by_stage, modes=modes, device=torch_device(), seed=seed,
+                         timeout_s=timeout_s, pad=pad)  # fmt: skip
     load_errors = registry.load_errors
     if fmt == "json":
         click.echo(json_report(results, load_errors, native), nl=False)
         sys.exit(exit_code(results, load_errors))
-    sys.exit(_report(results, load_errors, fmt, verbose))
-
-
-def _report(results, load_errors, fmt: str, verbose: bool) -> int:
-    """The table of ``results`` (one row per implementation, its worst verdict), each finding below it; the exit
-    code."""
-    from ..check import exit_code, merged
-    from ..render import render
-
-    rows = [{"Stage": r.stage, "Implementation": r.impl, "Verdict": str(r.verdict), "Detail": _first_line(r.detail)}
-            for r in merged(results)]  # fmt: skip
-    click.echo(render(rows, fmt), nl=False)
-    for origin, message in load_errors:
-        click.echo(f"ERROR plugin {origin} did not load: {message}")
-    for r in merged(results):
-        if r.verdict in ("FAIL", "ERROR", "DEVIATES"):
-            for line in r.findings():
-                click.echo(f"{r.verdict} {r.stage} / {r.impl}: {line}")
-            if verbose and r.trace:
-                click.echo(r.trace.rstrip())
-    return exit_code(results, load_errors)
-
-
-def _check_layer(impl_texts, stages, recipe, K, N, G, M, modes, seed, timeout_s, fmt, verbose) -> int:
-    """``check --layer``: the layer's own stages (``mxbench.layer.check``)."""
-    from ..check import exit_code, json_report
-    from ..layer.check import check_layer, layer_impls, layer_registry, parse_layer_impl
-
-    added = [parse_layer_impl(text) for text in impl_texts]
-    chosen = layer_impls(added or layer_registry(), recipe)
-    if stages:
-        chosen = {key: found for key, found in chosen.items() if key[1] in set(stages)}
-        missing = set(stages) - {key[1] for key in chosen}
-        if missing:
-            raise click.BadParameter(f"no layer stage {', '.join(sorted(missing))} for {recipe}", param_hint="--stage")
-    results = check_layer(recipe, K, N, G, max(1, M // 8), chosen, modes=modes, device=_device(), seed=seed,
-                          timeout_s=timeout_s)  # fmt: skip
-    if fmt == "json":
-        click.echo(json_report(results), nl=False)
-        return exit_code(results)
-    return _report(results, [], fmt, verbose)
-
-
-def _first_line(detail: str, width: int = 160) -> str:
-    """A table cell: the detail cut to ``width`` characters (the findings below the table have it all)."""
-    return detail if len(detail) <= width else detail[: width - 3] + "..."
+    sys.exit(report_check(results, load_errors, fmt, verbose))

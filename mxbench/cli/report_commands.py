@@ -7,9 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..ep import TABLE_KINDS as EP_TABLE_KINDS
-from ..layer import TABLE_KINDS as LAYER_TABLE_KINDS
-from .common import (
+from ..clikit.common import (
     EXIT_CODES_HELP,
     FORMATS,
     CommaList,
@@ -22,8 +20,11 @@ from .common import (
     threshold_options,
     unique_paths,
 )
+from ..workloads.declaration import TableRequest
+from ..workloads.registered import table_kinds
 
-TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KINDS, *LAYER_TABLE_KINDS)
+TABLE_KINDS = tuple(t.name for t in table_kinds())
+"""Every workload's table kinds (``--kind``)."""
 
 
 # ------------------------------------------------------------------------------------------------- presets
@@ -33,8 +34,8 @@ TABLE_KINDS = ("breakdown", "speedup", "sweep", "power", "peers", *EP_TABLE_KIND
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="plain", show_default=True)
 def presets(fmt: str) -> None:
     """List the model shape presets (shapes/*.toml) with their sources."""
-    from ..presets import load_presets
-    from ..render import render
+    from ..plan.presets import load_presets
+    from ..views.render import render
 
     rows = [
         {
@@ -73,11 +74,10 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
 
     A filter value that matches nothing in any file is refused (exit 2) with what the files hold; with several
     files, each shows what it has of the values asked for, and a file with none of them is left out."""
-    from ..frame import frame_of, held_filters, load_runs, select
-    from ..projection import projection_table
-    from ..tables import check_kind, table
-
     from mxkernels.core.errors import InputError
+
+    from ..reporting.tables import check_kind, table_kind
+    from ..views.frame import load_runs
 
     runs, named = [], {p.resolve() for p in results if p.is_file()}
     for path, run in load_runs(results):  # files, and the runs in folders (as `history` and `mxbench.load` read them)
@@ -90,60 +90,8 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
         runs.append((path, run))
     if not runs:
         raise click.BadParameter(f"no run in {', '.join(map(str, results))} has a {kind} table", param_hint="--kind")
-    if kind == "ep-scaling":  # one table over all the runs: each is one EP degree
-        from ..ep.scaling import scaling_table
-
-        click.echo(scaling_table([run for _, run in runs], fmt, columns=columns, strategies=recipes), nl=False)
-        return
-    if kind in EP_TABLE_KINDS:  # the expert-parallel tables choose their strategies themselves (--recipe)
-        from ..ep.tables import ep_table
-
-        click.echo(
-            "\n".join(ep_table(run, kind, fmt, columns=columns, strategies=recipes) for _, run in runs), nl=False
-        )
-        return
-    if kind in LAYER_TABLE_KINDS:  # a layer run's tables: its recipes and stages as measured (or modelled)
-        from ..layer.tables import layer_table
-
-        texts = [layer_table(run, fmt, kind=kind, columns=columns, denominator=_denominator(run, denominator))
-                 + (layer_table(run, fmt, project=project, header=False, columns=columns) if project else "")
-                 for _, run in runs]  # fmt: skip
-        click.echo("\n".join(texts), nl=False)
-        return
-    if kind == "speedup" and passes:
-        raise click.BadParameter("the speedup table compares whole steps: no pass to choose", param_hint="--pass")
-    Ms = [_breakdown_M(Ms)] if kind == "breakdown" and Ms else Ms
-    filters = {"passes": passes, "M": Ms, "recipe": recipes, "card": card}
-    chosen = select(frame_of([run for _, run in runs], files=[str(path) for path, _ in runs]), **filters)
-    texts = []
-    for path, run in runs:
-        mine = chosen[chosen["file"] == str(path)]
-        if mine.empty:
-            continue
-        held = held_filters(mine, **filters)
-        if kind == "breakdown":
-            held["M"] = held["M"][0] if held["M"] else None
-        if kind == "speedup":
-            del held["passes"]
-        texts.append(table(run, kind, fmt, columns=columns, denominator=_denominator(run, denominator), **held))
-        if project is not None:
-            # the run's header block is just above: the projection adds only the line that says what it is
-            texts.append(projection_table(run, kind, fmt, project, columns=columns, header=False, **held))
-    click.echo("\n".join(texts), nl=False)
-
-
-def _breakdown_M(Ms: list[int] | None) -> int | None:
-    if Ms and len(Ms) > 1:
-        raise click.BadParameter("the breakdown table shows one M", param_hint="--M")
-    return Ms[0] if Ms else None
-
-
-def _denominator(run, choice: str | None) -> str | None:
-    if choice == "none":
-        return None
-    if choice is not None:
-        return choice
-    return run.meta.get("denominator", "datasheet") if run.meta.get("hardware") else None
+    request = TableRequest(fmt, passes, Ms, recipes, card, columns, denominator, project)
+    click.echo(table_kind(kind).render(runs, request), nl=False)
 
 
 @click.command()
@@ -155,18 +103,13 @@ def _denominator(run, choice: str | None) -> str | None:
 def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: str | None) -> None:
     """Draw the figures of stored results (a peers run: the peers figure; an EP run: its figure; several EP runs of
     one layer at different EP degrees: the EP-degree scaling figure)."""
-    from ..outputs import check_figure_target
-    from ..plots import IMAGE_SUFFIXES, plot_all
-    from ..results import load_run
+    from ..reporting.plots import plot_all, plot_several
+    from ..storage.outputs import IMAGE_SUFFIXES, check_figure_target
+    from ..storage.results import load_run
 
     check_figure_target(out, "--out", IMAGE_SUFFIXES)
     if len(results) > 1:
-        from ..ep.scaling import plot_scaling
-
-        if hardware or project:
-            raise click.BadParameter("several runs draw the EP-degree figure, which takes no --hardware/--project")
-        target = out if out.suffix.lower() in IMAGE_SUFFIXES else out / "ep-scaling.png"
-        click.echo(str(plot_scaling([load_run(path) for path in results], target)))
+        click.echo(str(plot_several(results, out, hardware=hardware, project=project)))
         return
     run = load_run(results[0])
     key = hardware or run.meta.get("hardware")
@@ -187,9 +130,9 @@ def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: st
 @click.option("--allow-missing", is_flag=True, help="Compare what both runs hold when NEW lacks stages BASE has.")
 @threshold_options
 def compare(base: Path, new: Path, fmt: str, force: bool, allow_missing: bool, thresholds, floor_us) -> None:
-    from ..compare import Thresholds, compare_runs
-    from ..gate import check_usable
-    from ..results import load_run
+    from ..gate.compare import Thresholds, compare_runs
+    from ..gate.report import check_usable
+    from ..storage.results import load_run
 
     bands = Thresholds.parse(thresholds, floor_us)
     cmp = compare_runs(load_run(base), load_run(new), force=force, thresholds=bands)

@@ -1,0 +1,124 @@
+"""``mxbench check --layer``: every stage of the MoE layer's own (``mxkernels.stages.layer_specs``) against its oracle.
+
+The layer is built at a small size in the recipe asked (its fused stages too, where the recipe has them), on the
+seeded layer inputs with adversarial MX blocks planted in the tokens and the output gradient (``check_inputs.plant``:
+along the model dim and down the tokens; up to ``MAX_PLANTED``), in two configurations that between them take every layer stage: scores
+before the experts with one shared expert and skewed routing, and scores after the experts with the gate and up
+projections apart, the router's own top-k and softmax scores. A third scenario routes fewer token copies than there
+are experts. The walk is ``check.check_stages``: each stage's inputs are the oracles' outputs of the stages before
+it, and every implementation (mxkernels' own, or an ``--impl STAGE=module:function`` of a layer stage) is compared
+with its stage's oracle by the spec's rule. The expert projections' stages are the step's (``mxbench check``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from mxkernels.stages.layer import LayerShape, layer_stages
+from mxkernels.stages.layer_specs import FUSED_RECIPES, get_layer_spec, layer_specs
+from mxkernels.moe.layer import layer_inputs
+from mxkernels.core.names import Recipe
+
+from ...implementations.check import CheckResult, check_stages
+from ...implementations.check_inputs import plant
+from ...implementations.registry import Implementation, Registry
+
+# (label, the layer's options): the two configurations between them run every stage of the layer's own.
+CONFIGS = (
+    ("scores first, shared expert, skewed", dict(score_before=True, shared=1, routing="skewed")),
+    ("scores last, gate and up apart, router top-k", dict(score_before=False, fuse_up=False, routing="router",
+                                                          score_func="softmax")),
+)  # fmt: skip
+
+
+# The largest planted value: the e4m3 limit blocks (448, 500, 3584) stay; 1e30 would overflow SwiGLU's products of
+# products to infinities whose GEMM sums (inf - inf) no contract fixes.
+MAX_PLANTED = 4096.0
+
+
+def layer_registry() -> Registry:
+    """mxkernels' implementation of every stage of the layer's own, in a registry of that table."""
+    registry = Registry(spec_of=_layer_spec)
+    for spec in layer_specs().values():
+        registry.add(Implementation(spec.recipe, spec.name, "mxkernels", spec.impl, spec.kernel))
+    return registry
+
+
+def _stages(recipe: str, shape: LayerShape, mode: str):
+    """The layer's stages, then the fused stages of its fused twin (checked after the chains, on the same inputs)."""
+    stages = layer_stages(recipe, shape, mode=mode)
+    if Recipe(recipe) in FUSED_RECIPES and shape.fuse_up:
+        names = {s.name for s in stages}
+        stages += [s for s in layer_stages(recipe, shape, mode=mode, fuse=True) if s.name not in names]
+    return stages
+
+
+def check_layer(recipe: str, K: int, N: int, G: int, T: int, impls: Mapping[tuple[Recipe, str], Sequence[Implementation]],
+                *, modes: Sequence[str] = ("rceil",), device="cpu", seed: int = 0,
+                timeout_s: float = 300.0) -> list[CheckResult]:  # fmt: skip
+    """Every implementation in ``impls`` ((recipe, stage) of a layer spec -> implementations) at each scenario
+    (module doc) and scale mode: T tokens of width K, G experts of hidden N, top-2."""
+    results = []
+    scenarios = [(label, T, config) for label, config in CONFIGS]
+    scenarios.append(("fewer copies than experts", max(1, (G - 1) // 2), CONFIGS[0][1]))
+    for mode in modes if Recipe(recipe) == Recipe.MXFP8 else modes[:1]:
+        for label, tokens, config in scenarios:
+            shape = LayerShape(T=tokens, K=K, N=N, E=G, top_k=min(2, G), **config)
+            env = layer_inputs(shape, device=device, seed=seed)
+            for name, finite in (("x", Recipe(recipe) != Recipe.MXFP8), ("dy", True)):
+                plant(env[name], 0, tokens, finite, MAX_PLANTED)
+            results += check_stages(_stages(recipe, shape, mode), env, impls, device=device, timeout_s=timeout_s,
+                                    where=f"layer: {label}, T={tokens}, {mode}")  # fmt: skip
+    return results
+
+
+def layer_impls(impls, recipe: str) -> dict[tuple[Recipe, str], list[Implementation]]:
+    """Of ``impls`` (a registry, or implementations), those of the stages a ``recipe`` layer runs: the common
+    stages (declared under bf16) and the recipe's own, by (recipe, stage)."""
+    wanted = {Recipe.BF16, Recipe(recipe)}
+    out: dict[tuple[Recipe, str], list[Implementation]] = {}
+    for impl in impls:
+        if impl.recipe in wanted:
+            out.setdefault((impl.recipe, impl.stage), []).append(impl)
+    return out
+
+
+def parse_layer_impl(text: str) -> Implementation:
+    """``--impl STAGE=module:function`` of a layer stage (``STAGE`` or ``RECIPE/STAGE``; common stages are bf16's)."""
+    from ...implementations.registry import parse_impl
+
+    stage = text.partition("=")[0]
+    return parse_impl(text, Recipe.BF16 if "/" not in stage else stage.split("/")[0], _layer_spec)
+
+
+def _layer_spec(recipe: str, stage: str):
+    try:
+        return get_layer_spec(recipe, stage)
+    except (KeyError, ValueError):
+        from mxkernels.core.errors import InputError
+
+        known = ", ".join(sorted({f"{r}/{n}" for r, n in layer_specs()}))
+        raise InputError(f"the layer has no stage {recipe}/{stage}; its own stages: {known}") from None
+
+
+def check_command(impl_texts, stages, recipe, K, N, G, M, modes, seed, timeout_s, fmt, verbose) -> int:
+    """``mxbench check --layer``: the layer's own stages (mxkernels' and any --impl's), padded; the exit code."""
+    import click
+
+    from ...clikit.common import torch_device
+    from ...clikit.impls import report_check
+    from ...implementations.check import exit_code, json_report
+
+    added = [parse_layer_impl(text) for text in impl_texts]
+    chosen = layer_impls(added or layer_registry(), recipe)
+    if stages:
+        chosen = {key: found for key, found in chosen.items() if key[1] in set(stages)}
+        missing = set(stages) - {key[1] for key in chosen}
+        if missing:
+            raise click.BadParameter(f"no layer stage {', '.join(sorted(missing))} for {recipe}", param_hint="--stage")
+    results = check_layer(recipe, K, N, G, max(1, M // 8), chosen, modes=modes, device=torch_device(), seed=seed,
+                          timeout_s=timeout_s)  # fmt: skip
+    if fmt == "json":
+        click.echo(json_report(results), nl=False)
+        return exit_code(results)
+    return report_check(results, [], fmt, verbose)
