@@ -258,7 +258,7 @@ def threshold_options(command):
 
 
 def gate_help(summary: str) -> str:
-    """A gate command's help: ``summary``, then the rules it applies (``gate_rules.rules_text``)."""
+    """A gate command's help: ``summary``, then the rules it applies (``gate.rules.rules_text``)."""
     from ..gate.rules import rules_text
 
     return f"{summary}\n\n{rules_text()}"

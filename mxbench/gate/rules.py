@@ -33,6 +33,6 @@ RULES = (
 
 
 def rules_text(deltas: Mapping[str, float] = DEFAULT_DELTAS, floor_us: float = DEFAULT_FLOOR_US) -> str:
-    """The gate's rules in words, with the bands and floor given (``compare --help``, the README)."""
+    """The gate's rules in words, with the bands and floor given (``compare --help``, docs/ci.md)."""
     bands = ", ".join(f"{c} {d * 100:g}%" for c, d in deltas.items())
     return RULES.format(min=MIN_SAMPLES, bands=f"{bands}; floor {floor_us:g} us")
