@@ -1,6 +1,6 @@
 """Where is triton_fused wrong at DeepSeek-V3 sizes? (It is withheld on GPUs until this is found: docs/perf-log.md.)
 
-Runs the fused kernels on the GPU test's operands (tests/test_grouped_gemm.py ``gpu_case``) with the output
+Runs the fused kernels on the GPU test's operands (kernels/tests/test_grouped_gemm.py ``gpu_case``) with the output
 pre-filled with NaN, against the emulated backend in fp32, for each case, output dtype and a few configs, twice
 each: unwritten elements stay NaN, wrong ones differ, and a result that changes between two identical calls is a
 race. Prints one line per run and, for a wrong one, the output tiles that hold the bad elements.

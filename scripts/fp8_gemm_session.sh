@@ -30,11 +30,11 @@ for step in "${@:-env tests tune}"; do
       run env 60 bash -c 'nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,clocks.sm --format=csv;
         python -c "import torch, triton; print(torch.__version__, triton.__version__)"' ;;
     tests)
-      run tests 420 python -m pytest -q -m gpu tests/test_gemm_fp8_ws.py tests/test_gemm_fp8_rowwise.py ;;
+      run tests 420 python -m pytest -q -m gpu kernels/tests/test_gemm_fp8_ws.py kernels/tests/test_gemm_fp8_rowwise.py ;;
     related)  # the GPU tests of everything the FP8 rowwise default backend reaches: steps, layers, sweeps, guards
-      run related 540 python -m pytest -q -m gpu tests/test_grouped_gemm.py tests/test_pipeline.py tests/test_layer.py \
-        tests/test_moe_layer_gpu.py tests/test_sweep.py tests/test_native_guards.py tests/test_fp8_rowwise.py \
-        tests/test_fp8_amax.py ;;
+      run related 540 python -m pytest -q -m gpu kernels/tests/test_grouped_gemm.py kernels/tests/test_pipeline.py tests/test_layer.py \
+        kernels/tests/test_moe_layer_gpu.py tests/test_sweep.py kernels/tests/test_native_guards.py kernels/tests/test_fp8_rowwise.py \
+        kernels/tests/test_fp8_amax.py ;;
     gate)  # the regression gate catching a planted 10% slowdown of an outside kernel (~7 minutes)
       run gate 540 python -m pytest -q -m gpu tests/test_gate_scripts.py ;;
     alltests)  # every GPU test of the suite (what the SM90 default backend reaches: steps, layers, autograd)

@@ -30,8 +30,8 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $LOGS/NAME.l
 for s in "$@"; do
   case $s in
     env) step env 60 bash -c 'nvidia-smi; python -c "import torch, triton, sys; print(sys.version); print(torch.__version__, triton.__version__, torch.version.cuda, torch.cuda.get_device_name(), torch.cuda.get_device_capability())"' ;;
-    tests) step tests 900 python -m pytest -q -p no:cacheprovider -rfE --timeout 600 tests ;;
-    gputests) step gputests "${GPUTESTS_LIMIT:-420}" python -m pytest -q -p no:cacheprovider -rfE --timeout 600 -m gpu tests ;;
+    tests) step tests 900 python -m pytest -q -p no:cacheprovider -rfE --timeout 600 tests kernels/tests ;;
+    gputests) step gputests "${GPUTESTS_LIMIT:-420}" python -m pytest -q -p no:cacheprovider -rfE --timeout 600 -m gpu tests kernels/tests ;;
     torchao) step torchao 120 bash -c 'python -m pip install --no-deps -q .wheels/torchao-*.whl && python -c "import torchao; print(torchao.__version__)"' ;;
     ceilings) step ceilings 480 mxbench ceilings --out-dir results ;;
     roofline) step roofline 500 mxbench roofline --K 7168 --N 2048 --out "$RES/roofline-deepseek-v3.json" --plot-file plots/deepseek-v3 ;;
@@ -50,7 +50,7 @@ for s in "$@"; do
     aa_spread) step aa_spread 580 python scripts/measure_aa_spread.py --out "$OUT/aa-spread" ;;
     outside_slowdown) step outside_slowdown 580 python scripts/regress_outside_slowdown.py --out "$OUT/outside-slowdown" ;;
     tune_amax) step tune_amax 330 python scripts/tune_fp8_and_fused_quantizers.py --only amax --budget-s 280 --out "$TUNE/tune_fp8_and_fused_quantizers-amax.json" ;;
-    gputests_fp8) step gputests_fp8 200 python -m pytest -q -p no:cacheprovider -rfE --timeout 180 -m gpu tests/test_fp8_amax.py tests/test_fp8_rowwise.py tests/test_pipeline.py tests/test_check.py ;;
+    gputests_fp8) step gputests_fp8 200 python -m pytest -q -p no:cacheprovider -rfE --timeout 180 -m gpu kernels/tests/test_fp8_amax.py kernels/tests/test_fp8_rowwise.py kernels/tests/test_pipeline.py tests/test_check.py ;;
     *) echo "unknown step $s" ;;
   esac
 done

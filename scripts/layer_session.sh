@@ -18,7 +18,7 @@ for step in "$@"; do
       mxbench layer --K 256 --N 128 --tokens 4096 --experts 4 --top-k 2 --shared-experts 1 --routing skewed --fuse \
         --samples 3 --out "$OUT/layer-smoke.json" 2>&1 | tee "$OUT/smoke.log" | tail -30 ;;
     tests)
-      python3 -m pytest -q -x tests/test_layer.py tests/test_moe_rows.py tests/test_swiglu.py tests/test_moe_fused.py \
+      python3 -m pytest -q -x tests/test_layer.py kernels/tests/test_moe_rows.py kernels/tests/test_swiglu.py kernels/tests/test_moe_fused.py \
         2>&1 | tee "$OUT/tests.log" | tail -15 ;;
     */shared)
       preset=${step%/shared}; name="layer-$preset-shared-in-recipe"
