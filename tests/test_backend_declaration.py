@@ -18,9 +18,9 @@ from mxkernels.reference import gemm as reference
 from mxkernels.stages.step_specs import specs_of
 from test_cli import fake_gpu  # the fixture (a GPU run without a GPU), used by name
 
-from mxbench import registry
 from mxbench.cli import cli
-from mxbench.cli import run_commands
+from mxbench.clikit import common
+from mxbench.implementations import default as registry
 
 NAME = "plain_torch"
 IMPL = f"mxkernels:{NAME}"
@@ -167,7 +167,7 @@ def test_mxbench_roofline_takes_it_as_the_backend(register, fake_gpu):
 def test_without_a_gpu_roofline_accepts_its_name_and_refuses_only_what_it_does_for_every_backend(register, monkeypatch):
     """The model prices no backend (every ``--backend`` is refused there), so what the CPU path shows is that the name
     passes the check an undeclared one fails."""
-    monkeypatch.setattr(run_commands, "_has_gpu", lambda: False)
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
     register(throwaway())
     for backend in (NAME, "native"):
         result = invoke("roofline", *SMALL, "--recipe", "fp8_rowwise", "--backend", backend)
