@@ -117,7 +117,7 @@ def test_an_impl_module_in_a_git_repository_records_that_repositorys_commit(outs
     }  # fmt: skip
     # ours: the distribution that provides mxkernels (this project, installed) and this checkout's commit
     ours = meta["mxkernels"]
-    assert ours["distribution"] == "mxbench" and ours["version"] == importlib.metadata.version("mxbench")
+    assert ours["distribution"] == "mxkernels" and ours["version"] == importlib.metadata.version("mxkernels")
     assert ours["commit"] == provenance.project_commit()[0]
     (repo / "their_quantizer.py").write_text(PLAIN.read_text() + "\n# tuned\n")
     again = run_metadata([Point(64, 64, 64, 2)], options, FakeGPU().instruments())["implementations"]
@@ -164,7 +164,7 @@ def test_a_swept_run_names_each_records_implementation_once_in_its_metadata(outs
     # the table header shows each implementation's code beside mxbench's commit
     table = CliRunner().invoke(cli, ["table", str(out)]).output
     assert f"their_quantizer:quantize_a unversioned, commit {head[:12]}" in table
-    assert f"mxkernels {importlib.metadata.version('mxbench')} (mxbench)" in table
+    assert f"mxkernels {importlib.metadata.version('mxkernels')} (mxkernels)" in table
 
 
 # ---------------------------------------------------------------------------------------- two runs' code
