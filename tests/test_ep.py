@@ -189,7 +189,7 @@ def test_measured_records_carry_costs_and_per_rank_statistics(world_of_one, monk
 
 
 def _plan_shape(ctx):
-    from mxkernels.ep.projection import plan_routing
+    from mxkernels.autograd.ep_projection import plan_routing
 
     experts = ep_check.rank_inputs(ctx, OPTIONS)["experts"]
     return plan_routing(experts, experts_per_rank=OPTIONS.E, K=OPTIONS.K, N=OPTIONS.N).shape

@@ -15,7 +15,7 @@ import torch
 from mxkernels.stages import ep_layer
 from mxkernels.stages import ep_stages
 from mxkernels.reference.ep_layer import ep_moe_layer_reference
-from mxkernels.stages.ep_wgrad import Wgrad
+from mxkernels.ep.wgrad import Wgrad
 from mxkernels.layouts.padding import padded_rows
 from test_ep import fake_time_on_ranks, mxbench_ep
 

@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 from mxkernels.stages.layer import LayerShape, layer_stages
 from mxkernels.stages.layer_specs import layer_specs
-from mxkernels.moe.layer import layer_inputs, layer_outputs, layer_sqnr
+from mxkernels.autograd.layer import layer_inputs, layer_outputs, layer_sqnr
 from mxkernels.stages.pipeline import run_stages
 
 from mxbench.cli import cli

@@ -2,9 +2,10 @@
 
 Depends on torch and triton only; knows nothing of the mxbench harness. Subpackages by role, each saying what it
 holds: ``core`` (format, names, costs, runtime), ``quant`` (quantizers), ``layouts`` (scale layouts, padding),
-``gemm`` (grouped GEMMs, one file per backend), ``moe`` (the layer's kernels and autograd front doors), ``ep``
-(expert parallelism), ``stages`` (every workload's declared stage tables), ``reference`` (oracles written apart) and
-``peers`` (other projects' kernels). ``docs/architecture.md`` in the repository holds the module map.
+``gemm`` (grouped GEMMs, one file per backend), ``moe`` (the layer's kernels), ``ep`` (expert parallelism's
+all-to-alls and options), ``stages`` (every workload's declared stage tables), ``autograd`` (what a model calls:
+the front doors built from those tables), ``reference`` (oracles written apart) and ``peers`` (other projects'
+kernels). ``docs/architecture.md`` in the repository holds the module map.
 """
 
 import importlib
@@ -12,9 +13,9 @@ import importlib
 # The public names, imported on first use: ``from mxkernels.core.runtime import InputError`` (what the harness's option
 # checks need) must not compile every Triton kernel first.
 _EXPORTS = {
-    "bf16_grouped_mm": "moe.projection",
-    "fp8_rowwise_grouped_mm": "moe.projection",
-    "mxfp8_grouped_mm": "moe.projection",
+    "bf16_grouped_mm": "autograd.projection",
+    "fp8_rowwise_grouped_mm": "autograd.projection",
+    "mxfp8_grouped_mm": "autograd.projection",
     "Cost": "core.cost",
     "BLOCK_SIZE": "core.format",
     "E4M3_MAX": "core.format",

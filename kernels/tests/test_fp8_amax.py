@@ -12,7 +12,7 @@ import torch
 from kernel_helpers import offsets
 from mxkernels.quant import fp8_amax as A
 from mxkernels.quant import fp8_rowwise as F
-from mxkernels.moe.projection import fp8_rowwise_grouped_mm
+from mxkernels.autograd.projection import fp8_rowwise_grouped_mm
 from mxkernels.core.cost import Cost
 from mxkernels.core.errors import InputError
 from mxkernels.stages.pipeline import make_inputs, run_stages, step_stages

@@ -243,7 +243,7 @@ def test_gpu_exact_on_integers_and_graph_capturable():
 def test_the_end_to_end_step_runs_the_backend_it_is_given(monkeypatch):
     """The forward+backward a run times must use the run's backend in all three GEMMs, as its stages do (it once
     dropped it for FP8 rowwise and timed torch's kernel whatever the run asked for)."""
-    from mxkernels.moe import projection
+    from mxkernels.autograd import projection
 
     used = []
     real = GG.fp8_rowwise_scaled_grouped_mm

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from mxkernels.moe import projection
+from mxkernels.autograd import projection
 from mxkernels.stages import pipeline
 from mxkernels.core.format import dequantize_reference, quantize_reference
 

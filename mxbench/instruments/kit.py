@@ -34,7 +34,7 @@ class Instruments:
     @classmethod
     def real(cls, device: int = 0, results_dir: Path = Path("results"), power=None) -> Instruments:
         import torch
-        from mxkernels.moe import projection
+        from mxkernels.autograd import projection
         from mxkernels.stages import pipeline
 
         from . import ceilings

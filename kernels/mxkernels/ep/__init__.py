@@ -1,1 +1,3 @@
-"""Expert parallelism: the all-to-alls (``comm``) and the expert-parallel projection with autograd (``projection``)."""
+"""Expert parallelism's own pieces: the all-to-alls (``comm``) and the weight gradient's precision option
+(``wgrad``). Its stage tables are ``stages.ep_stages`` and ``stages.ep_layer``; its autograd front doors
+``autograd.ep_projection`` and ``autograd.ep_layer``."""

@@ -1,3 +1,2 @@
-"""The MoE layer's kernels and front doors: the router (``router``), row gathers and scatters (``moe_rows``,
-``token_permute``), SwiGLU (``swiglu``), the fused layer stages (``moe_fused``), the expert projection with autograd
-(``projection``) and the whole layer with autograd, its inputs and its plain-torch oracle (``layer``)."""
+"""The MoE layer's kernels: the router (``router``), row gathers and scatters (``moe_rows``, ``token_permute``),
+SwiGLU (``swiglu``) and the fused layer stages (``moe_fused``). Their autograd front doors are in ``autograd``."""

@@ -65,7 +65,7 @@ def wgrad_reference(dy, x, strategy: str, wgrad, mode: str = "rceil", *, crossed
     """grad_w (N, K) = dy^T x in fp64 (module doc): under mxfp8_a2a the operands that ``crossed`` an all-to-all in
     MXFP8 (dy, x) as they arrived (1x32 along their width, dequantized: exact in fp32), then the wgrad precision's
     GEMM."""
-    from ..stages.ep_wgrad import Wgrad, resolve_wgrad  # the option's meaning only, no kernels
+    from ..ep.wgrad import Wgrad, resolve_wgrad  # the option's meaning only, no kernels
 
     _check(strategy)
     if strategy == "mxfp8_a2a":

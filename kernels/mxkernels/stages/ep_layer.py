@@ -43,7 +43,7 @@ from ..moe import router as moe_router, moe_rows, swiglu
 from ..quant import quantize
 from ..core.comparison import BitExact
 from .ep_stages import BASELINE, EPShape, _Builder, check_layer, check_strategy, dequantize_cost, ep_specs
-from .ep_wgrad import Wgrad, resolve_wgrad, wgrad_recipe
+from ..ep.wgrad import Wgrad, resolve_wgrad, wgrad_recipe
 from ..core.format import BLOCK_SIZE
 from .layer import _absorb, _projection
 from .layer_specs import get_layer_spec, layer_specs
@@ -345,29 +345,3 @@ def _weight_gradients(b: _LayerBuilder, L: EPLayerShape, strategy: str, wgrad: W
     G = L.experts
     b.add(B, "router_gate_grad", [(s.T, G), (s.T, s.K)], moe_router.router_gate_grad_cost(s.T, s.K, G, 1),
           ("grad_logits", "x", "wr", "grad_x_routed"), ("grad_x", "grad_wr"))  # fmt: skip
-
-
-# ---- routing and autograd ---------------------------------------------------------------------------------------
-
-
-def plan_layer(assign: torch.Tensor, *, experts_per_rank: int, K: int, N: int, group=None):
-    """The projection's routing plan of ``assign`` (T, k) global experts (``ep.plan_routing``: one host sync) plus
-    ``copy_token`` (c // k), which the score gradients read."""
-    from ..ep.projection import RoutingPlan, plan_routing
-
-    plan = plan_routing(assign, experts_per_rank=experts_per_rank, K=K, N=N, group=group)
-    copies = torch.arange(assign.numel(), device=assign.device, dtype=torch.int32)
-    return RoutingPlan(plan.shape, {**plan.tensors, "copy_token": copies // assign.shape[1]})
-
-
-def ep_moe_layer(x: torch.Tensor, weights: Mapping[str, torch.Tensor], assign: torch.Tensor, plan,
-                 stages) -> torch.Tensor:  # fmt: skip
-    """y (T, K) of this rank's tokens through the EP layer's ``stages`` (``ep_layer_stages`` of ``plan``),
-    differentiable in x and the weights wr, w13, w2 (``moe_layer``'s staged autograd function)."""
-    from ..moe.layer import _StagedLayer
-    from .pipeline import split_passes
-
-    names = ("wr", "w13", "w2")
-    forward, backward = split_passes(stages)
-    extra = {"assign": assign.to(torch.int32), **plan.tensors}
-    return _StagedLayer.apply(forward, backward, names, extra, x, *(weights[n] for n in names))

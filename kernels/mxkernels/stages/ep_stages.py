@@ -43,7 +43,8 @@ from ..layouts import scale_layout, padding
 from ..quant import quantize
 from ..core.comparison import BitExact
 from ..core.cost import Cost, ceil_to
-from .ep_wgrad import Wgrad, rebind, resolve_wgrad, wgrad_recipe, wgrad_stages
+from ..ep.wgrad import Wgrad, resolve_wgrad, wgrad_recipe
+from .ep_wgrad import rebind, wgrad_stages
 from ..core.format import BLOCK_SIZE, dequantize_reference
 from ..core.names import PASSES, Category, Pass, Recipe
 from .pipeline import Stage, bind_stage, needs_padding, step_stages, with_impls

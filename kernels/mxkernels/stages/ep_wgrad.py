@@ -1,4 +1,4 @@
-"""The weight gradient's precision in expert parallelism, an option of its own (``Wgrad``).
+"""The weight-gradient stages of each choice of ``ep.wgrad.Wgrad``, the EP weight gradient's precision.
 
 ``mxfp8`` and ``mxfp8_a2a`` once differed in two things: where the tokens are quantized (after or before the
 all-to-alls) and the weight gradient (MXFP8 in one, a bf16 GEMM of the dequantized rows in the other). With the
@@ -18,34 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from enum import StrEnum
 
 from ..core.names import Category, Pass, Recipe
 from .pipeline import Stage, step_stages
-from ..core.runtime import InputError
-
-
-class Wgrad(StrEnum):
-    RECIPE = "recipe"
-    BF16 = "bf16"
-
-
-DEFAULT_WGRAD = {"bf16": Wgrad.RECIPE, "mxfp8": Wgrad.RECIPE, "mxfp8_a2a": Wgrad.BF16}
-
-
-def resolve_wgrad(strategy: str, wgrad: Wgrad | str | None) -> Wgrad:
-    """The wgrad precision a strategy runs with: ``wgrad`` when given, else the strategy's default."""
-    if wgrad is None:
-        return DEFAULT_WGRAD[strategy]
-    try:
-        return Wgrad(wgrad)
-    except ValueError:
-        raise InputError(f"wgrad must be one of {', '.join(w.value for w in Wgrad)}; got {wgrad!r}") from None
-
-
-def wgrad_recipe(strategy: str, wgrad: Wgrad) -> Recipe:
-    """The recipe of the weight-gradient GEMMs: bf16 for the bf16 strategy whatever ``wgrad`` says."""
-    return Recipe.BF16 if strategy == "bf16" or wgrad == Wgrad.BF16 else Recipe.MXFP8
 
 
 def rebind(stages: Sequence[Stage], names: Mapping[str, str]) -> list[Stage]:

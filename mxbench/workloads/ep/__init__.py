@@ -7,7 +7,7 @@ the single-process reference), ``timing`` (stages timed in step across ranks), `
 measured all-to-all ceiling) and ``command`` (the click command), ``topology`` (which ranks share a node; the all-
 to-alls' bytes per link class) and the projection to other EP degrees: ``project`` (the link model),
 ``project_output`` (its tables, assumptions and figure) and ``project_command`` (``mxbench ep-project``). The layer
-itself and its stages live in the kernel package (``mxkernels.ep.projection``).
+itself and its stages live in the kernel package (``mxkernels.autograd.ep_projection``).
 """
 
 TABLE_KINDS = ("ep", "ep-summary", "ep-scaling")

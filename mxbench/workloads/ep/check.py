@@ -5,7 +5,7 @@
    oracle by the spec's rule (bit for bit, or an SQNR floor for GEMMs). All-to-all oracles are built from
    ``all_gather`` alone. The first mismatch of a stage names where.
 2. Layer: one forward + backward of the distributed module (``workload``: the expert projection of
-   ``mxkernels.ep.projection``, or with ``--layer`` the whole MoE layer of ``mxkernels.stages.ep_layer``) on every rank; rank 0
+   ``mxkernels.autograd.ep_projection``, or with ``--layer`` the whole MoE layer of ``mxkernels.stages.ep_layer``) on every rank; rank 0
    gathers every rank's inputs, outputs and gradients and compares y, grad_x and each weight gradient with the
    single-process reference of the same strategy and wgrad precision (``mxkernels.reference.ep`` /
    ``ep_layer_reference``: bf16 math for bf16, the emulated MXFP8 math for the MXFP8 strategies) by SQNR. The SQNR
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from mxkernels.stages.ep_wgrad import Wgrad, resolve_wgrad
+from mxkernels.ep.wgrad import Wgrad, resolve_wgrad
 from mxkernels.stages.pipeline import Stage, with_impls
 
 from ...measuring.dist import Context, any_rank, gather

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 from mxkernels.core.cost import Cost
-from mxkernels.ep.projection import exchange_split_counts
+from mxkernels.autograd.ep_projection import exchange_split_counts
 from mxkernels.ep.comm import exchange_counts_cost
-from mxkernels.stages.ep_wgrad import resolve_wgrad
+from mxkernels.ep.wgrad import resolve_wgrad
 from mxkernels.core.names import END_TO_END_STAGE, Category, Pass
 from mxkernels.stages.pipeline import run_stages
 from mxkernels.moe.token_permute import route

@@ -153,7 +153,7 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
 def layer_meta(strategies: Sequence[str], o: EPOptions) -> dict:
     """What the run ran beyond the sizes: the part (projection or whole layer), each strategy's resolved wgrad
     precision, and the layer's router options (its shared experts are left out: 0)."""
-    from mxkernels.stages.ep_wgrad import resolve_wgrad
+    from mxkernels.ep.wgrad import resolve_wgrad
 
     from .workload import workload
 

@@ -4,7 +4,7 @@ A ``Workload`` is the seam the check and the measurement share: a rank's seeded 
 strategy's stage list, one forward + backward of the distributed module (what the step times and the check
 compares), and the comparison of every rank's gathered results with the single-process reference.
 
-* ``Projection``: ``mxkernels.ep.projection`` (y = x @ w_e^T per copy) against ``ep_reference.ep_layer_reference``.
+* ``Projection``: ``mxkernels.autograd.ep_projection`` (y = x @ w_e^T per copy) against ``ep_reference.ep_layer_reference``.
 * ``Layer``: ``mxkernels.stages.ep_layer`` (router, gate/up, SwiGLU, down, combine) against
   ``ep_layer_reference.ep_moe_layer_reference`` (the verdict); the SQNR against an fp32 run of the single-GPU
   layer's plain-torch oracle (``moe_layer.moe_layer_reference``, gathered inputs) is printed beside it, for
@@ -58,7 +58,7 @@ class Projection:
         return {"experts": _experts(ctx, o), **layer_tensors(o.T, o.K, o.N, o.E, o.top_k, o.seed, ctx.rank, ctx.device)}
 
     def plan(self, ctx, inputs, o):
-        from mxkernels.ep.projection import plan_routing
+        from mxkernels.autograd.ep_projection import plan_routing
 
         return plan_routing(inputs["experts"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
 
@@ -68,7 +68,7 @@ class Projection:
         return ep_step_stages(strategy, plan.shape, group=ctx.group, mode=o.mode, backend=o.backend, wgrad=o.wgrad)
 
     def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        from mxkernels.ep.projection import ep_expert_projection
+        from mxkernels.autograd.ep_projection import ep_expert_projection
 
         return ep_expert_projection(leaves["x"], leaves["w"], plan, stages=stages, group=ctx.group)
 
@@ -102,7 +102,7 @@ class Layer:
         return {"experts": experts, "assign": experts.to(torch.int32), **tensors}
 
     def plan(self, ctx, inputs, o):
-        from mxkernels.stages.ep_layer import plan_layer
+        from mxkernels.autograd.ep_layer import plan_layer
 
         return plan_layer(inputs["assign"], experts_per_rank=o.E, K=o.K, N=o.N, group=ctx.group)
 
@@ -113,7 +113,7 @@ class Layer:
         return ep_layer_stages(strategy, shape, group=ctx.group, mode=o.mode, backend=o.backend, wgrad=o.wgrad)
 
     def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        from mxkernels.stages.ep_layer import ep_moe_layer
+        from mxkernels.autograd.ep_layer import ep_moe_layer
 
         return ep_moe_layer(leaves["x"], leaves, inputs["assign"], plan, stages)
 
@@ -138,7 +138,7 @@ class Layer:
     def _fp32_layer(self, ranks, weights, o) -> dict[str, torch.Tensor]:
         """y and the gradients of ``moe_layer_reference`` in fp32 on every rank's tokens at once."""
         from mxkernels.stages.layer import LayerShape
-        from mxkernels.moe.layer import layer_outputs
+        from mxkernels.autograd.layer import layer_outputs
 
         G = weights["wr"].shape[0]
         shape = LayerShape(T=sum(r["x"].shape[0] for r in ranks), K=o.K, N=o.N, E=G, top_k=o.top_k,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from mxkernels.stages.layer import LayerShape, layer_stages
 from mxkernels.stages.layer_specs import FUSED_RECIPES, get_layer_spec, layer_specs
-from mxkernels.moe.layer import layer_inputs
+from mxkernels.autograd.layer import layer_inputs
 from mxkernels.core.names import Recipe
 
 from ...implementations.check import CheckResult, check_stages

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 from mxkernels.stages.layer import LayerShape, layer_stages
-from mxkernels.moe.layer import layer_inputs, layer_outputs, layer_sqnr, moe_layer
+from mxkernels.autograd.layer import layer_inputs, layer_outputs, layer_sqnr, moe_layer
 from mxkernels.core.names import Recipe
 from mxkernels.stages.pipeline import run_stages
 

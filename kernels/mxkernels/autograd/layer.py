@@ -22,7 +22,7 @@ import torch
 
 from .projection import run_saved_stages, save_for_stages
 from ..stages.layer import LayerShape, Routing, layer_stages
-from .router import ScoreFunc
+from ..moe.router import ScoreFunc
 from ..core.names import Recipe
 from ..stages.pipeline import Stage, run_stages, split_passes
 from ..core.runtime import InputError

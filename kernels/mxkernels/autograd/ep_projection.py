@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..moe.projection import run_saved_stages, save_for_stages
-from .comm import exchange_counts
+from .projection import run_saved_stages, save_for_stages
+from ..ep.comm import exchange_counts
 from ..stages.ep_stages import EPShape, check_layer, ep_step_stages
 from ..stages.pipeline import Stage, run_stages, split_passes
 from ..core.runtime import InputError
