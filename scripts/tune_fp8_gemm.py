@@ -45,8 +45,10 @@ from peers import deepgemm as DG
 
 # isort: on
 
-MODELS = {"deepseek-v3": (7168, 2048), "llama4-scout": (5120, 8192)}
-M, G = 131072, 8
+# model: (K, N, G, M): the expert projection's widths, experts on the GPU and tokens routed to them (balanced). The
+# fine-grained ones (#32): 128 experts of 1024 rows (gpt-oss-120b) and of 512 rows (Qwen3-30B-A3B).
+MODELS = {"deepseek-v3": (7168, 2048, 8, 131072), "llama4-scout": (5120, 8192, 8, 131072),
+          "gpt-oss-120b": (2880, 2880, 128, 131072), "qwen3-30b-a3b": (2048, 768, 128, 65536)}  # fmt: skip
 MIN_SQNR_DB = 30.0
 _T = (128, 256, 128)  # the tile that won the first sweep (docs/perf-log.md)
 _PRECISE = [  # promotion every 128 elements, as torch's kernel: tiles whose registers leave room for two programs
@@ -68,6 +70,9 @@ _WS = [  # the warp-specialized Gluon kernel (torch's sums): ring depth, tile or
     WsConfig(num_stages=4, group_m=16),
     WsConfig(block_n=128, num_stages=4),
     WsConfig(block_n=128, num_stages=4, tma_store=False),
+    WsConfig(block_n=128, num_stages=6),
+    WsConfig(block_n=128, num_stages=6, group_m=16),
+    WsConfig(block_n=128, block_k=64, num_stages=8),
 ]
 CANDIDATES = {case: [("triton", c) for c in _PRECISE + _FAST] + [("triton_ws", c) for c in _WS] for case in ("2d3d", "2d2d")}
 
@@ -199,7 +204,7 @@ def main() -> int:
     peer = DG.Peer.from_args(session.args, _us, MIN_SQNR_DB)  # exits, saying why, where --only-deepgemm cannot run
     rows_out, skipped = [], []
     for model in only:
-        K, N = MODELS[model]
+        K, N, G, M = MODELS[model]
         for pass_, case in PASSES.items():
             if session.args.only_deepgemm and pass_ not in DG.passes(session.args):
                 continue
