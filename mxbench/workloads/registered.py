@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from .declaration import TableKind, Workload
 from .ep.declared import EP
 from .layer.declared import LAYER
+from .map.declared import MAP
 from .peers.declared import PEERS
 from .step.declared import STEP
 
@@ -19,6 +20,7 @@ WORKLOADS: tuple[Workload, ...] = (
     PEERS,
     EP,
     LAYER,
+    MAP,
 )
 
 
