@@ -46,6 +46,26 @@ def test_preset_names_its_source_and_config_keys(name):
     assert p.G_reason
 
 
+# The fine-grained models' layers, from each config.json: (experts per token, shared experts, router scores) --
+# num_experts_per_tok; n_shared_experts (none in Qwen3-MoE's or gpt-oss's config); scoring_func ("sigmoid" in
+# Kimi K2's, none in Qwen3's or gpt-oss's, whose routers take a softmax), and the experts the layer holds at most.
+FINE_GRAINED_LAYERS = {
+    "qwen3-30b-a3b": (8, 0, "softmax", 128),
+    "qwen3-235b-a22b": (8, 0, "softmax", 128),
+    "gpt-oss-120b": (4, 0, "softmax", 128),
+    "kimi-k2": (8, 1, "sigmoid", 384),
+    "deepseek-v2-lite": (6, 2, "softmax", 64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FINE_GRAINED_LAYERS))
+def test_fine_grained_presets_have_their_layer_with_its_reason(name):
+    layer = get_preset(name).layer
+    top_k, shared, score_func, experts = FINE_GRAINED_LAYERS[name]
+    assert layer is not None and (layer.top_k, layer.shared_experts, layer.score_func) == (top_k, shared, score_func)
+    assert top_k <= layer.experts <= experts and layer.tokens >= 1 and layer.reason
+
+
 def test_unknown_preset_lists_the_valid_names():
     with pytest.raises(ValueError, match="unknown preset 'nope'") as e:
         get_preset("nope")
