@@ -71,7 +71,7 @@ def test_model_map_grid_file_table_and_figure_hold_the_same_speedups(tmp_path, m
                                                                                  (32768, 32))}  # fmt: skip
     expected = {(G, v): fwd_bwd(payload, "bf16", c["rows"], G) / fwd_bwd(payload, "fp8_rowwise", c["rows"], G)
                 for c in meta["map"]["cells"] for G, v in [(c["G"], c["value"])]}  # fmt: skip
-    assert len(set(round(x, 4) for x in expected.values())) == 4  # the cells differ: a swapped cell would show
+    assert len({round(x, 4) for x in expected.values()}) == 4  # the cells differ: a swapped cell would show
 
     table = invoke("table", out, "--kind", "map")
     assert table.exit_code == 0, table.output
@@ -98,7 +98,8 @@ def test_the_heatmap_artists_hold_the_cells_and_the_break_even_contour(tmp_path,
                     "512,8192", "--recipe", "fp8_rowwise", "--out", out, "--plot-dir", tmp_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     payload = json.loads(out.read_text())
-    expected = [[fwd_bwd(payload, "bf16", -(-v * G // 4) * 4, G) / fwd_bwd(payload, "fp8_rowwise", -(-v * G // 4) * 4, G)
+    rows = {(G, v): v * G for G in (8, 32) for v in (512, 8192)}  # top-4: T = v G / 4 tokens, 4 T rows
+    expected = [[fwd_bwd(payload, "bf16", rows[G, v], G) / fwd_bwd(payload, "fp8_rowwise", rows[G, v], G)
                  for v in (512, 8192)] for G in (8, 32)]  # fmt: skip
     assert min(map(min, expected)) < 1.0 < max(map(max, expected))  # the B200 model crosses 1.0x on this grid
     fig = map_figure(map_view(load_run(out)), "fp8_rowwise", "b200 (model, not measured)")
@@ -134,7 +135,7 @@ QWEN = ["--preset", "qwen3-30b-a3b"]
     (["--preset", "mixtral-8x7b"], "no [layer] section"),
 ])  # fmt: skip
 def test_a_bad_grid_is_refused_before_any_work(args, message, tmp_path, monkeypatch):
-    import mxbench.workloads.map.measure as measure
+    from mxbench.workloads.map import measure
 
     def no_work(*a, **k):
         raise AssertionError("the map started work on a bad grid")
@@ -282,3 +283,21 @@ def test_compare_on_two_map_runs_gives_per_cell_verdicts_and_fails_on_a_slower_c
     assert len(slower) == 1 and slower[0][0].startswith("M=256 N=128 K=256 G=4 mxfp8") and "fwd+bwd" in slower[0]
     steps = [row for row in rows if "fwd+bwd" in row]
     assert len(steps) == 8  # a verdict for every cell's bf16 and mxfp8 forward + backward
+
+
+def test_regress_re_measures_a_map_baseline_cell_by_cell(fake_gpu, tmp_path):
+    """`mxbench regress` of a map baseline re-measures its grid's points through the map's own timer: the same
+    timings pass; every stage 1.5x slower fails, naming the cells' forward + backward."""
+    fake_gpu["gpu"] = FakeGPU(us=10.0)
+    assert invoke(*PROJECTION, "--out", "base.json").exit_code == 0
+    same = invoke("regress", "--baseline", "base.json", "--rounds", "1", "--out", "fresh.json")
+    assert same.exit_code == 0, same.output
+    fresh = load_run(tmp_path / "fresh.json")  # measured as a map (its grid in its metadata), not as a sweep
+    assert fresh.meta["kind"] == "map"
+    assert fresh.meta["map"]["cells"] == load_run(tmp_path / "base.json").meta["map"]["cells"]
+    fake_gpu["gpu"] = FakeGPU(us=15.0)
+    slower = invoke("regress", "--baseline", "base.json", "--rounds", "1", "--format", "csv")
+    assert slower.exit_code == 1, slower.output
+    steps = [line for line in slower.output.splitlines() if ",fwd+bwd," in line]
+    assert len(steps) == 8 and all("SLOWER" in line for line in steps)
+    assert {line.split(",")[0].split(" G=")[1].split()[0] for line in steps} == {"2", "4"}

@@ -71,7 +71,8 @@ def _check_backend(backend: str | None, recipes, gpu: bool) -> None:
               help=f"Rows each expert gets, one column each. [default: {DEFAULT_TOKENS_PER_EXPERT}]")
 @click.option("--tokens", "total", type=CommaList(int), help="Total tokens instead (the layer's T; the projection's "
               "M), one column each.")
-@click.option("--top-k", "top_k", type=click.IntRange(min=1), help="Experts per token at the layer. [default: the preset's, else 1]")
+@click.option("--top-k", "top_k", type=click.IntRange(min=1), help="Experts per token at the layer. "
+              "[default: the preset's, else 1]")
 @click.option("--shared-experts", "shared", type=click.IntRange(0, 16), help="Shared experts at the layer. "
               "[default: the preset's, else 0]")
 @click.option("--score-func", type=click.Choice(["sigmoid", "softmax"]), help="Router scores. [default: preset's]")
@@ -104,8 +105,8 @@ def map_cmd(preset, K, N, scope, experts, per_expert, total, top_k, shared, scor
     if per_expert is not None and total is not None:
         raise click.UsageError("give either --tokens-per-expert or --tokens, not both")
     axis = TokenAxis.TOTAL if total is not None else TokenAxis.PER_EXPERT
-    values = total if total is not None else (per_expert if per_expert is not None else
-                                              CommaList(int).convert(DEFAULT_TOKENS_PER_EXPERT, None, None))
+    default = [int(v) for v in DEFAULT_TOKENS_PER_EXPERT.split(",")]
+    values = total if total is not None else (per_expert if per_expert is not None else default)
     if scope is Scope.PROJECTION:
         common.refuse_ignored(("top_k", "shared", "score_func"), "the projection has no router or shared experts")
     K, N, model, label = _model(preset, K, N, scope, top_k, shared, score_func)

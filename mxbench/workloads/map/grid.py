@@ -122,8 +122,8 @@ class Grid:
     def points(self, cell: Cell, recipes: Sequence[str], *, mode: str = "rceil", seed: int = 0) -> list[Point]:
         """The cell's points, bf16 first (the baseline), then each recipe: a point's M is the cell's rows and its G
         the cell's experts, so every record names its cell (``cell_of``)."""
-        base = dict(M=cell.rows, N=self.N, K=self.K, G=cell.G, mode=mode, groups="balanced", seed=seed)
-        return [Point(recipe=r, **base) for r in dict.fromkeys((BASELINE, *recipes))]
+        return [Point(cell.rows, self.N, self.K, cell.G, r, mode, "balanced", seed)
+                for r in dict.fromkeys((BASELINE, *recipes))]  # fmt: skip
 
     def all_points(self, recipes: Sequence[str], *, mode: str = "rceil", seed: int = 0) -> list[Point]:
         return [p for c in self.cells() for p in self.points(c, recipes, mode=mode, seed=seed)]
@@ -163,7 +163,8 @@ def check_grid(grid: Grid) -> None:
         if bad:
             raise InputError(f"{option} values must be positive integers, got {bad[0]!r}")
     if max(grid.experts) > MAX_GROUPS:
-        raise InputError(f"--experts values must be at most {MAX_GROUPS} (the kernels' groups), got {max(grid.experts)}")
+        raise InputError(f"--experts values must be at most {MAX_GROUPS} (the kernels' groups), got "
+                         f"{max(grid.experts)}")  # fmt: skip
     k = grid.top_k
     if min(grid.experts) < k:
         raise InputError(f"--experts values must be at least the layer's top-k ({k}: each token's experts are "
@@ -186,5 +187,6 @@ def _check_memory(grid: Grid, cell: Cell) -> None:
         check_step_fits(cell.rows, N, K, G)
         return
     T, k = cell.tokens, grid.top_k
-    check_fits(2 * (T * K + 3 * G * N * K + T * k * (K + N)),
-               f"the layer's bf16 tokens, weights and routed rows at G={G}, {grid.axis.title} {cell.value}")  # fmt: skip
+    where = f"G={G}, {grid.axis.title} {cell.value}"
+    nbytes = 2 * (T * K + 3 * G * N * K + T * k * (K + N))
+    check_fits(nbytes, f"the layer's bf16 tokens, weights and routed rows at {where}")
