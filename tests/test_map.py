@@ -133,6 +133,7 @@ QWEN = ["--preset", "qwen3-30b-a3b"]
     (QWEN + ["--backend", "nope", "--recipe", "fp8_rowwise"], "backends are"),
     (QWEN + ["--scope", "projection", "--top-k", "2"], "no router"),
     (["--preset", "mixtral-8x7b"], "no [layer] section"),
+    (["--K", "65536", "--N", "65536", "--experts", "512", "--tokens-per-expert", "1"], "GB of the largest card"),
 ])  # fmt: skip
 def test_a_bad_grid_is_refused_before_any_work(args, message, tmp_path, monkeypatch):
     from mxbench.workloads.map import measure
@@ -147,6 +148,25 @@ def test_a_bad_grid_is_refused_before_any_work(args, message, tmp_path, monkeypa
     assert result.exit_code == 2, result.output
     assert message in result.output, result.output
     assert not (tmp_path / "x.json").exists() and not (tmp_path / "plots").exists()
+
+
+def test_the_cells_of_each_scope_and_token_axis():
+    """Hand-worked cells: at the layer (top-3) tokens per expert v at G experts take ceil(v G / 3) tokens and three
+    times as many rows; a total of T tokens, T and 3 T; at the projection, M = v G rows or the total asked."""
+    from mxbench.workloads.map.grid import Grid, LayerModel
+
+    top3 = LayerModel(3, 0, "softmax")
+    cells = {s: Grid(64, 64, (4, 8), (10, 100), *s, top3).cells() for s in (
+        ("layer", "tokens_per_expert"), ("layer", "tokens"), ("projection", "tokens_per_expert"),
+        ("projection", "tokens"))}  # fmt: skip
+    as_tuples = {s: [(c.G, c.value, c.tokens, c.rows) for c in cs] for s, cs in cells.items()}
+    assert as_tuples[("layer", "tokens_per_expert")] == [(4, 10, 14, 42), (4, 100, 134, 402), (8, 10, 27, 81),
+                                                         (8, 100, 267, 801)]  # fmt: skip
+    assert as_tuples[("layer", "tokens")] == [(4, 10, 10, 30), (4, 100, 100, 300), (8, 10, 10, 30), (8, 100, 100, 300)]
+    assert as_tuples[("projection", "tokens_per_expert")] == [(4, 10, 40, 40), (4, 100, 400, 400), (8, 10, 80, 80),
+                                                              (8, 100, 800, 800)]  # fmt: skip
+    assert as_tuples[("projection", "tokens")] == [(4, 10, 10, 10), (4, 100, 100, 100), (8, 10, 10, 10),
+                                                   (8, 100, 100, 100)]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- measured
