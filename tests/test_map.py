@@ -321,3 +321,21 @@ def test_regress_re_measures_a_map_baseline_cell_by_cell(fake_gpu, tmp_path):
     steps = [line for line in slower.output.splitlines() if ",fwd+bwd," in line]
     assert len(steps) == 8 and all("SLOWER" in line for line in steps)
     assert {line.split(",")[0].split(" G=")[1].split()[0] for line in steps} == {"2", "4"}
+
+
+@pytest.mark.gpu
+def test_a_measured_layer_map_on_the_gpu(tmp_path):
+    """The layer's own measurement at every cell on a real GPU: samples stored for every cell's forward + backward,
+    no error row, the table's speedups those of the stored samples."""
+    out = tmp_path / "map.json"
+    result = invoke("map", "--K", 256, "--N", 128, "--experts", "2,4", "--tokens-per-expert", "128,256", "--top-k", 2,
+                    "--recipe", "fp8_rowwise", "--samples", 3, "--out", out, "--plot-dir", tmp_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    payload = json.loads(out.read_text())
+    assert payload["meta"]["measured"] is True and not [r for r in payload["records"] if r.get("error")]
+    steps = [r for r in payload["records"] if r["stage"] == "fwd+bwd"]
+    assert len(steps) == 8 and all(len(r["samples_us"]) == 3 and r["telemetry"]["sqnr_db"] for r in steps)
+    cells = markdown_cells(invoke("table", out, "--kind", "map").output, "fp8_rowwise forward + backward speedup")
+    for c in payload["meta"]["map"]["cells"]:
+        expected = fwd_bwd(payload, "bf16", c["rows"], c["G"]) / fwd_bwd(payload, "fp8_rowwise", c["rows"], c["G"])
+        assert cells[(str(c["G"]), str(c["value"]))] == f"{expected:.2f}x"
