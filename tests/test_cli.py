@@ -4,6 +4,7 @@ line, no traceback), and the table / compare commands on synthetic result files.
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import random
 import subprocess
@@ -66,12 +67,18 @@ def test_the_options_offer_what_the_harness_knows():
     from mxbench.clikit import common
     from mxbench.instruments import roofline
     from mxbench.views.render import FORMATS
-    from mxbench.workloads import ep, layer
     from mxbench.workloads.layer import command as layer_command
+    from mxbench.workloads.registered import WORKLOADS
     from mxbench.workloads.step.tables import STEP_ROWS
 
     assert common.FORMATS == FORMATS
-    assert report_commands.TABLE_KINDS == (*STEP_ROWS, "peers", *ep.TABLE_KINDS, *layer.TABLE_KINDS)
+    # --kind offers every registered workload's table kinds in their order: the step's first, then each workload's
+    # own, as its package states them (TABLE_KINDS) where it does
+    assert report_commands.TABLE_KINDS[: len(STEP_ROWS) + 1] == (*STEP_ROWS, "peers")
+    assert report_commands.TABLE_KINDS == tuple(kind for w in WORKLOADS for kind in w.table_kinds)
+    for w in WORKLOADS:
+        package = importlib.import_module(w.commands[0].callback.__module__.rpartition(".")[0])
+        assert getattr(package, "TABLE_KINDS", w.table_kinds) == w.table_kinds, w.name
     assert layer_command.DENOMINATORS == roofline.DENOMINATORS  # written out there: the CLI imports no kernels
 
 

@@ -14,7 +14,7 @@ import click
 from ...clikit import common
 from ...clikit.common import RESULTS_DIR, CommaList, Seed, check_recipes_on, command_line, force_option, hardware_spec
 from ...instruments.cards import DEFAULT_CARD
-from .grid import Grid, LayerModel, Scope, TokenAxis
+from .axes import Scope, TokenAxis
 
 PLOTS_DIR = Path("plots")
 """Where the heatmaps go unless --plot-dir says otherwise: plots/<card>/ (plots/model-<spec>/ for the model)."""
@@ -22,9 +22,11 @@ DEFAULT_EXPERTS = "8,32,128"
 DEFAULT_TOKENS_PER_EXPERT = "256,512,1024,2048"
 
 
-def _model(preset, K, N, scope: Scope, top_k, shared, score_func) -> tuple[int, int, LayerModel, str]:
-    """(K, N, the layer but for its size, label) from --preset or --K/--N, with any option given on top."""
+def _model(preset, K, N, scope: Scope, top_k, shared, score_func):
+    """(K, N, the layer but for its size (a ``grid.LayerModel``), label) from --preset or --K/--N, with any option
+    given on top."""
     from ...plan.presets import get_preset
+    from .grid import LayerModel
 
     if preset is not None:
         if K is not None or N is not None:
@@ -99,7 +101,7 @@ def map_cmd(preset, K, N, scope, experts, per_expert, total, top_k, shared, scor
     from mxkernels.stages.pipeline import check_recipe
 
     from ...storage.outputs import check_folder
-    from .grid import check_grid
+    from .grid import Grid, check_grid
 
     scope = Scope(scope)
     if per_expert is not None and total is not None:
@@ -157,7 +159,7 @@ def map_cmd(preset, K, N, scope, experts, per_expert, total, top_k, shared, scor
     common.exit_if_partial(run)
 
 
-def _plan_every_cell(grid: Grid, points) -> None:
+def _plan_every_cell(grid, points) -> None:
     """Every point planned before any work: a cell a recipe cannot run is bad input (exit 2), not an error row an
     hour into the sweep."""
     from mxkernels.stages.layer import layer_stages

@@ -20,7 +20,7 @@ from mxkernels.core.errors import InputError
 from ...storage.outputs import IMAGE_SUFFIXES
 from ...storage.results import Run
 from ...views.render import card_label
-from .grid import Scope
+from .axes import Scope
 from .speedups import MapView, map_view
 from .tables import speedup_text
 

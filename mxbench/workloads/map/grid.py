@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from mxkernels.core.errors import InputError
 from mxkernels.core.names import BASELINE
@@ -24,29 +23,11 @@ from mxkernels.core.runtime import MAX_GROUPS
 
 from ...plan.points import MAX_TOKENS, check_fits, check_shape, check_step_fits
 from ...storage.results import Point
+from .axes import Scope, TokenAxis
 
 MAX_CELLS = 64
 """The most cells a map takes: a layer cell is a whole `mxbench layer` run per recipe, so a larger grid is most
 likely a typo (and hours of GPU time); split it into several maps."""
-
-
-class Scope(StrEnum):
-    """What each cell measures: the whole MoE layer (``mxbench layer``'s measurement) or the expert projection alone
-    (the grouped GEMMs with their quantizers: ``mxbench roofline``'s)."""
-
-    LAYER = "layer"
-    PROJECTION = "projection"
-
-
-class TokenAxis(StrEnum):
-    """What the second axis counts: tokens per expert (rows each expert's GEMM gets) or the total."""
-
-    PER_EXPERT = "tokens_per_expert"
-    TOTAL = "tokens"
-
-    @property
-    def title(self) -> str:
-        return "tokens per expert" if self is TokenAxis.PER_EXPERT else "tokens"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from ...measuring.loop import measure_points
 from ...measuring.metadata import common_metadata, run_metadata
 from ...measuring.stages import StageTimer, SweepOptions
 from ...storage.results import Point, Run
-from .grid import Grid, Scope, grid_of
+from .axes import Scope
+from .grid import Grid, grid_of
 
 
 def map_meta(grid: Grid, recipes: Sequence[str]) -> dict:

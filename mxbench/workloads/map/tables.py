@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from ...storage.results import Run
 from ...views.render import MODEL_MARK, Row, header_block, render
-from .grid import Scope
+from .axes import Scope
 from .speedups import MapView, map_view
 
 
