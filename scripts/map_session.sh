@@ -33,7 +33,7 @@ map_one() {  # PRESET BACKEND
   mxbench map --preset "$1" $(grid "$1") --recipe fp8_rowwise --backend "$2" --samples "$SAMPLES" \
     --out "results/$CARD/$name.json" --plot-dir "plots/$CARD" 2>&1 | tee "$OUT/$name.log" | tail -22
   echo "$name: $((SECONDS - start)) s" | tee -a "$OUT/timing.log"
-  cp "results/$CARD/$name.json" "plots/$CARD/$name"-*.png "$OUT/" 2>/dev/null
+  cp "results/$CARD/$name.json" "results/$CARD/$name.csv" "plots/$CARD/$name"-*.png "$OUT/" 2>/dev/null
 }
 
 for step in "$@"; do
