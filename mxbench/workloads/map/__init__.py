@@ -3,9 +3,9 @@
 speedup over bf16, measured by the layer's or the step's own measurement, or modelled without a GPU.
 
 Modules: ``axes`` (the scope and token axis, Enums the command line imports), ``grid`` (the typed grid, its cells and
-points, checked before any work), ``measure`` (each cell handed to
-its scope's timer in the loop every workload runs; the model), ``speedups`` (a stored map run read back as its
-grid of speedups), ``tables`` (``table --kind map``), ``figure`` (a heatmap per recipe), ``command``.
+points, checked before any work), ``measure`` (each cell handed to its scope's timer in the loop every workload runs;
+the model), ``speedups`` (a stored map run read back as its grid of speedups), ``tables`` (``table --kind map``),
+``figure`` (a heatmap per recipe), ``command``.
 """
 
 TABLE_KINDS = ("map",)
