@@ -14,13 +14,13 @@ import dataclasses
 import pytest
 import torch
 from kernel_helpers import offsets
+from mxkernels.core.runtime import InputError
 from mxkernels.gemm import fp8_triton as F
 from mxkernels.gemm import fp8_ws as W
 from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.gemm import shape_classes as SC
 from mxkernels.gemm.shape_classes import GemmShape, ShapeClass
 from mxkernels.reference.gemm import fp8_rowwise_reference
-from mxkernels.core.runtime import InputError
 from test_gemm_fp8_rowwise import assert_matches, case_2d2d, case_2d3d
 
 TABLE = SC.SM90_FP8_ROWWISE
@@ -165,7 +165,7 @@ def test_grouped_mm_front_door_dispatches_by_class_and_names_the_backend(sm90_sp
 
 
 def test_the_step_and_layer_stages_name_each_gemms_class(monkeypatch):
-    from mxkernels.stages.layer import layer_stages, LayerShape
+    from mxkernels.stages.layer import LayerShape, layer_stages
     from mxkernels.stages.pipeline import step_stages
 
     monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))

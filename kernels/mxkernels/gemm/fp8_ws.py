@@ -236,7 +236,7 @@ def _producer(ring: _Ring, w: _Walk, WGRAD: gl.constexpr):
     at_start, at_size = _group(w, 0)
     for t in range(gl.program_id(0), _tiles(w, BLOCK_M, BLOCK_N, WGRAD), w.PROGRAMS):
         if WGRAD:
-            g, start, size, m0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
+            _, start, size, m0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
             first, steps = _steps_2d2d(start, size, BLOCK_K)
             for k in range(steps):
                 slot = _acquire(ring, step)

@@ -31,16 +31,16 @@ Why classes, from counting (docs/perf-log.md, 2026-11-29, the H200 measurements 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from collections.abc import Mapping
 
+from ..core.errors import InputError
+from ..core.names import Recipe
 from .backend import Arch
 from .fp8_triton import Fp8Config
 from .fp8_ws import WsConfig
-from ..core.errors import InputError
-from ..core.names import Recipe
 
 STEP = 128  # the contraction per step (and per promotion into fp32) of every precise config below
 CASES = ("2d3d", "2d2d")

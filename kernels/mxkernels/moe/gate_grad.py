@@ -26,7 +26,15 @@ import triton
 import triton.language as tl
 
 from ..core.cost import Cost
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, check_same_device, check_tensor, sm_count
+from ..core.runtime import (
+    INTERPRET,
+    InputError,
+    check_int,
+    check_power_of_two,
+    check_same_device,
+    check_tensor,
+    sm_count,
+)
 
 
 @triton.jit
