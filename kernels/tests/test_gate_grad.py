@@ -67,11 +67,14 @@ def test_bad_input_is_refused_before_any_launch():
         GR.GateGradConfig(block_t=24)
 
 
-def test_the_router_stage_uses_it_and_matches_its_oracle():
+def test_the_router_stage_uses_it_and_matches_its_oracle(monkeypatch):
     gen = torch.Generator().manual_seed(3)
     T, E, K = 96, 8, 64
     g, x, wr, other = _ints(gen, T, E), _ints(gen, T, K), _ints(gen, E, K), _ints(gen, T, K)
+    calls = []
+    monkeypatch.setattr(router, "gate_weight_grad", lambda *a: calls.append(a) or GR.gate_weight_grad(*a))
     got = router.router_gate_grad(g, x, wr, other)
+    assert len(calls) == 1 and calls[0][0] is g and calls[0][1] is x
     want = router.router_gate_grad_reference(g, x, wr, other)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
