@@ -21,7 +21,7 @@ from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.gemm import shape_classes as SC
 from mxkernels.gemm.shape_classes import GemmShape, ShapeClass
 from mxkernels.reference.gemm import fp8_rowwise_reference
-from test_gemm_fp8_rowwise import assert_matches, case_2d2d, case_2d3d
+from test_gemm_fp8_rowwise import _gpu_operands, assert_matches, case_2d2d, case_2d3d
 
 TABLE = SC.SM90_FP8_ROWWISE
 C = ShapeClass
@@ -194,18 +194,6 @@ _SIZES = ([0, 0, 1, 7, 300, 0, 0, 0, 130, 1] * 12 + [640, 0, 2, 33, 0, 96, 0, 0]
 _CLASS_LAUNCHES = [(c, TABLE.choices[c]) for c in C]
 
 
-def _gpu_ops(pass_, sizes, K, N, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    rows = sum(sizes)
-    offs = offsets(sizes, "cuda")
-    rand = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)
-    if pass_ == "fwd":
-        a, b = rand(rows, K).bfloat16(), (rand(len(sizes), N, K) * K**-0.5).bfloat16().transpose(-2, -1)
-    else:
-        a, b = (rand(rows, N) * 1e-2).bfloat16().t(), rand(rows, K).bfloat16()
-    return (*GG._quantize_fp8_rowwise(a, b, offs), offs)
-
-
 def _sm90_or_skip():
     if GG.backend_unavailable("fp8_rowwise", "triton_ws", torch.device("cuda")):
         pytest.skip("the class table is SM90's")
@@ -217,7 +205,7 @@ def test_gpu_every_class_launch_equals_torchs_bits_at_2880(cls, choice):
     _sm90_or_skip()
     sizes = _SIZES if cls != C.WGRAD else [s // 16 * 16 for s in _SIZES]  # torch's needs 16-aligned groups
     pass_ = "wgrad" if cls == C.WGRAD else "fwd"
-    ops = _gpu_ops(pass_, sizes, 2880, 2880)
+    ops = _gpu_operands(pass_, 2880, 2880, sizes)
     ours = GG.fp8_rowwise_scaled_grouped_mm(*ops, backend=choice.backend, config=choice.config)
     torchs = GG.fp8_rowwise_scaled_grouped_mm(*ops, backend="native")
     rows = slice(0, sum(sizes)) if pass_ == "fwd" else slice(None)
@@ -255,7 +243,7 @@ def test_gpu_the_dispatch_equals_torchs_bits_and_is_graph_captured(model, pass_)
     if pass_ == "dgrad":
         K, N = N, K
     sizes = [rows + (37 if g % 2 else -37) for g in range(G)]
-    ops = _gpu_ops("fwd", sizes, K, N)
+    ops = _gpu_operands("fwd", K, N, sizes)
     eager = GG.fp8_rowwise_scaled_grouped_mm(*ops)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
