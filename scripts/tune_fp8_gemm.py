@@ -2,6 +2,7 @@
 ``_scaled_grouped_mm`` ("native").
 
     python scripts/tune_fp8_gemm.py --out $OUT/tune_fp8_gemm.json      # ~2 minutes on an H100
+    python scripts/tune_fp8_gemm.py --quick --out $OUT/q.json          # the shipped dispatch vs torch's and bf16
     python scripts/tune_fp8_gemm.py --table RUN.json [RUN.json ...]    # markdown: each pass's best of ours vs torch's
     python scripts/tune_fp8_gemm.py --only-deepgemm --out $OUT/tune_fp8_gemm-deepgemm.json  # the DeepGEMM peer
     python scripts/tune_fp8_gemm.py --only-deepgemm --deepgemm-passes wgrad --out $OUT/...     # its wgrad kernel
@@ -10,8 +11,9 @@ For each model (DeepSeek-V3: K 7168, N 2048; Llama 4 Scout: K 5120, N 8192; G = 
 tokens) and each GEMM of the FP8 rowwise step -- fwd (M, K) x (G, N, K), dgrad (M, N) x (G, K, N), wgrad (N, M) x
 (K, M) -> (G, N, K) -- it times "native" (the denominator of every ratio; with and without its fast accumulation), a
 dense ``torch._scaled_mm`` of the same FLOPs (rowwise scales), and each candidate of ours (``CANDIDATES``: backend
-"triton" with an ``Fp8Config``, "triton_ws" with a ``WsConfig``; ``--quick`` keeps the single-warpgroup kernel's
-defaults only). Each candidate is first checked against "emulated" on a small ragged case with an empty group (SQNR
+"triton" with an ``Fp8Config``, "triton_ws" with a ``WsConfig``; ``--quick``: the shipped dispatch, ``backend=None``,
+whose shape class picks the kernel (``gemm/shape_classes.py``), beside bf16 ``_grouped_mm`` and the two kernels the
+classes choose between, with a summary table last). Each candidate is first checked against "emulated" on a small ragged case with an empty group (SQNR
 in dB), then at the full size against "native" (SQNR in dB; inf: torch's outputs bit for bit): under
 ``MIN_SQNR_DB``, an empty group's output not all zeros, or an exception, it is reported and skipped. Every time is
 ``mxbench.instruments.timing.time_fn`` (cold-L2 CUDA-graph replays after warm-up calls).
@@ -36,9 +38,10 @@ from tuning import start
 
 import torch
 from mxkernels.gemm import grouped_gemm as GG
-from mxkernels.gemm import fp8_triton as F
 from mxkernels.gemm.fp8_triton import Fp8Config
 from mxkernels.gemm.fp8_ws import WsConfig
+from mxkernels.gemm import shape_classes as SC
+from mxkernels.gemm.backend import arch_of
 from mxbench.instruments.timing import time_fn
 from tune_gemm import sqnr_db
 from peers import deepgemm as DG
@@ -47,8 +50,10 @@ from peers import deepgemm as DG
 
 # model: (K, N, G, M): the expert projection's widths, experts on the GPU and tokens routed to them (balanced). The
 # fine-grained ones (#32): 128 experts of 1024 rows (gpt-oss-120b) and of 512 rows (Qwen3-30B-A3B).
+# qwen3-tiny-groups: Qwen3's widths at 128 rows an expert (the many-small-groups class, gemm/shape_classes.py).
 MODELS = {"deepseek-v3": (7168, 2048, 8, 131072), "llama4-scout": (5120, 8192, 8, 131072),
-          "gpt-oss-120b": (2880, 2880, 128, 131072), "qwen3-30b-a3b": (2048, 768, 128, 65536)}  # fmt: skip
+          "gpt-oss-120b": (2880, 2880, 128, 131072), "qwen3-30b-a3b": (2048, 768, 128, 65536),
+          "qwen3-tiny-groups": (2048, 768, 128, 16384)}  # fmt: skip
 MIN_SQNR_DB = 30.0
 _T = (128, 256, 128)  # the tile that won the first sweep (docs/perf-log.md)
 _PRECISE = [  # promotion every 128 elements, as torch's kernel: tiles whose registers leave room for two programs
@@ -77,17 +82,23 @@ _WS = [  # the warp-specialized Gluon kernel (torch's sums): ring depth, tile or
 CANDIDATES = {case: [("triton", c) for c in _PRECISE + _FAST] + [("triton_ws", c) for c in _WS] for case in ("2d3d", "2d2d")}
 
 
+DISPATCH = "dispatch"  # a row of the shipped choice: ``backend=None``, the shape's class decides (shape_classes)
+_CLASS_KERNELS = [("triton_ws", WsConfig()), ("triton", Fp8Config(256, 128, 128, num_warps=8, num_stages=3))]
+
+
 def _candidates(quick: bool) -> dict[str, list]:
-    """Per case the (backend, config) pairs to time: all of ``CANDIDATES``, or (``--quick``) the single-warpgroup
-    kernel's two defaults (precise and fast) beside every warp-specialized candidate."""
+    """Per case the (backend, config) pairs to time: all of ``CANDIDATES``, or (``--quick``) the shipped dispatch
+    (backend None: each shape's class) beside the two kernels the classes choose between at their measured launches
+    (the warp-specialized default, the single-warpgroup 256 x 128), so that a run shows whether the table still
+    picks the faster."""
     if not quick:
         return CANDIDATES
-    single = lambda case: [("triton", F.default_config(case)), ("triton", F.FAST_CONFIGS[case])]
-    return {case: single(case) + [("triton_ws", c) for c in _WS] for case in CANDIDATES}
+    return {case: [(DISPATCH, None), *_CLASS_KERNELS] for case in CANDIDATES}
 
 
 def _add_arguments(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="time the single-warpgroup kernel's defaults only")
+    parser.add_argument("--quick", action="store_true",
+                        help="time the shipped dispatch (per shape class), bf16 _grouped_mm and the two class kernels")
     DG.add_arguments(parser)
 
 
@@ -109,7 +120,27 @@ def _operands(pass_: str, K: int, N: int, sizes: list[int], seed: int):
     return GG._quantize_fp8_rowwise(a, b, offs), offs
 
 
-def _check(pass_: str, K: int, N: int, sizes: list[int], config: Fp8Config | None, backend: str) -> float:
+def _bf16_us(pass_: str, K: int, N: int, sizes: list[int]) -> float:
+    """``torch._grouped_mm`` of the pass on the bf16 operands the FP8 ones are quantized from."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, G = sum(sizes), len(sizes)
+    offs = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    rand = lambda *shape: torch.randn(*shape, device="cuda", generator=gen).bfloat16()
+    a, b = {"fwd": lambda: (rand(rows, K), rand(G, N, K).transpose(-2, -1)),
+            "dgrad": lambda: (rand(rows, N), rand(G, K, N).transpose(-2, -1)),
+            "wgrad": lambda: (rand(rows, N).t(), rand(rows, K))}[pass_]()  # fmt: skip
+    return _us(lambda: torch._grouped_mm(a, b, offs=offs))
+
+
+def _chosen(case: str, M: int, N: int, K: int, G: int) -> str:
+    """The class and kernel a ``backend=None`` call of this shape runs (kernel terms: ``grouped_gemm.choose``)."""
+    picked = GG.choose("fp8_rowwise", case, M, N, K, G)
+    table = SC.table_for("fp8_rowwise", arch_of(torch.cuda.get_device_capability()))
+    cls = table.classify(SC.GemmShape(case, M, N, K, G)).value if table else "-"
+    return f"{cls}: {picked.backend}"
+
+
+def _check(pass_: str, K: int, N: int, sizes: list[int], config: Fp8Config | None, backend: str | None) -> float:
     """SQNR (dB) of ``backend`` against "emulated"; raises where an empty group's output is not all zeros."""
     ops, offs = _operands(pass_, K, N, sizes, seed=11)
     ref = GG.fp8_rowwise_scaled_grouped_mm(*ops, offs, backend="emulated")
@@ -218,7 +249,10 @@ def main() -> int:
             base = {"model": model, "pass": pass_, "M": M, "N": N, "K": K, "G": G}
             native_sqnr = _check(pass_, K % 2048 + 448, N % 1024 + 320, [608, 0, 800, 640], None, "native")
             print(f"{model:13s} {pass_:5s} native SQNR {native_sqnr:.2f} dB (small case)")
-            for name, us in (("native", native_us), ("native_fast_accum", fast_us), ("dense_scaled_mm", dense_us)):
+            timed = [("native", native_us), ("native_fast_accum", fast_us), ("dense_scaled_mm", dense_us)]
+            if session.args.quick:
+                timed.append(("bf16", _bf16_us(pass_, K, N, [M // G] * G)))
+            for name, us in timed:
                 rows_out.append({**base, "backend": name, "config": None, "us": us, "tflops": flops / us / 1e6})
                 print(f"{model:13s} {pass_:5s} {name:16s} {us:9.1f} us {flops / us / 1e6:7.1f} TFLOP/s", flush=True)
             if peer and pass_ in DG.passes(session.args):
@@ -227,12 +261,18 @@ def main() -> int:
                 if time.monotonic() - session.t0 > session.args.budget_s:
                     skipped.append({**base, "backend": backend, "config": dataclasses.asdict(config)})
                     continue
-                row = {**base, "backend": backend, "config": dataclasses.asdict(config)}
+                row = {**base, "backend": backend, "config": config and dataclasses.asdict(config)}
+                run_as = None if backend == DISPATCH else backend
+                if backend == DISPATCH:  # the class of the call in the kernel's terms (grouped_gemm module doc)
+                    if case == "2d3d":  # a (M, K), b (G, N, K)
+                        row["chosen"] = _chosen(case, a_q.shape[0], b_q.shape[1], a_q.shape[1], G)
+                    else:  # a (N, M), b (K, M)
+                        row["chosen"] = _chosen(case, a_q.shape[1], a_q.shape[0], b_q.shape[0], G)
                 try:
                     row["sqnr_small_db"] = _check(pass_, K % 2048 + 448, N % 1024 + 320, [608, 0, 800, 640], config,
-                                                  backend)  # fmt: skip
-                    fn = lambda c=config, b=backend: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend=b,
-                                                                                       config=c)  # fmt: skip
+                                                  run_as)  # fmt: skip
+                    fn = lambda c=config, b=run_as: GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend=b,
+                                                                                      config=c)  # fmt: skip
                     out, ref = fn(), GG.fp8_rowwise_scaled_grouped_mm(a_q, sa, b_q, sb, offs, backend="native")
                     row["sqnr_vs_native_db"] = sqnr_db(out, ref)
                     if min(row["sqnr_small_db"], row["sqnr_vs_native_db"]) < MIN_SQNR_DB:
@@ -242,7 +282,7 @@ def main() -> int:
                     row["tflops"] = flops / row["us"] / 1e6
                     row["vs_native"] = native_us / row["us"]
                     row["of_dense"] = dense_us / row["us"]
-                    print(f"{model:13s} {pass_:5s} {backend} {config}: {row['us']:9.1f} us "
+                    print(f"{model:13s} {pass_:5s} {backend} {row.get('chosen', config)}: {row['us']:9.1f} us "
                           f"{row['tflops']:7.1f} TFLOP/s  {row['vs_native']:.3f}x native  {row['of_dense']:.3f} of dense",
                           flush=True)  # fmt: skip
                 except Exception as e:  # noqa: BLE001 -- a candidate that fails is reported, not fatal
@@ -252,8 +292,27 @@ def main() -> int:
                 rows_out.append(row)
             del a_q, sa, b_q, sb
             torch.cuda.empty_cache()
+    if session.args.quick:
+        print(quick_summary(rows_out))
     session.finish("tune_fp8_gemm", rows_out, skipped, {})
     return 0
+
+
+def quick_summary(rows: list[dict]) -> str:
+    """The ``--quick`` run's table: per model and pass, torch's kernel, bf16 ``_grouped_mm`` and the shipped dispatch
+    (its class and kernel) in us, the dispatch's ratios to both, and the two class kernels' times: where one of them
+    beats the dispatch's choice, the class table is due a look."""
+    chosen = {(r["model"], r["pass"]): r["chosen"] for r in rows if "chosen" in r}
+    lines = ["model          pass   torch us  bf16 us  dispatch us  /torch  /bf16  ws us    triton256 us  chosen"]
+    for model, pass_ in dict.fromkeys((r["model"], r["pass"]) for r in rows):
+        by = {r["backend"] if r["backend"] != "triton" else "triton256": r["us"] for r in rows
+              if r["model"] == model and r["pass"] == pass_ and "us" in r}  # fmt: skip
+        us = lambda name, by=by: by.get(name, float("nan"))
+        ours = us(DISPATCH)
+        lines.append(f"{model:14s} {pass_:5s} {us('native'):9.1f} {us('bf16'):8.1f} {ours:12.1f} "
+                     f"{us('native') / ours:6.2f}x {us('bf16') / ours:5.2f}x {us('triton_ws'):8.1f} "
+                     f"{us('triton256'):13.1f}  {chosen.get((model, pass_), '-')}")  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -136,26 +136,22 @@ def _tiles(w: _Walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WGRAD: gl.con
 
 
 @gluon.jit
-def _locate_2d3d(w: _Walk, t, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """2D x 3D tile ``t`` (tiles numbered group after group): (group, the tile's first row, the group's rows from
-    there on, the tile's first column)."""
+def _locate_2d3d(w: _Walk, t, g, before, start, size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """2D x 3D tile ``t`` (tiles numbered group after group), found from the cursor the previous tile left (group
+    g, the tiles before it, its rows [start, start + size); (0, 0, group 0's) at first): a program walks its tiles in
+    increasing order, so a tile's group is never before its previous tile's, and the walk goes on from there. Over a
+    program's tiles that visits each group once, where a walk from group 0 for every tile cost G groups' loads a tile
+    (at G = 128 more than a short contraction's main loop: docs/perf-log.md, 2026-11-29). Returns the cursor at the
+    tile's group, then the tile's first row, the group's rows from there on and the tile's first column."""
     n_tiles = (w.N + BLOCK_N - 1) // BLOCK_N
-    before = 0
-    sel_g = 0
-    sel_start = 0
-    sel_size = 0
-    sel_tile = 0
-    for g in range(w.G):
+    tiles = (size + BLOCK_M - 1) // BLOCK_M * n_tiles
+    while (t >= before + tiles) & (g < w.G - 1):  # t < every group's tiles: it stops at the tile's group
+        before += tiles
+        g += 1
         start, size = _group(w, g)
         tiles = (size + BLOCK_M - 1) // BLOCK_M * n_tiles
-        if (t >= before) & (t < before + tiles):
-            sel_g = g
-            sel_start = start
-            sel_size = size
-            sel_tile = t - before
-        before += tiles
-    m_tile, n_tile = _band(sel_tile, (sel_size + BLOCK_M - 1) // BLOCK_M, n_tiles, w.GROUP_M)
-    return sel_g, sel_start + m_tile * BLOCK_M, sel_size - m_tile * BLOCK_M, n_tile * BLOCK_N
+    m_tile, n_tile = _band(t - before, (size + BLOCK_M - 1) // BLOCK_M, n_tiles, w.GROUP_M)
+    return g, before, start, size, start + m_tile * BLOCK_M, size - m_tile * BLOCK_M, n_tile * BLOCK_N
 
 
 @gluon.jit
@@ -236,9 +232,11 @@ def _producer(ring: _Ring, w: _Walk, WGRAD: gl.constexpr):
     BLOCK_N: gl.constexpr = ring.b_desc.block_type.shape[0]
     step = 0
     landed = 0
+    at_g, before = 0, 0  # the 2D x 3D walk's cursor (``_locate_2d3d``)
+    at_start, at_size = _group(w, 0)
     for t in range(gl.program_id(0), _tiles(w, BLOCK_M, BLOCK_N, WGRAD), w.PROGRAMS):
         if WGRAD:
-            g, start, size, m0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
+            _, start, size, m0, n0 = _locate_2d2d(w, t, BLOCK_M, BLOCK_N)
             first, steps = _steps_2d2d(start, size, BLOCK_K)
             for k in range(steps):
                 slot = _acquire(ring, step)
@@ -251,9 +249,10 @@ def _producer(ring: _Ring, w: _Walk, WGRAD: gl.constexpr):
                     _load(ring, slot, m0, n0, col)
                 step += 1
         else:
-            g, row0, _, n0 = _locate_2d3d(w, t, BLOCK_M, BLOCK_N)
+            at_g, before, at_start, at_size, row0, _, n0 = _locate_2d3d(w, t, at_g, before, at_start, at_size,
+                                                                         BLOCK_M, BLOCK_N)  # fmt: skip
             for k in range((w.K + BLOCK_K - 1) // BLOCK_K):
-                _load(ring, _acquire(ring, step), row0, g * w.N + n0, k * BLOCK_K)
+                _load(ring, _acquire(ring, step), row0, at_g * w.N + n0, k * BLOCK_K)
                 step += 1
 
 
@@ -342,6 +341,8 @@ def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr
     c = gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
     step = 0
     part = gl.zeros([ROWS, SUB], gl.float32, mma)
+    at_g, before = 0, 0  # the 2D x 3D walk's cursor (``_locate_2d3d``)
+    at_start, at_size = _group(w, 0)
     for t in range(gl.program_id(0), _tiles(w, BLOCK_M, BLOCK_N, WGRAD), w.PROGRAMS):
         # Per case: the tile's first row in its output block (row0, rows_left of that block from there), its first
         # column, the output's columns, where the tile's output block and scales start, its row in the descriptor.
@@ -356,7 +357,9 @@ def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr
             desc_row = g * w.N + row0
             nonempty = size > 0
         else:  # out (M, N): rows past the group's end are the next group's
-            g, row0, rows_left, n0 = _locate_2d3d(w, t, BLOCK_M, BLOCK_N)
+            at_g, before, at_start, at_size, row0, rows_left, n0 = _locate_2d3d(w, t, at_g, before, at_start, at_size,
+                                                                                BLOCK_M, BLOCK_N)  # fmt: skip
+            g = at_g
             k_steps = (w.K + BLOCK_K - 1) // BLOCK_K
             cols_total = w.N
             out_block = out_ptr

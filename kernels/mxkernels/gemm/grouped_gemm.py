@@ -39,8 +39,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import backends as declarations, native as gemm_native
+from . import backends as declarations, native as gemm_native, shape_classes
 from .backend import Backend, arch_of
+from .shape_classes import Choice, GemmShape
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE, DATA_DTYPE, ScaleMode
 from ..core.names import Recipe
@@ -152,6 +153,23 @@ def available_backends(recipe: str, device: torch.device | str | None = None) ->
 def default_backend(recipe: str, device: torch.device | str | None = None) -> str:
     """The backend a call with ``backend=None`` uses: the best available for ``recipe`` on ``device``."""
     return available_backends(recipe, device)[0]
+
+
+def choose(recipe: str, case: str, M: int, N: int, K: int, G: int,
+           device: torch.device | str | None = None) -> Choice:  # fmt: skip
+    """The backend and launch configuration a call with ``backend=None`` runs, from its shape (``_check_quantized``'s
+    terms: 2d3d a (M, K), b (G, N, K); 2d2d a (N, M), b (K, M)) and host-known values only (``shape_classes``).
+    Where the recipe has no class table on the device's architecture, or the class's backend cannot run there, the
+    default backend with its own default launch (config None)."""
+    recipe = check_recipe(recipe)
+    device = _default_device() if device is None else torch.device(device)
+    shape = GemmShape(case, M, N, K, G)
+    table = shape_classes.table_for(recipe, arch_of(_capability(device)))
+    if table is not None:
+        picked = table.choices[table.classify(shape)]
+        if backend_unavailable(recipe, picked.backend, device) is None:
+            return picked
+    return Choice(default_backend(recipe, device), None, "the device's default order (no shape class applies)")
 
 
 def _resolve_backend(recipe: str, backend: str | None, device: torch.device) -> Backend:
@@ -281,8 +299,9 @@ def fp8_rowwise_scaled_grouped_mm(
     "triton" (``gemm_fp8_rowwise``, SM90+: TMA; torch's sums) and "triton_fast" (the same kernels summing in the
     tensor core's accumulator throughout, as ``use_fast_accum``: faster, a lower SQNR) need the contraction's row
     stride a multiple of 16 bytes.
-    ``use_fast_accum``: the native kernel's fast (less precise) accumulation. ``config``: "triton"'s launch (None:
-    ``fp8_triton.default_config``).
+    ``use_fast_accum``: the native kernel's fast (less precise) accumulation. ``config``: the backend's launch (None:
+    its default). ``backend=None``: the backend and launch of the shape's class (``choose``; a ``config`` given is
+    kept, and must then be the chosen backend's type).
     """
     case, M, N, K, G = _check_quantized(a_q, b_q, offs)
     if case == "2d3d":
@@ -294,6 +313,9 @@ def fp8_rowwise_scaled_grouped_mm(
         check_shape(name, scale, shape)
     _check_same_device(a_q, a_scale=a_scale, b_scale=b_scale)
     operands = (a_q, a_scale, b_q, b_scale, offs)
+    if backend is None:  # the shape's class decides (``choose``): never a read of offs
+        picked = choose("fp8_rowwise", case, M, N, K, G, a_q.device)
+        backend, config = picked.backend, picked.config if config is None else config
     return _run("fp8_rowwise", backend, operands, out_dtype, config, use_fast_accum=use_fast_accum)
 
 
@@ -369,12 +391,18 @@ def grouped_mm(
             raise InputError(f"offs must hold one group end per expert of b ({b.shape[0]}), got {offs.numel()}")
     elif a.shape[1] != b.shape[0]:
         raise InputError(f"a (N, M) and b (M, K) must agree on M; got {tuple(a.shape)}, {tuple(b.shape)}")
+    config = None
+    if recipe == "fp8_rowwise" and backend is None:  # the shape's class (``choose``), in the kernel's terms
+        G = offs.numel()
+        dims = ("2d3d", a.shape[0], b.shape[2], a.shape[1]) if b.dim() == 3 else ("2d2d", a.shape[1], a.shape[0], b.shape[1])
+        picked = choose(recipe, *dims, G, a.device)
+        backend, config = picked.backend, picked.config
     backend = _resolve_backend(recipe, backend, a.device).name
 
     if recipe == "mxfp8":
         out = mxfp8_scaled_grouped_mm(*quantize_mxfp8_operands(a, b, offs, mode), offs, backend=backend)
     elif recipe == "fp8_rowwise":
-        out = fp8_rowwise_scaled_grouped_mm(*_quantize_fp8_rowwise(a, b, offs), offs, backend=backend)
+        out = fp8_rowwise_scaled_grouped_mm(*_quantize_fp8_rowwise(a, b, offs), offs, backend=backend, config=config)
     else:
         out = declarations.find(recipe, backend).run[Recipe.BF16](a, b, offs)
     return GroupedMMResult(out, backend)

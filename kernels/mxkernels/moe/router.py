@@ -22,6 +22,7 @@ from enum import StrEnum
 
 import torch
 
+from .gate_grad import gate_weight_grad
 from ..core.cost import Cost, ceil_to
 from ..core.runtime import InputError, check_tensor
 
@@ -177,11 +178,13 @@ def router_grad_reference(grad_top, scores, experts, *, score_func):
 
 def router_gate_grad(grad_logits: torch.Tensor, x: torch.Tensor, wr: torch.Tensor, *others: torch.Tensor):
     """(grad_x (T, K) bf16, grad_wr (E, K) bf16): the gate linear's backward, grad_x summed (fp32, one rounding)
-    with ``others``, the token gradients of the layer's other paths (routed experts, shared experts)."""
+    with ``others``, the token gradients of the layer's other paths (routed experts, shared experts). grad_x is a
+    library GEMM (its T x K output fills the GPU); grad_wr, whose T-long contraction leaves a library GEMM a few
+    tiles, is split along the tokens (``gate_grad.gate_weight_grad``)."""
     total = torch.mm(grad_logits, wr) if not others else torch.addmm(others[0], grad_logits, wr)
     for o in others[1:]:
         total = torch.add(total, o)
-    return total, torch.mm(grad_logits.t(), x)
+    return total, gate_weight_grad(grad_logits, x)
 
 
 def router_gate_grad_reference(grad_logits, x, wr, *others):

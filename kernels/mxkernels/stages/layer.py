@@ -27,7 +27,6 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
-from ..gemm import grouped_gemm
 from ..moe import router as moe_router, moe_rows, swiglu
 from ..quant import fp8_amax
 from ..core.cost import Cost
@@ -181,8 +180,6 @@ def layer_stages(
     if fuse and not s.fuse_up:
         raise InputError("the fused SwiGLU stages read and write the fused gate/up layout (E, 2N, K): fuse needs the "
                          "gate and up projections as one GEMM")  # fmt: skip
-    if recipe != Recipe.BF16 and backend is None:
-        backend = grouped_gemm.default_backend(recipe)
     if fuse and recipe == Recipe.FP8_ROWWISE and max(s.K, 2 * s.N) > fp8_amax.MAX_COLS:
         raise InputError(f"--fuse with fp8_rowwise holds rows of up to {fp8_amax.MAX_COLS} elements whole; "
                          f"K={s.K}, 2N={2 * s.N}")  # fmt: skip

@@ -83,16 +83,27 @@ class Stage:
         return self.fn(*[env[name] for name in self.inputs], **self.params)
 
 
-def bind_stage(spec: StageSpec, shapes, cost, inputs, outputs, params=None, backend=None) -> Stage:
+def bind_stage(spec: StageSpec, shapes, cost, inputs, outputs, params=None, backend=None, config=None) -> Stage:
     """``spec`` as a stage of a step: its input shapes, its cost, the env names it reads and writes, its contract
-    parameters and (GEMMs) its backend, run by mxkernels' implementation."""
-    fn = spec.impl if backend is None else functools.partial(spec.impl, backend=backend)
+    parameters and (GEMMs) its backend and launch configuration, run by mxkernels' implementation."""
+    bound = {k: v for k, v in (("backend", backend), ("config", config)) if v is not None}
+    fn = functools.partial(spec.impl, **bound) if bound else spec.impl
     return Stage(spec, tuple(tuple(s) for s in shapes), cost, tuple(inputs), tuple(outputs), fn,
                  MappingProxyType(dict(params or {})), OURS, spec.kernel, backend)  # fmt: skip
 
 
-def _stage(recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> Stage:
-    return bind_stage(get_spec(recipe, name), shapes, cost, inputs, outputs, params, backend)
+def _stage(recipe, name, shapes, cost, inputs, outputs, params=None, backend=None, config=None) -> Stage:
+    return bind_stage(get_spec(recipe, name), shapes, cost, inputs, outputs, params, backend, config)
+
+
+def _gemm_stage(recipe, name, shapes, cost, inputs, outputs, backend, kernel_shape) -> Stage:
+    """A GEMM stage run by ``backend``; None: the backend and launch of its shape's class (``grouped_gemm.choose``,
+    ``kernel_shape`` = (case, M, N, K, G) in the kernel's terms), named in the stage's record."""
+    config = None
+    if backend is None:
+        picked = grouped_gemm.choose(recipe, *kernel_shape)
+        backend, config = picked.backend, picked.config
+    return _stage(recipe, name, shapes, cost, inputs, outputs, backend=backend, config=config)
 
 
 @dataclass(frozen=True)
@@ -220,8 +231,8 @@ def _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales=False) -> list[Sta
             pick(_stage(R, "quantize_w", [(G, N, K)], rows_3d(G, N, K, bf16, "K"), ("w",), ("w_q", "w_s")),
                  _stage(R, "quantize_w_amax", [(G, N, K)], with_amax(G * N, K, G, bf16), ("w",),
                         ("w_q", "w_s", "w_amax"))),
-            _stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], mm(Mp, N, K, G, R, "2d3d"),
-                   ("a_q", "a_s", "w_q", "w_s", offs), (n.out,), backend=backend),
+            _gemm_stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], mm(Mp, N, K, G, R, "2d3d"),
+                        ("a_q", "a_s", "w_q", "w_s", offs), (n.out,), backend, ("2d3d", Mp, N, K, G)),
         ], [
             pick(_stage(R, "quantize_grad_out", [(Mp, N)], rows(Mp, N, bf16), (dy,), ("dy_q", "dy_s")),
                  _stage(R, "quantize_grad_out_amax", [(Mp, N)], with_amax(Mp, N, G, bf16), (dy, offs),
@@ -229,8 +240,8 @@ def _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales=False) -> list[Sta
             pick(_stage(R, "quantize_w_t", [(G, N, K)], rows_3d(G, N, K, bf16, "N"), ("w",), ("wt_q", "wt_s")),
                  _stage(R, "quantize_w_t_from_amax", [(G, N, K)], from_amax(G * N, K, G, bf16), ("w", "w_amax"),
                         ("wt_q", "wt_s"))),
-            _stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], mm(Mp, K, N, G, R, "2d3d"),
-                   ("dy_q", "dy_s", "wt_q", "wt_s", offs), (n.grad_a,), backend=backend),
+            _gemm_stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], mm(Mp, K, N, G, R, "2d3d"),
+                        ("dy_q", "dy_s", "wt_q", "wt_s", offs), (n.grad_a,), backend, ("2d3d", Mp, K, N, G)),
         ], [
             pick(_stage(R, "quantize_grad_out_t", [(Mp, N)], k_groups(Mp, N, G, bf16), (dy, offs), ("dyt_q", "dyt_s")),
                  _stage(R, "quantize_grad_out_t_from_amax", [(Mp, N)], from_amax(Mp, N, G, bf16),
@@ -238,8 +249,8 @@ def _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales=False) -> list[Sta
             pick(_stage(R, "quantize_a_t", [(Mp, K)], k_groups(Mp, K, G, bf16), (a, offs), ("at_q", "at_s")),
                  _stage(R, "quantize_a_t_from_amax", [(Mp, K)], from_amax(Mp, K, G, bf16), (a, "a_amax", offs),
                         ("at_q", "at_s"))),
-            _stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], mm(Mp, N, K, G, R, "2d2d"),
-                   ("dyt_q", "dyt_s", "at_q", "at_s", offs), ("grad_w",), backend=backend),
+            _gemm_stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], mm(Mp, N, K, G, R, "2d2d"),
+                        ("dyt_q", "dyt_s", "at_q", "at_s", offs), ("grad_w",), backend, ("2d2d", Mp, N, K, G)),
         ]  # fmt: skip
 
     return _assemble(R, M, N, K, G, pad, passes)
@@ -332,8 +343,7 @@ def step_stages(
     if recipe == Recipe.MXFP8:
         stages = _mxfp8_stages(M, N, K, G, mode, backend or grouped_gemm.default_backend("mxfp8"), pad, fuse_scales)
     elif recipe == Recipe.FP8_ROWWISE:
-        stages = _fp8_rowwise_stages(M, N, K, G, backend or grouped_gemm.default_backend("fp8_rowwise"), pad,
-                                     fuse_scales)
+        stages = _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales)  # None: each GEMM's shape class
     else:
         stages = _bf16_stages(M, N, K, G, pad)
     return with_impls(stages, impls)

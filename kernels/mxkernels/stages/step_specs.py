@@ -313,12 +313,12 @@ def _gemm(recipe, name, pass_, purpose, ins, out, oracle, impl, kernel, floor, t
                      regions=regions)  # fmt: skip
 
 
-def _mx_gemm_impl(*args, backend=None):
-    return (grouped_gemm.mxfp8_scaled_grouped_mm(*args, backend=backend),)
+def _mx_gemm_impl(*args, backend=None, config=None):
+    return (grouped_gemm.mxfp8_scaled_grouped_mm(*args, backend=backend, config=config),)
 
 
-def _fp8_gemm_impl(*args, backend=None):
-    return (grouped_gemm.fp8_rowwise_scaled_grouped_mm(*args, backend=backend),)
+def _fp8_gemm_impl(*args, backend=None, config=None):
+    return (grouped_gemm.fp8_rowwise_scaled_grouped_mm(*args, backend=backend, config=config),)
 
 
 def _mxfp8() -> list[StageSpec]:
