@@ -29,7 +29,12 @@ bound to the layer under the roles ``up`` and ``down`` (``layer._projection``). 
 
 The weight gradient's precision is the ``ep_wgrad.Wgrad`` option; under mxfp8_a2a the up projection's tokens and
 the down projection's output gradient exist as MXFP8 rows only and are dequantized first (``dequantize_a``,
-``dequantize_grad_out``), then quantized 32x1 along the tokens for an MXFP8 wgrad. Shared experts are left out.
+``dequantize_grad_out``), then quantized 32x1 along the tokens for an MXFP8 wgrad.
+
+Shared experts (``EPLayerShape.shared``, ``ep_shared``): their forward is issued just before the dispatch and added
+to the routed output at the end (``add_shared``); their backward just before the combine's gradient all-to-all, their
+input gradient added to the routed one before the router's term (``shared.add_grads``). ``ep.overlap`` runs them on
+a second stream.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from ..core.cost import Cost
 from .ep_stages import EPShape, _Builder, check_layer, dequantize_cost, ep_specs
 from ..ep.strategy import get_strategy, row_widths
 from ..ep.wgrad import Wgrad, resolve_wgrad, wgrad_recipe
+from .ep_shared import add_shared, add_shared_grads, shared_stages
 from .layer import _absorb, _projection
 from .layer_specs import get_layer_spec, layer_specs
 from ..moe.router import ScoreFunc
@@ -66,9 +72,13 @@ class EPLayerShape:
     ep: EPShape
     score_func: ScoreFunc = ScoreFunc.SIGMOID
     score_before: bool = True
+    shared: int = 0  # shared experts (``ep_shared``): one dense SwiGLU FFN of hidden width N * shared
+    shared_in_recipe: bool = False  # their GEMMs in the strategy's recipe, else bf16
 
     def __post_init__(self):
         object.__setattr__(self, "score_func", ScoreFunc(self.score_func))
+        if not isinstance(self.shared, int) or isinstance(self.shared, bool) or self.shared < 0:
+            raise InputError(f"shared experts must be a non-negative integer, got {self.shared!r}")
 
     @property
     def experts(self) -> int:
@@ -77,7 +87,7 @@ class EPLayerShape:
 
     @property
     def weights(self) -> tuple[str, ...]:
-        return ("wr", "w13", "w2")
+        return ("wr", "w13", "w2", *(("ws13", "ws2") if self.shared else ()))
 
 
 # ---- the layer's own declarations -------------------------------------------------------------------------------
@@ -176,13 +186,16 @@ def ep_layer_stages(
     # are their quantized operands (so their quantizers go), else the bf16 rows they read
     xq = _absorb(up, Pass.FORWARD, "quantize_a") if a2a else (rows.a,)
     dyq = _absorb(down, Pass.BACKWARD_INPUT, "quantize_grad_out") if a2a else (rows.grad_out,)
+    shared = shared_stages(recipe, s.T, s.K, s.N, L.shared, L.shared_in_recipe, mode, backend) if L.shared else None
     _router_forward(b, L)
-    _dispatch(b, L, payload, rows, xq, mode)
+    _dispatch(b, L, payload, rows, xq, mode, shared)
     b.stages += up[Pass.FORWARD]
     b.add(Recipe.BF16, "swiglu", [(rows.Rp, 2 * s.N)], swiglu.swiglu_cost(rows.Rp, s.N), ("h",), ("act",))
     b.stages += down[Pass.FORWARD]
     _combine(b, L, rows)
-    _combine_backward(b, L, payload, rows, dyq, mode)
+    if shared:
+        b.stages.append(add_shared(s.T, s.K))
+    _combine_backward(b, L, payload, rows, dyq, mode, shared)
     b.stages += down[Pass.BACKWARD_INPUT]
     b.add(Recipe.BF16, "swiglu_grad", [(rows.Rp, s.N), (rows.Rp, 2 * s.N)], swiglu.swiglu_backward_cost(rows.Rp, s.N),
           ("grad_act", "h"), ("grad_h",))  # fmt: skip
@@ -276,11 +289,13 @@ def _to_experts(b: _LayerBuilder, payload: Recipe, rows: _Rows, names: tuple[str
               (*dst, "offs_p"), {"alignment": align})  # fmt: skip
 
 
-def _dispatch(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, xq, mode: str) -> None:
+def _dispatch(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, xq, mode: str, shared) -> None:
     s, B = L.ep, Recipe.BF16
     b.add(B, "sort_tokens", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, L.score_before),
           ("x", "token_of", "row_w"), ("xs",), {"weighted": L.score_before})  # fmt: skip
     src = _quantize(b, payload, "quantize_xs", s.S, s.K, "xs", mode) if payload != Recipe.BF16 else ("xs",)
+    if shared:  # issued here, just before the dispatch, so that on a side stream they run beside it
+        b.stages += shared[Pass.FORWARD]
     _to_experts(b, payload, rows, ("dispatch", "permute", "pad_a"), src, xq, s.K)
 
 
@@ -304,18 +319,23 @@ def _from_experts(b: _LayerBuilder, L: EPLayerShape, rows: _Rows, names: tuple[s
 
 
 def _combine(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
-    _from_experts(b, L, rows, ("unpad_out", "unpermute", "combine", "unsort_combine"), ("out", "ys", "y"),
+    # "ys" here are the combined copies (``_from_experts``); the shared experts' output is "ys" of ``ep_shared``
+    received, y = ("ys_r", "y_routed") if L.shared else ("ys", "y")
+    _from_experts(b, L, rows, ("unpad_out", "unpermute", "combine", "unsort_combine"), ("out", received, y),
                   not L.score_before)  # fmt: skip
 
 
-def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, dyq, mode: str) -> None:
+def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, dyq, mode: str,
+                      shared) -> None:  # fmt: skip
     s, B = L.ep, Recipe.BF16
     b.add(B, "sort_grad", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, not L.score_before),
           ("dy", "token_of", "row_w"), ("dys",), {"weighted": not L.score_before})  # fmt: skip
     if not L.score_before:
         b.add(B, "combine_score_grad", [(s.S, s.K), (s.T, s.K)], moe_rows.row_dot_cost(s.S, s.K),
-              ("ys", "pos", "dy", "copy_token"), ("grad_top",))  # fmt: skip
+              ("ys_r" if L.shared else "ys", "pos", "dy", "copy_token"), ("grad_top",))  # fmt: skip
     src = _quantize(b, payload, "quantize_dys", s.S, s.K, "dys", mode) if payload != Recipe.BF16 else ("dys",)
+    if shared:  # issued just before the combine's gradient all-to-all (module doc of ``ep_shared``)
+        b.stages += shared[Pass.BACKWARD_INPUT] + shared[Pass.BACKWARD_WEIGHT]
     _to_experts(b, payload, rows, ("combine_grad", "permute_grad", "pad_grad_out"), src, dyq, s.K)
 
 
@@ -353,6 +373,9 @@ def _weight_gradients(b: _LayerBuilder, L: EPLayerShape, strategy: str, wgrad: W
     ):
         names = {**names, "offs": rows.offs}
         b.stages += _projection(w, role, rows.Rp, n, k, s.E, names, b.mode, b.backend, False)[Pass.BACKWARD_WEIGHT]
-    G = L.experts
+    G, grad_x_in = L.experts, "grad_x_routed"
+    if L.shared:
+        b.stages.append(add_shared_grads(s.T, s.K))
+        grad_x_in = "grad_x_shared"
     b.add(B, "router_gate_grad", [(s.T, G), (s.T, s.K)], moe_router.router_gate_grad_cost(s.T, s.K, G, 1),
-          ("grad_logits", "x", "wr", "grad_x_routed"), ("grad_x", "grad_wr"))  # fmt: skip
+          ("grad_logits", "x", "wr", grad_x_in), ("grad_x", "grad_wr"))  # fmt: skip
