@@ -61,6 +61,11 @@ class SideStream:
                 t.record_stream(stream)
 
 
+def reads_side(stage, pending) -> bool:
+    """Whether a main-stream stage reads a side result not yet joined (it must join first)."""
+    return any(n in pending for n in stage.inputs)
+
+
 def run_overlapped(stages: Sequence, env: dict, side_names: Collection[str], side: SideStream) -> dict:
     """``pipeline.run_stages`` with the stages named in ``side_names`` on ``side`` (module doc)."""
     pending: dict[str, object] = {}  # side results not yet joined: the side stages read them, the main one may not
@@ -78,7 +83,7 @@ def run_overlapped(stages: Sequence, env: dict, side_names: Collection[str], sid
                     pending[name] = value
                     env[name] = side.stand_in(value)
             continue
-        if pending and any(n in pending for n in stage.inputs):
+        if pending and reads_side(stage, pending):
             join()
         values = stage.call(env)
         for name, value in zip(stage.outputs, values, strict=True):

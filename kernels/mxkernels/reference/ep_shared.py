@@ -21,8 +21,6 @@ from .ep import dgrad_reference, forward_reference, wgrad_reference
 from .ep_layer import _swiglu, _swiglu_grad, ep_moe_layer_reference
 
 _BF = torch.bfloat16
-_BASE = {"bf16": "bf16", "mxfp8": "mxfp8", "mxfp8_a2a": "mxfp8", "fp8_rowwise": "fp8_rowwise",
-         "fp8_rowwise_a2a": "fp8_rowwise"}  # the shared experts' GEMMs: the recipe's, never an all-to-all's
 
 
 def shared_expert_reference(x, dy, ws13, ws2, precision: str, mode: str = "rceil") -> dict[str, torch.Tensor]:
@@ -46,7 +44,9 @@ def ep_moe_layer_shared_reference(xs: Sequence[torch.Tensor], assigns: Sequence[
                                   dys: Sequence[torch.Tensor], strategy: str, *, in_recipe: bool, **kw) -> dict:  # fmt: skip
     """``ep_moe_layer_reference``'s outputs with the shared experts' (module doc): y and grad_x by rank, grad_wr,
     grad_w13, grad_w2, and grad_ws13, grad_ws2 summed over the ranks. ``weights`` holds ws13 and ws2 too."""
-    precision = _BASE[strategy] if in_recipe else "bf16"
+    from ..ep.strategy import get_strategy
+
+    precision = get_strategy(strategy).recipe.value if in_recipe else "bf16"  # never an all-to-all's payload
     mode = kw.get("mode", "rceil")
     shared = [shared_expert_reference(x, dy, weights["ws13"], weights["ws2"], precision, mode)
               for x, dy in zip(xs, dys, strict=True)]  # fmt: skip

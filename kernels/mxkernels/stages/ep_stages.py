@@ -33,8 +33,9 @@ GEMM of the exactly dequantized rows for mxfp8_a2a, as torchao's EP benchmark ru
 mxfp8_a2a at the same wgrad differ in the all-to-all precision alone.
 
 The EP specs are ``StageSpec``s like every other stage (contract, oracle, comparison rule, mxkernels' implementation),
-declared under the recipe of the data they carry (``bf16`` or ``mxfp8``) in their own table, ``ep_specs()``; the
-all-to-alls' contract takes the host split sizes and the process group as parameters.
+declared under the recipe of the data they carry (``bf16``, ``mxfp8`` or ``fp8_rowwise``) in their own table,
+``ep_specs()`` (the calls and their oracles are ``ep.rows``'); the all-to-alls' contract takes the host split sizes and
+the process group as parameters.
 """
 
 from __future__ import annotations
@@ -46,26 +47,23 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..ep import comm
-from ..ep.strategy import BASELINE, STRATEGIES, get_strategy, row_widths
-from ..gemm import dequant, grouped_gemm
+from ..ep import rows as row_calls
+from ..ep.strategy import BASELINE, STRATEGIES, get_strategy, row_widths  # noqa: F401 -- the first two re-exported
+from ..gemm import grouped_gemm
 from ..layouts import scale_layout, padding
 from ..quant import fp8_rowwise, quantize
 from ..core.comparison import BitExact
-from ..core.cost import Cost, ceil_to
+from ..core.cost import Cost
 from ..ep.wgrad import Wgrad, resolve_wgrad, wgrad_recipe
 from .ep_wgrad import rebind, wgrad_stages
-from ..core.format import BLOCK_SIZE, dequantize_reference
+from ..core.format import BLOCK_SIZE
 from ..core.names import PASSES, Category, Pass, Recipe
 from .pipeline import Stage, bind_stage, needs_padding, step_stages, with_impls
 from ..core.runtime import MAX_GROUPS, InputError
 from .step_specs import Port, StageImpl, StageSpec, get_spec, padding_alignment
 from ..moe.token_permute import (
     chunk_transpose_cost,
-    chunk_transpose_index,
-    chunk_transpose_reference,
-    gather_rows,
     gather_rows_cost,
-    gather_rows_reference,
 )
 
 A2A_PARAMS = ("send_splits", "recv_splits", "group")
@@ -132,78 +130,6 @@ def check_strategy(strategy: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The calls (each stage's calling contract: payload tensors, then an index or counts tensor)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """A 2D row view: FP8 rowwise scales (M,) move as rows of one fp32."""
-    return x.unsqueeze(1) if x.dim() == 1 else x
-
-
-def _like(rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``rows`` back in ``x``'s rank (1D scales stay 1D)."""
-    return rows.view(-1) if x.dim() == 1 else rows
-
-
-def _gather(*args, top_k=1):
-    *xs, index = args
-    return tuple(_like(gather_rows(_rows(x), index, top_k), x) for x in xs)
-
-
-def _gather_reference(*args, top_k=1):
-    *xs, index = args
-    return tuple(_like(gather_rows_reference(_rows(x), index, top_k), x) for x in xs)
-
-
-def _permute(*args):
-    *xs, counts = args
-    index, ends = chunk_transpose_index(counts, xs[0].shape[0])
-    return (*(_like(gather_rows(_rows(x), index), x) for x in xs), ends)
-
-
-def _permute_reference(*args):
-    *xs, counts = args
-    moved = [(_like(y, x), ends) for x in xs for y, ends in (chunk_transpose_reference(_rows(x), counts),)]
-    return (*(x for x, _ in moved), moved[0][1])
-
-
-def _unpermute(x, counts):
-    return _permute(x, counts.t().contiguous())[:1]
-
-
-def _unpermute_reference(x, counts):
-    return _permute_reference(x, counts.t().contiguous())[:1]
-
-
-def _pad_mx(q, s, offs, *, alignment):
-    q_p, offs_p = padding.pad_token_groups(q, offs, alignment)
-    return q_p, _like(padding.pad_token_groups(_rows(s), offs, alignment)[0], s), offs_p
-
-
-def _pad_mx_reference(q, s, offs, *, alignment):
-    q_p, offs_p = padding.pad_token_groups_reference(q, offs, alignment)
-    return q_p, _like(padding.pad_token_groups_reference(_rows(s), offs, alignment)[0], s), offs_p
-
-
-def _dequantize(q, sb, offs):
-    return (dequant.dequantize_blocked(q, sb, offs, layout="m_groups"),)
-
-
-def _dequantize_reference(q, sb, offs):
-    """Each group's scales unblocked from its image (group g's from row sum_{j<g} ceil_128(size_j)), then the
-    format's dequantization rounded to bf16; rows past offs[-1] zero."""
-    out = torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
-    cols, image, start = q.shape[1] // BLOCK_SIZE, 0, 0
-    for end in offs.tolist():
-        rows = end - start
-        scales = scale_layout.from_blocked(sb[image : image + ceil_to(rows, 128)], rows, cols)
-        out[start:end] = dequantize_reference(q[start:end], scales).to(torch.bfloat16)
-        image, start = image + ceil_to(rows, 128), end
-    return (out,)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # The declarations
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -235,10 +161,10 @@ def _move(recipe, name, pass_, category, purpose, src, dst, rows, width, index, 
 def _moves(recipe: Recipe) -> list[StageSpec]:
     """The row movements of one payload kind (bf16 rows, or MXFP8 data rows with their scale rows)."""
     F, DI, P, A = Pass.FORWARD, Pass.BACKWARD_INPUT, Category.PERMUTE, Category.ALL_TO_ALL
-    sort = (_gather_reference, _gather, "gather_rows")
+    sort = (row_calls.gather_reference, row_calls.gather, "gather_rows")
     a2a = (comm.all_to_all_rows_reference, comm.all_to_all_rows, "torch.distributed.all_to_all_single")
-    permute = (_permute_reference, _permute, "chunk_transpose_index + gather_rows")
-    unpermute = (_unpermute_reference, _unpermute, "chunk_transpose_index + gather_rows")
+    permute = (row_calls.permute_reference, row_calls.permute, "chunk_transpose_index + gather_rows")
+    unpermute = (row_calls.unpermute_reference, row_calls.unpermute, "chunk_transpose_index + gather_rows")
     # name, pass, category, purpose, src, dst, (rows in, rows out), width, index ports, calls, params, extra outputs
     table = [
         ("sort_tokens", F, P, "Sort token copies by global expert", "x", "xs", ("T", "T*k"), "K", (_TOKEN_OF,), sort),
@@ -276,62 +202,42 @@ def _moves(recipe: Recipe) -> list[StageSpec]:
     return specs
 
 
+def _quantized_pads(R: Recipe, suffix: str, what: str) -> list[StageSpec]:
+    """Padding a quantized payload's rows with their scale rows (``pad_a_<suffix>``, ``pad_grad_out_<suffix>``)."""
+    F, DI = Pass.FORWARD, Pass.BACKWARD_INPUT
+    return [StageSpec(
+        R, f"pad_{src}_{suffix}", pass_, Category.PAD, f"Pad {what} {src} token groups (data and scales) to the alignment",
+        (*_payload(R, src, "R", width), _GROUPS), (*_payload(R, f"{src}_p", "padded", width),
+                                                   Port("offs_p", "int32 (E,) slot ends")),
+        row_calls.pad_pair_reference, BitExact(), row_calls.pad_pair, "pad_token_groups (data, scales)", params=("alignment",),
+    ) for pass_, src, width in ((F, "a", "K"), (DI, "grad_out", "N"))]  # fmt: skip
+
+
 def _mx_extras() -> list[StageSpec]:
     """mxfp8_a2a's own stages: padding MXFP8 rows with their scales, and the exact dequantization for its wgrad."""
-    R, F, DI, DW = Recipe.MXFP8, Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT
-    specs = []
-    for name, pass_, src, width in (("pad_a_mx", F, "a", "K"), ("pad_grad_out_mx", DI, "grad_out", "N")):
-        specs.append(StageSpec(
-            R, name, pass_, Category.PAD, f"Pad MXFP8 {src} token groups (data and scales) to the alignment",
-            (*_payload(R, src, "R", width), _GROUPS), (*_payload(R, f"{src}_p", "padded", width),
-                                                       Port("offs_p", "int32 (E,) slot ends")),
-            _pad_mx_reference, BitExact(), _pad_mx, "pad_token_groups (data, scales)", params=("alignment",),
-        ))  # fmt: skip
+    R, DW = Recipe.MXFP8, Pass.BACKWARD_WEIGHT
+    specs = _quantized_pads(R, "mx", "MXFP8")
     for name, src in (("dequantize_a", "a"), ("dequantize_grad_out", "grad_out")):
         specs.append(StageSpec(
             R, name, DW, Category.QUANTIZE, f"Dequantize MXFP8 {src} to bf16 (exact) for the bf16 wgrad",
             (Port(f"{src}_q", "float8_e4m3fn (M, D)"), Port(f"{src}_sb", "float8_e8m0fnu m-groups blocked scales"),
              _GROUPS), (Port(src, "bf16 (M, D); rows past offs[-1] zero"),),
-            _dequantize_reference, BitExact(), _dequantize, "dequantize_blocked(layout=m_groups)",
+            row_calls.dequantize_mx_reference, BitExact(), row_calls.dequantize_mx, "dequantize_blocked(layout=m_groups)",
         ))  # fmt: skip
     return specs
-
-
-def _dequantize_fp8(q, s):
-    """q * scale in fp32, rounded to bf16 (the product of an e4m3 value and an fp32 scale is rounded twice: to fp32,
-    then to bf16, as the GEMM's epilogue-free dequantization here does)."""
-    return ((q.to(torch.float32) * s.unsqueeze(1)).to(torch.bfloat16),)
-
-
-def _dequantize_fp8_reference(q, s):
-    """Written from the format: each e4m3 byte's value from its sign, exponent and mantissa bits (a 256-entry
-    table), times its row's scale in fp32, rounded to bf16."""
-    bits = torch.arange(256, dtype=torch.int32)
-    sign = torch.where(bits >= 128, -1.0, 1.0).double()
-    exp, man = (bits >> 3) & 0xF, (bits & 0x7).double()
-    value = torch.where(exp == 0, man / 8 * 2.0**-6, (1 + man / 8) * torch.pow(2.0, (exp - 7).double())) * sign
-    table = value.float().to(q.device)  # every e4m3 value is exact in fp32 (0x7f / 0xff are NaN: never produced)
-    return ((table[q.view(torch.uint8).long()] * s.unsqueeze(1)).to(torch.bfloat16),)
 
 
 def _fp8_extras() -> list[StageSpec]:
     """fp8_rowwise_a2a's own stages: padding FP8 rows with their scale rows, and the dequantization its wgrad needs
     (the recipe's wgrad quantizes along the tokens; the rows crossed quantized along their width)."""
-    R, F, DI, DW = Recipe.FP8_ROWWISE, Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT
-    specs = []
-    for name, pass_, src, width in (("pad_a_fp8", F, "a", "K"), ("pad_grad_out_fp8", DI, "grad_out", "N")):
-        specs.append(StageSpec(
-            R, name, pass_, Category.PAD, f"Pad FP8 rowwise {src} token groups (data and scales) to the alignment",
-            (*_payload(R, src, "R", width), _GROUPS), (*_payload(R, f"{src}_p", "padded", width),
-                                                       Port("offs_p", "int32 (E,) slot ends")),
-            _pad_mx_reference, BitExact(), _pad_mx, "pad_token_groups (data, scales)", params=("alignment",),
-        ))  # fmt: skip
+    R, DW = Recipe.FP8_ROWWISE, Pass.BACKWARD_WEIGHT
+    specs = _quantized_pads(R, "fp8", "FP8 rowwise")
     for name, src in (("dequantize_a", "a"), ("dequantize_grad_out", "grad_out")):
         specs.append(StageSpec(
             R, name, DW, Category.QUANTIZE, f"Dequantize FP8 rowwise {src} to bf16 for the wgrad's quantizers",
             (Port(f"{src}_q", "float8_e4m3fn (M, D)"), Port(f"{src}_s", "float32 (M,) row scales")),
             (Port(src, "bf16 (M, D): fp32(q * scale) rounded to bf16"),),
-            _dequantize_fp8_reference, BitExact(), _dequantize_fp8, "q.float() * scale -> bf16",
+            row_calls.dequantize_fp8_reference, BitExact(), row_calls.dequantize_fp8, "q.float() * scale -> bf16",
         ))  # fmt: skip
     return specs
 

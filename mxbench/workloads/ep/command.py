@@ -85,9 +85,8 @@ def _layer_options(whole: bool, score_func, score_after: bool, resolved_score_fu
 def _check_fp8(strategies, has_gpu: bool) -> None:
     """An FP8 rowwise strategy needs FP8 tensor cores: refused on an older card (every rank's card is the launcher's
     kind; over several nodes each worker checks its own)."""
-    from mxkernels.ep.strategy import check_fp8_capability
-
     import torch
+    from mxkernels.ep.strategy import check_fp8_capability
 
     check_fp8_capability(strategies, torch.cuda.get_device_capability() if has_gpu else None)
 

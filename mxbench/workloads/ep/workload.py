@@ -128,7 +128,6 @@ class Layer:
 
     def compare(self, strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o) -> list[Compared]:
         from mxkernels.reference.ep_layer import ep_moe_layer_reference
-
         from mxkernels.reference.ep_shared import ep_moe_layer_shared_reference
 
         L = self.options
