@@ -146,6 +146,13 @@ def test_the_overlapped_step_is_timed_both_ways(world_of_one, monkeypatch):
     assert info["overlapped_us"] == step.median_us and info["gain_us"] == info["serial_us"] - info["overlapped_us"]
     assert step.telemetry["shared_experts"] == 1
     assert len(calls) == len(records) + 1  # routing (2), every stage, the step, and the step in line once more
+    from mxbench.storage.results import Run
+    from mxbench.workloads.ep.tables import ep_part, summary_rows
+
+    row = summary_rows(Run({}, records), peaks={})[0]
+    assert row["Overlap gain (us)"] == f"{info['gain_us']:.1f}" and row["Step fwd+bwd (us)"] == f"{step.median_us:.1f}"
+    layer = {"part": "layer", "score_func": "sigmoid", "shared_experts": 1, "overlap": True}
+    assert "1 shared expert(s) in bf16, overlapped on a second stream" in ep_part(Run({"layer": layer}, []))
 
 
 # ---- bad input, and the command on 4 processes ------------------------------------------------------------
@@ -155,6 +162,7 @@ def test_the_overlapped_step_is_timed_both_ways(world_of_one, monkeypatch):
     (["--strategy", "bf16,fp8_rowwise_a2a"], (8, 0), "fp8_rowwise_a2a needs FP8 tensor cores"),
     (["--overlap"], None, "no shared experts"),
     (["--shared-in-recipe", "--shared-experts", "0"], None, "no shared experts"),
+    (["--shared-experts", "1", "--tokens", "24"], None, "--tokens must be a multiple of 16"),
 ])  # fmt: skip
 def test_bad_input_exits_2_with_one_line_before_any_worker_starts(monkeypatch, args, capability, message):
     import torch

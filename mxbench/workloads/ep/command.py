@@ -82,6 +82,22 @@ def _layer_options(whole: bool, score_func, score_after: bool, resolved_score_fu
     return LayerOptions(resolved_score_func, not score_after, shared, shared_in_recipe, overlap)
 
 
+def _check_shared_tokens(strategies, tokens: int, layer) -> None:
+    """The shared experts run as one token group of a rank's T tokens: T a multiple of their GEMMs' alignment."""
+    from mxkernels.core.names import Recipe
+    from mxkernels.core.runtime import InputError
+    from mxkernels.ep.strategy import get_strategy
+    from mxkernels.stages.step_specs import padding_alignment
+
+    if layer is None or not layer.shared:
+        return
+    for s in strategies:
+        recipe = get_strategy(s).recipe if layer.shared_in_recipe else Recipe.BF16
+        if tokens % padding_alignment(recipe):
+            raise InputError(f"shared experts run as one group of a rank's tokens in {recipe}: --tokens must be a "
+                             f"multiple of {padding_alignment(recipe)}, got {tokens}")  # fmt: skip
+
+
 def _check_fp8(strategies, has_gpu: bool) -> None:
     """An FP8 rowwise strategy needs FP8 tensor cores: refused on an older card (every rank's card is the launcher's
     kind; over several nodes each worker checks its own)."""
@@ -202,6 +218,7 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, shared, shared_in_recip
     for s in strategies:
         check_strategy(s)
     _check_fp8(strategies, has_gpu)
+    _check_shared_tokens(strategies, tokens, layer)
     worker = under_torchrun()  # first: a stale or garbled torchrun environment is named before anything uses it
     launching = nproc is not None and not worker
     launcher = _launcher_args(ctx.args)
