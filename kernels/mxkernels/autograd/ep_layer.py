@@ -53,6 +53,6 @@ def ep_moe_layer(x: torch.Tensor, weights: Mapping[str, torch.Tensor], assign: t
     forward, backward = split_passes(stages)
     extra = {"assign": assign.to(torch.int32), **plan.tensors}
     if overlap:
-        return _OverlappedLayer.apply(forward, backward, names, extra, SideStream(x.device), x,
+        return _OverlappedLayer.apply(forward, backward, names, extra, SideStream.of(x.device), x,
                                       *(weights[n] for n in names))  # fmt: skip
     return _StagedLayer.apply(forward, backward, names, extra, x, *(weights[n] for n in names))

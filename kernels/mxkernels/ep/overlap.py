@@ -13,6 +13,7 @@ side tensor without the join computes garbage and the layer's check fails, as a 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 
 import torch
@@ -24,6 +25,12 @@ class SideStream:
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    @staticmethod
+    @functools.cache
+    def of(device: torch.device) -> SideStream:
+        """The one side stream of ``device`` (every step reuses it: a CUDA-graph capture sees the same stream)."""
+        return SideStream(device)
 
     def run(self, stage, env: dict) -> tuple:
         """``stage`` issued on the side stream after the work issued so far on the current one."""

@@ -160,7 +160,8 @@ def ep_layer_stages(
     The environment starts with x (T, K), wr (W*E, K), w13 (E, 2N, K), w2 (E, K, N) bf16, assign (T, k) int32
     global experts, the routing tensors ``token_of``, ``order``, ``pos``, ``counts`` (``ep.RoutingPlan``) and
     ``copy_token`` (int32 (T*k,): c // k), and, for the backward, dy (T, K); it ends with y, grad_x, grad_wr,
-    grad_w13 and grad_w2.
+    grad_w13 and grad_w2. With shared experts it starts with ws13 (1, 2N*shared, K), ws2 (1, K, N*shared) and
+    ``shared_offs`` ([T]) too and ends with grad_ws13 and grad_ws2 too (``ep_shared``).
     """
     decl = get_strategy(strategy)
     s, L = shape.ep, shape
