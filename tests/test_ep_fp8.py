@@ -203,3 +203,61 @@ def test_four_processes_check_bf16_and_both_fp8_strategies_with_an_overlapped_sh
                 if line.startswith(("fp8_rowwise ", "fp8_rowwise_a2a ")) and line.split()[1] in ("dispatch", "combine")}  # fmt: skip
     assert bytes_of[("fp8_rowwise_a2a", "dispatch")] * 128 == bytes_of[("fp8_rowwise", "dispatch")] * 68
     assert bytes_of[("fp8_rowwise_a2a", "combine")] == bytes_of[("fp8_rowwise", "combine")]
+
+
+# ---- the side stream on its own --------------------------------------------------------------------------------------
+
+
+class _Call:
+    """A stage as ``run_overlapped`` sees it: a name, the tensors it reads and writes, and a call."""
+
+    def __init__(self, name, inputs, outputs, fn):
+        self.name, self.inputs, self.outputs, self.fn = name, inputs, outputs, fn
+
+    def call(self, env):
+        return self.fn(*[env[n] for n in self.inputs])
+
+
+def _side_list():
+    import torch
+
+    mm = lambda a, b: (a @ b,)
+    return [
+        _Call("shared_up.gemm", ("x", "w"), ("hs",), mm),  # side: x @ w, twice over
+        _Call("shared_down.gemm", ("hs", "w"), ("ys",), mm),
+        _Call("routed", ("x",), ("yr",), lambda x: (torch.relu(x) * 2,)),  # main, beside the side's work
+        _Call("add_shared", ("yr", "ys"), ("y",), lambda a, b: (a + b,)),  # main: reads a side result
+    ]
+
+
+def _run(device, join=True, monkeypatch=None):
+    import torch
+
+    if not join:
+        monkeypatch.setattr(overlap, "reads_side", lambda stage, pending: False)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x, w = (torch.randn(256, 256, generator=g).to(device) for _ in range(2))
+    stages = _side_list()
+    env = overlap.run_overlapped(stages, {"x": x, "w": w}, {"shared_up.gemm", "shared_down.gemm"},
+                                 overlap.SideStream(device))  # fmt: skip
+    return env["y"], torch.relu(x) * 2 + (x @ w) @ w
+
+
+def test_a_side_result_is_read_only_after_its_join_on_a_cpu(monkeypatch):
+    import torch
+
+    got, want = _run("cpu")
+    assert torch.equal(got, want)
+    got, _ = _run("cpu", join=False, monkeypatch=monkeypatch)  # read before the join: the stand-in, NaN
+    assert got.isnan().all()
+
+
+@pytest.mark.gpu
+def test_the_side_stream_overlaps_and_joins_on_a_gpu():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    got, want = _run("cuda")
+    torch.testing.assert_close(got, want)
+    torch.cuda.synchronize()
