@@ -2,7 +2,8 @@
 # Issue 33 on one host with 2 GPUs (device kind nvidia-h200-x2, NCCL, NVLink multicast off), from the repository
 # root: the whole MoE layer expert-parallel (`mxbench ep --layer`) in every strategy, FP8 rowwise included, balanced
 # and skewed, without the shared expert and with it overlapped. Everything lands in $OUT: a log per step,
-# summary.txt, each run's JSON + CSV + figure (commit the runs under results/<card>/ep/, the figures under plots/).
+# summary.txt, each run's figure, and the runs (JSON + CSV) under $OUT/results/<card>/ep/ (commit them there, the
+# figures under plots/).
 #
 #   OUT=/tmp/ep33 bash scripts/ep_fp8_session.sh env check                 # ~3 min
 #   OUT=/tmp/ep33 bash scripts/ep_fp8_session.sh balanced                  # } one step a call: each is at most
@@ -16,9 +17,12 @@
 # --preset deepseek-v3 = K 7168, N 2048, top-1, 8 local experts and 131072 tokens per rank, no shared expert);
 # balanced-shared / skewed-shared (the same with its one shared expert in bf16 on a second stream: --overlap times
 # the step overlapped, the record's step, and with the shared expert in line, telemetry.overlap: the gain).
+# The runs go to $OUT/results/<card>/ep/ (the card as mxbench names it), as they are to be committed.
 # STRATEGIES (default all five) picks the strategies; SHARED_IN_RECIPE=1 runs the shared expert in the recipe.
 # A run whose CUDA-graph timing fails is rerun once with --timing events. Runs are named
-# $OUT/ep-layer-deepseek-v3-<groups>-ep<N>[-shared-overlap].json.
+# ep-layer-deepseek-v3-<groups>-ep<N>[-shared-overlap].json. Afterwards, per run:
+#   mxbench table $OUT/results/<card>/ep/<run>.json --kind ep-summary   (the overlap's gain is a column there)
+#   mxbench ep-project $OUT/results/<card>/ep/<run>.json --ep 8,16,32,64,128,256
 #
 # Memory per GPU: as scripts/ep_layer_session.sh says (about 50 of 141 GiB for the longest stage list), plus the
 # shared expert's (T, 2N) and (T, N) intermediates (~1.5 GiB). Reads the cards' settings, never changes them.
@@ -35,6 +39,10 @@ export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 
+CARD=$(python -c "from mxbench.clikit.common import card_dir; print(card_dir())" 2>/dev/null || echo unknown)
+RUNS="$OUT/results/$CARD/ep"
+mkdir -p "$RUNS"
+
 RUN_WIDTH=44
 source "$(dirname "$0")/run_step.sh"  # run NAME SECONDS CMD...
 
@@ -50,10 +58,10 @@ measure() {  # measure GROUPS SHARED: the DeepSeek-V3 layer at EP $NPROC; events
   else
     args+=(--shared-experts 0)
   fi
-  run "$name" 570 mxbench ep "${args[@]}" --timing "$TIMING" --out "$OUT/$name.json" --plot-file "$OUT/$name.png"
+  run "$name" 570 mxbench ep "${args[@]}" --timing "$TIMING" --out "$RUNS/$name.json" --plot-file "$OUT/$name.png"
   local rc=$?
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$TIMING" = graph ]; then
-    run "$name-events" 570 mxbench ep "${args[@]}" --timing events --out "$OUT/$name-events.json" \
+    run "$name-events" 570 mxbench ep "${args[@]}" --timing events --out "$RUNS/$name-events.json" \
       --plot-file "$OUT/$name-events.png"
   fi
 }
