@@ -45,7 +45,8 @@ measure() {  # measure NPROC GROUPS: the DeepSeek-V3 layer at that EP degree; ev
   [ "$TOPK" != 1 ] && name="$name-top$TOPK"
   [ -n "$WGRAD" ] && name="$name-wgrad-$WGRAD"
   local args=(--layer --preset deepseek-v3 --nproc "$nproc" --experts 8 --tokens "$TOKENS" --top-k "$TOPK"
-              --groups "$groups" --strategy bf16,mxfp8,mxfp8_a2a --samples "$SAMPLES" ${WGRAD:+--wgrad "$WGRAD"})
+              --groups "$groups" --strategy bf16,mxfp8,mxfp8_a2a --samples "$SAMPLES" ${WGRAD:+--wgrad "$WGRAD"}
+              --shared-experts 0)  # as before issue 33 (scripts/ep_fp8_session.sh runs the shared expert)
   run "$name" 480 mxbench ep "${args[@]}" --timing "$TIMING" --out "$OUT/$name.json" --plot-file "$OUT/$name.png"
   local rc=$?
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && [ "$TIMING" = graph ]; then

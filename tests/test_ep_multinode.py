@@ -62,9 +62,12 @@ def balanced_counts(world: int) -> list:
 
 # Hand count, 4 ranks on 2 nodes, 64 tokens per rank, top-1, balanced: every rank sends 64 / 4 = 16 rows to each
 # rank; one peer shares its node (16 rows intra), two do not (32 rows inter). A bf16 row of K = N = 64 is 128 B; an
-# MXFP8 row is 64 B of data + 2 B of e8m0 scales = 66 B.
+# MXFP8 row is 64 B of data + 2 B of e8m0 scales = 66 B; an FP8 rowwise row 64 B + one 4-byte fp32 scale = 68 B.
 HAND = {("bf16", "dispatch"): (16 * 128, 32 * 128), ("mxfp8_a2a", "dispatch"): (16 * 66, 32 * 66),
-        ("mxfp8_a2a", "combine"): (16 * 128, 32 * 128), ("mxfp8_a2a", "combine_grad"): (16 * 66, 32 * 66)}  # fmt: skip
+        ("mxfp8_a2a", "combine"): (16 * 128, 32 * 128), ("mxfp8_a2a", "combine_grad"): (16 * 66, 32 * 66),
+        ("fp8_rowwise", "dispatch"): (16 * 128, 32 * 128), ("fp8_rowwise_a2a", "dispatch"): (16 * 68, 32 * 68),
+        ("fp8_rowwise_a2a", "combine"): (16 * 128, 32 * 128),
+        ("fp8_rowwise_a2a", "combine_grad"): (16 * 68, 32 * 68)}  # fmt: skip
 
 
 def test_stage_bytes_per_link_class_match_the_hand_count():

@@ -8,6 +8,7 @@ from enum import StrEnum
 
 from ..core.names import Recipe
 from ..core.runtime import InputError
+from .strategy import EP_STRATEGIES, get_strategy
 
 
 class Wgrad(StrEnum):
@@ -15,7 +16,7 @@ class Wgrad(StrEnum):
     BF16 = "bf16"
 
 
-DEFAULT_WGRAD = {"bf16": Wgrad.RECIPE, "mxfp8": Wgrad.RECIPE, "mxfp8_a2a": Wgrad.BF16}
+DEFAULT_WGRAD = {name: Wgrad(s.default_wgrad) for name, s in EP_STRATEGIES.items()}
 
 
 def resolve_wgrad(strategy: str, wgrad: Wgrad | str | None) -> Wgrad:
@@ -29,5 +30,6 @@ def resolve_wgrad(strategy: str, wgrad: Wgrad | str | None) -> Wgrad:
 
 
 def wgrad_recipe(strategy: str, wgrad: Wgrad) -> Recipe:
-    """The recipe of the weight-gradient GEMMs: bf16 for the bf16 strategy whatever ``wgrad`` says."""
-    return Recipe.BF16 if strategy == "bf16" or wgrad == Wgrad.BF16 else Recipe.MXFP8
+    """The recipe of the weight-gradient GEMMs: bf16 for the bf16 strategy whatever ``wgrad`` says, else the
+    strategy's GEMM recipe unless ``wgrad`` is bf16."""
+    return Recipe.BF16 if wgrad == Wgrad.BF16 else get_strategy(strategy).recipe

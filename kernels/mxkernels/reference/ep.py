@@ -31,6 +31,7 @@ import torch
 
 from ..core.cost import ceil_to
 from ..core.format import BLOCK_SIZE, dequantize_reference, quantize_reference
+from . import ep_fp8
 
 
 def _mx(a: torch.Tensor, mode: str) -> torch.Tensor:
@@ -44,13 +45,15 @@ def _pad_tokens(a: torch.Tensor) -> torch.Tensor:
 
 
 def _check(strategy: str) -> None:
-    if strategy not in ("bf16", "mxfp8", "mxfp8_a2a"):
+    if strategy not in ("bf16", "mxfp8", "mxfp8_a2a", *ep_fp8.FP8_STRATEGIES):
         raise ValueError(f"unknown strategy {strategy!r}")
 
 
 def forward_reference(x, w, strategy: str, mode: str = "rceil"):
     """x (n, K) @ w (N, K)^T in fp64, the operands quantized 1x32 along K unless bf16."""
     _check(strategy)
+    if strategy in ep_fp8.FP8_STRATEGIES:  # FP8 rowwise (``ep_fp8``)
+        return ep_fp8.forward_fp8(x, w)
     if strategy == "bf16":
         return x.double() @ w.double().T
     return _mx(x, mode) @ _mx(w, mode).T
@@ -58,6 +61,8 @@ def forward_reference(x, w, strategy: str, mode: str = "rceil"):
 
 def dgrad_reference(dy, w, strategy: str, mode: str = "rceil"):
     """dy (n, N) @ w (N, K) in fp64, dy quantized along N and w along N (its transpose's rows) unless bf16."""
+    if strategy in ep_fp8.FP8_STRATEGIES:
+        return ep_fp8.dgrad_fp8(dy, w)
     return forward_reference(dy, w.T, strategy, mode)
 
 
@@ -68,6 +73,8 @@ def wgrad_reference(dy, x, strategy: str, wgrad, mode: str = "rceil", *, crossed
     from ..ep.wgrad import Wgrad, resolve_wgrad  # the option's meaning only, no kernels
 
     _check(strategy)
+    if strategy in ep_fp8.FP8_STRATEGIES:
+        return ep_fp8.wgrad_fp8(dy, x, strategy, resolve_wgrad(strategy, wgrad) == Wgrad.BF16, crossed)
     if strategy == "mxfp8_a2a":
         dy, x = (_mx(t, mode).float() if q else t for t, q in zip((dy, x), crossed, strict=True))
     if strategy == "bf16" or resolve_wgrad(strategy, wgrad) == Wgrad.BF16:

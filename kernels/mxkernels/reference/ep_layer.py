@@ -56,11 +56,14 @@ def ep_moe_layer_reference(
     score_before: bool = True,
     mode: str = "rceil",
     wgrad=None,
+    extra_grad_x: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, list[torch.Tensor] | torch.Tensor]:
     """y, grad_x (lists by rank), grad_wr (summed over the ranks), grad_w13 and grad_w2 (all W*E experts), bf16.
 
     xs[r] (T, K), assigns[r] (T, k) global experts, dys[r] (T, K) of rank r; weights: wr (W*E, K), w13 (W*E, 2N, K)
-    and w2 (W*E, K, N), every rank's experts in rank order. See the module doc."""
+    and w2 (W*E, K, N), every rank's experts in rank order. See the module doc. ``extra_grad_x[r]``: token
+    gradients of another path of rank r (its shared experts', ``ep_shared``), added to the routed copies' sum
+    (rounded to bf16) before the router's term."""
     wr, w13, w2 = (weights[n].cpu() for n in ("wr", "w13", "w2"))
     k = assigns[0].shape[1]
     xs, dys = [x.cpu() for x in xs], [d.cpu() for d in dys]
@@ -103,6 +106,8 @@ def ep_moe_layer_reference(
         gx_w = grad_copies[r].float() * weight if score_before else grad_copies[r].float()
         result["y"].append(_sum_copies(y_w, k))
         routed = _sum_copies(gx_w, k)
+        if extra_grad_x is not None:
+            routed = (routed.double() + extra_grad_x[r].cpu().double()).to(_BF)
         grad_logits = _score_backward(grad_top[r].view(T, k), scores[r].double(), assigns[r].cpu().long(), score_func)
         result["grad_x"].append((grad_logits.double() @ wr.double() + routed.double()).to(_BF))
         result["grad_wr"] += (grad_logits.double().T @ x.double()).to(_BF).double()

@@ -24,10 +24,17 @@ bound to the layer under the roles ``up`` and ``down`` (``layer._projection``). 
 * ``mxfp8_a2a``: the sorted (scored) copies are quantized 1x32 along K before the dispatch (``quantize_xs``);
   e4m3 data and e8m0 scales travel and feed the gate/up GEMM. In the backward the combine's gradient is quantized
   before its all-to-all (``quantize_dys``) and feeds the down projection's dgrad GEMM.
+* ``fp8_rowwise``, ``fp8_rowwise_a2a``: the same two with the FP8 rowwise recipe (one fp32 scale a row; the scales
+  travel beside the rows as 4 bytes each and feed the GEMMs as they arrive: no rearrangement).
 
 The weight gradient's precision is the ``ep_wgrad.Wgrad`` option; under mxfp8_a2a the up projection's tokens and
 the down projection's output gradient exist as MXFP8 rows only and are dequantized first (``dequantize_a``,
-``dequantize_grad_out``), then quantized 32x1 along the tokens for an MXFP8 wgrad. Shared experts are left out.
+``dequantize_grad_out``), then quantized 32x1 along the tokens for an MXFP8 wgrad.
+
+Shared experts (``EPLayerShape.shared``, ``ep_shared``): their forward is issued just before the dispatch and added
+to the routed output at the end (``add_shared``); their backward just before the combine's gradient all-to-all, their
+input gradient added to the routed one before the router's term (``shared.add_grads``). ``ep.overlap`` runs them on
+a second stream.
 """
 
 from __future__ import annotations
@@ -40,11 +47,13 @@ import torch
 
 from ..layouts import padding
 from ..moe import router as moe_router, moe_rows, swiglu
-from ..quant import quantize
+from ..quant import fp8_rowwise, quantize
 from ..core.comparison import BitExact
-from .ep_stages import BASELINE, EPShape, _Builder, check_layer, check_strategy, dequantize_cost, ep_specs
+from ..core.cost import Cost
+from .ep_stages import EPShape, _Builder, check_layer, dequantize_cost, ep_specs
+from ..ep.strategy import get_strategy, row_widths
 from ..ep.wgrad import Wgrad, resolve_wgrad, wgrad_recipe
-from ..core.format import BLOCK_SIZE
+from .ep_shared import add_shared, add_shared_grads, shared_stages
 from .layer import _absorb, _projection
 from .layer_specs import get_layer_spec, layer_specs
 from ..moe.router import ScoreFunc
@@ -63,9 +72,13 @@ class EPLayerShape:
     ep: EPShape
     score_func: ScoreFunc = ScoreFunc.SIGMOID
     score_before: bool = True
+    shared: int = 0  # shared experts (``ep_shared``): one dense SwiGLU FFN of hidden width N * shared
+    shared_in_recipe: bool = False  # their GEMMs in the strategy's recipe, else bf16
 
     def __post_init__(self):
         object.__setattr__(self, "score_func", ScoreFunc(self.score_func))
+        if not isinstance(self.shared, int) or isinstance(self.shared, bool) or self.shared < 0:
+            raise InputError(f"shared experts must be a non-negative integer, got {self.shared!r}")
 
     @property
     def experts(self) -> int:
@@ -74,7 +87,7 @@ class EPLayerShape:
 
     @property
     def weights(self) -> tuple[str, ...]:
-        return ("wr", "w13", "w2")
+        return ("wr", "w13", "w2", *(("ws13", "ws2") if self.shared else ()))
 
 
 # ---- the layer's own declarations -------------------------------------------------------------------------------
@@ -107,12 +120,13 @@ def ep_layer_specs() -> dict[tuple[Recipe, str], StageSpec]:
     }
     specs = [sort_scores] + [replace(get_layer_spec(B, layer), name=name, purpose=purpose)
                              for name, (layer, purpose) in renamed.items()]  # fmt: skip
-    for name, step, what in (
-        ("quantize_xs", "quantize_a", "sorted token copies"),
-        ("quantize_dys", "quantize_grad_out", "sorted output gradient copies"),
-    ):
-        specs.append(replace(get_spec(Recipe.MXFP8, step), name=name,
-                             purpose=f"Quantize the {what} 1x32 along K before their all-to-all"))  # fmt: skip
+    for recipe, how in ((Recipe.MXFP8, "1x32"), (Recipe.FP8_ROWWISE, "rowwise")):
+        for name, step, what in (
+            ("quantize_xs", "quantize_a", "sorted token copies"),
+            ("quantize_dys", "quantize_grad_out", "sorted output gradient copies"),
+        ):
+            specs.append(replace(get_spec(recipe, step), name=name,
+                                 purpose=f"Quantize the {what} {how} along K before their all-to-all"))  # fmt: skip
     return {s.key: s for s in specs}
 
 
@@ -146,39 +160,43 @@ def ep_layer_stages(
     The environment starts with x (T, K), wr (W*E, K), w13 (E, 2N, K), w2 (E, K, N) bf16, assign (T, k) int32
     global experts, the routing tensors ``token_of``, ``order``, ``pos``, ``counts`` (``ep.RoutingPlan``) and
     ``copy_token`` (int32 (T*k,): c // k), and, for the backward, dy (T, K); it ends with y, grad_x, grad_wr,
-    grad_w13 and grad_w2.
+    grad_w13 and grad_w2. With shared experts it starts with ws13 (1, 2N*shared, K), ws2 (1, K, N*shared) and
+    ``shared_offs`` ([T]) too and ends with grad_ws13 and grad_ws2 too (``ep_shared``).
     """
-    check_strategy(strategy)
+    decl = get_strategy(strategy)
     s, L = shape.ep, shape
     check_layer(s.T, s.K, s.N, s.E, s.top_k, s.world)
     if s.R == 0:
         raise InputError(f"rank {s.rank} receives no token copies with this routing: use more tokens per rank")
     wgrad = resolve_wgrad(strategy, wgrad)
-    recipe = Recipe.BF16 if strategy == BASELINE else Recipe.MXFP8
+    recipe = decl.recipe
     if recipe != Recipe.BF16 and backend is None:
         from ..gemm.grouped_gemm import default_backend
 
-        backend = default_backend("mxfp8")
+        backend = default_backend(recipe)
     b = _LayerBuilder(s, group, mode, backend)
-    a2a = strategy == "mxfp8_a2a"
+    a2a = decl.quantized_a2a
     rows = _Rows(recipe, s)
-    payload = Recipe.MXFP8 if a2a else Recipe.BF16  # what the dispatch and the combine's gradient carry
+    payload = decl.payload  # what the dispatch and the combine's gradient carry
     proj = lambda role, n, k, names: _projection(recipe, role, rows.Rp, n, k, s.E, names, mode, backend, False)
     up = proj("up", 2 * s.N, s.K, {"a": rows.a, "w": "w13", "offs": rows.offs, "out": "h", "grad_out": "grad_h",
                                    "grad_a": rows.grad_a})  # fmt: skip
     down = proj("down", s.K, s.N, {"a": "act", "w": "w2", "offs": rows.offs, "out": rows.out,
                                    "grad_out": rows.grad_out, "grad_a": "grad_act"})  # fmt: skip
-    # What the dispatch and the combine's gradient deliver to the projections: under mxfp8_a2a the MXFP8 rows that
+    # What the dispatch and the combine's gradient deliver to the projections: under *_a2a the quantized rows that
     # are their quantized operands (so their quantizers go), else the bf16 rows they read
     xq = _absorb(up, Pass.FORWARD, "quantize_a") if a2a else (rows.a,)
     dyq = _absorb(down, Pass.BACKWARD_INPUT, "quantize_grad_out") if a2a else (rows.grad_out,)
+    shared = shared_stages(recipe, s.T, s.K, s.N, L.shared, L.shared_in_recipe, mode, backend) if L.shared else None
     _router_forward(b, L)
-    _dispatch(b, L, payload, rows, xq, mode)
+    _dispatch(b, L, payload, rows, xq, mode, shared)
     b.stages += up[Pass.FORWARD]
     b.add(Recipe.BF16, "swiglu", [(rows.Rp, 2 * s.N)], swiglu.swiglu_cost(rows.Rp, s.N), ("h",), ("act",))
     b.stages += down[Pass.FORWARD]
     _combine(b, L, rows)
-    _combine_backward(b, L, payload, rows, dyq, mode)
+    if shared:
+        b.stages.append(add_shared(s.T, s.K))
+    _combine_backward(b, L, payload, rows, dyq, mode, shared)
     b.stages += down[Pass.BACKWARD_INPUT]
     b.add(Recipe.BF16, "swiglu_grad", [(rows.Rp, s.N), (rows.Rp, 2 * s.N)], swiglu.swiglu_backward_cost(rows.Rp, s.N),
           ("grad_act", "h"), ("grad_h",))  # fmt: skip
@@ -238,10 +256,13 @@ def _router_forward(b: _LayerBuilder, L: EPLayerShape) -> None:
     b.add(B, "sort_scores", [(s.T, s.top_k), (s.S,)], gather_rows_cost(s.S, 1, 4), ("top", "order"), ("row_w",))
 
 
-def _quantize(b: _LayerBuilder, name: str, rows: int, width: int, src: str, mode: str) -> tuple[str, str]:
-    out = (f"{src}_q", f"{src}_s")
-    b.add(Recipe.MXFP8, name, [(rows, width)], quantize.quantize_2d_cost(rows, width, torch.bfloat16), (src,), out,
-          {"mode": mode})  # fmt: skip
+def _quantize(b: _LayerBuilder, payload: Recipe, name: str, rows: int, width: int, src: str,
+              mode: str) -> tuple[str, str]:  # fmt: skip
+    out, bf16 = (f"{src}_q", f"{src}_s"), torch.bfloat16
+    if payload == Recipe.MXFP8:
+        b.add(payload, name, [(rows, width)], quantize.quantize_2d_cost(rows, width, bf16), (src,), out, {"mode": mode})
+    else:
+        b.add(payload, name, [(rows, width)], fp8_rowwise.quantize_fp8_rowwise_cost(rows, width, bf16), (src,), out)
     return out
 
 
@@ -249,7 +270,7 @@ def _to_experts(b: _LayerBuilder, payload: Recipe, rows: _Rows, names: tuple[str
                 dst: tuple[str, ...], width: int) -> None:  # fmt: skip
     """all-to-all ``names[0]`` -> permute ``names[1]`` -> pad ``names[2]`` of ``src`` rows into ``dst`` (the
     projection's operand: bf16 rows, or MXFP8 data and scales), padded where needed."""
-    s, q = b.s, payload == Recipe.MXFP8
+    s, q = b.s, payload != Recipe.BF16
     a2a, permute, pad = names
     recv = tuple(f"{n}_r" for n in src)
     b.a2a(payload, a2a, width, src, recv, forward=True)
@@ -259,22 +280,23 @@ def _to_experts(b: _LayerBuilder, payload: Recipe, rows: _Rows, names: tuple[str
         return
     align, E = padding_alignment(rows.recipe), s.E
     if q:
-        widths = (width, width // BLOCK_SIZE)
-        cost = sum(
-            (padding.pad_cost(s.R, w, E, align, 1) for w in widths[1:]), padding.pad_cost(s.R, width, E, align, 1)
-        )
-        b.add(payload, f"{pad}_mx", [(s.R, w) for w in widths], cost, (*permuted, "offs"), (*dst, "offs_p"),
+        widths = row_widths(payload, width)
+        cost = sum((padding.pad_cost(s.R, w, E, align, e) for w, e in widths), Cost(0, 0))
+        suffix = "mx" if payload == Recipe.MXFP8 else "fp8"
+        b.add(payload, f"{pad}_{suffix}", [(s.R, w) for w, _ in widths], cost, (*permuted, "offs"), (*dst, "offs_p"),
               {"alignment": align})  # fmt: skip
     else:
         b.add(rows.recipe, pad, [(s.R, width)], padding.pad_cost(s.R, width, E, align, 2), (*permuted, "offs"),
               (*dst, "offs_p"), {"alignment": align})  # fmt: skip
 
 
-def _dispatch(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, xq, mode: str) -> None:
+def _dispatch(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, xq, mode: str, shared) -> None:
     s, B = L.ep, Recipe.BF16
     b.add(B, "sort_tokens", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, L.score_before),
           ("x", "token_of", "row_w"), ("xs",), {"weighted": L.score_before})  # fmt: skip
-    src = _quantize(b, "quantize_xs", s.S, s.K, "xs", mode) if payload == Recipe.MXFP8 else ("xs",)
+    src = _quantize(b, payload, "quantize_xs", s.S, s.K, "xs", mode) if payload != Recipe.BF16 else ("xs",)
+    if shared:  # issued here, just before the dispatch, so that on a side stream they run beside it
+        b.stages += shared[Pass.FORWARD]
     _to_experts(b, payload, rows, ("dispatch", "permute", "pad_a"), src, xq, s.K)
 
 
@@ -298,18 +320,23 @@ def _from_experts(b: _LayerBuilder, L: EPLayerShape, rows: _Rows, names: tuple[s
 
 
 def _combine(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
-    _from_experts(b, L, rows, ("unpad_out", "unpermute", "combine", "unsort_combine"), ("out", "ys", "y"),
+    # "ys" here are the combined copies (``_from_experts``); the shared experts' output is "ys" of ``ep_shared``
+    received, y = ("ys_r", "y_routed") if L.shared else ("ys", "y")
+    _from_experts(b, L, rows, ("unpad_out", "unpermute", "combine", "unsort_combine"), ("out", received, y),
                   not L.score_before)  # fmt: skip
 
 
-def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, dyq, mode: str) -> None:
+def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, dyq, mode: str,
+                      shared) -> None:  # fmt: skip
     s, B = L.ep, Recipe.BF16
     b.add(B, "sort_grad", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, not L.score_before),
           ("dy", "token_of", "row_w"), ("dys",), {"weighted": not L.score_before})  # fmt: skip
     if not L.score_before:
         b.add(B, "combine_score_grad", [(s.S, s.K), (s.T, s.K)], moe_rows.row_dot_cost(s.S, s.K),
-              ("ys", "pos", "dy", "copy_token"), ("grad_top",))  # fmt: skip
-    src = _quantize(b, "quantize_dys", s.S, s.K, "dys", mode) if payload == Recipe.MXFP8 else ("dys",)
+              ("ys_r" if L.shared else "ys", "pos", "dy", "copy_token"), ("grad_top",))  # fmt: skip
+    src = _quantize(b, payload, "quantize_dys", s.S, s.K, "dys", mode) if payload != Recipe.BF16 else ("dys",)
+    if shared:  # issued just before the combine's gradient all-to-all (module doc of ``ep_shared``)
+        b.stages += shared[Pass.BACKWARD_INPUT] + shared[Pass.BACKWARD_WEIGHT]
     _to_experts(b, payload, rows, ("combine_grad", "permute_grad", "pad_grad_out"), src, dyq, s.K)
 
 
@@ -329,12 +356,17 @@ def _weight_gradients(b: _LayerBuilder, L: EPLayerShape, strategy: str, wgrad: W
     """The projections' weight gradients in the wgrad precision, then the router's (with grad_x)."""
     s, B = L.ep, Recipe.BF16
     xs, grad_out = rows.a, rows.grad_out
-    if strategy == "mxfp8_a2a":  # the rows that crossed in MXFP8 exist here only so: dequantize them (exactly)
+    payload = get_strategy(strategy).payload
+    if payload == Recipe.MXFP8:  # the rows that crossed in MXFP8 exist here only so: dequantize them (exactly)
         xs, grad_out = "a_bf", "grad_out_bf"
         for name, (q, sc), dst in (("dequantize_a", xq, xs), ("dequantize_grad_out", dyq, grad_out)):
             blocked = f"{sc.rsplit('_', 1)[0]}_sb"  # the projection's rearranged scales of that operand
             b.add(Recipe.MXFP8, name, [(rows.Rp, s.K)], dequantize_cost(rows.Rp, s.K, s.E), (q, blocked, rows.offs),
                   (dst,))  # fmt: skip
+    elif payload == Recipe.FP8_ROWWISE:  # FP8 rowwise rows: q * scale, rounded to bf16 (``ep_stages``)
+        xs, grad_out = "a_bf", "grad_out_bf"
+        for name, (q, sc), dst in (("dequantize_a", xq, xs), ("dequantize_grad_out", dyq, grad_out)):
+            b.add(payload, name, [(rows.Rp, s.K)], Cost(rows.Rp * (s.K + 4), 2 * rows.Rp * s.K), (q, sc), (dst,))
     w = wgrad_recipe(strategy, wgrad)
     for role, n, k, names in (
         ("up", 2 * s.N, s.K, {"a": xs, "grad_out": "grad_h", "grad_w": "grad_w13"}),
@@ -342,6 +374,9 @@ def _weight_gradients(b: _LayerBuilder, L: EPLayerShape, strategy: str, wgrad: W
     ):
         names = {**names, "offs": rows.offs}
         b.stages += _projection(w, role, rows.Rp, n, k, s.E, names, b.mode, b.backend, False)[Pass.BACKWARD_WEIGHT]
-    G = L.experts
+    G, grad_x_in = L.experts, "grad_x_routed"
+    if L.shared:
+        b.stages.append(add_shared_grads(s.T, s.K))
+        grad_x_in = "grad_x_shared"
     b.add(B, "router_gate_grad", [(s.T, G), (s.T, s.K)], moe_router.router_gate_grad_cost(s.T, s.K, G, 1),
-          ("grad_logits", "x", "wr", "grad_x_routed"), ("grad_x", "grad_wr"))  # fmt: skip
+          ("grad_logits", "x", "wr", grad_x_in), ("grad_x", "grad_wr"))  # fmt: skip

@@ -11,7 +11,7 @@ forward   sort the token copies by global expert -> dispatch all-to-all -> permu
 backward  the mirror for grad_x (the dispatch's gradient sums each token's top_k copies), and the weight gradient
           from the permuted rows and the permuted gradient.
 
-Strategies (``STRATEGIES``), which differ in where the tokens are MXFP8:
+Strategies (declared in ``ep.strategy``), which differ in the GEMMs' recipe and where the tokens are quantized:
 
 * ``bf16``: bf16 all-to-alls and bf16 GEMMs (the recipe ``bf16`` step on the permuted rows);
 * ``mxfp8``: bf16 all-to-alls, the recipe ``mxfp8`` step (quantize right before each GEMM): today's usual recipe;
@@ -19,14 +19,23 @@ Strategies (``STRATEGIES``), which differ in where the tokens are MXFP8:
   sort, the dispatch and the permute, and feed the forward GEMM with no re-quantization. The combine returns bf16.
   In the backward the combine's gradient is quantized (1x32 along N) before its all-to-all and feeds the dgrad
   GEMM; the dispatch's gradient travels in bf16.
+* ``fp8_rowwise``: bf16 all-to-alls, the recipe ``fp8_rowwise`` step (one fp32 scale per row, quantize right before
+  each GEMM; our SM90 GEMM where it is the dispatch's default).
+* ``fp8_rowwise_a2a``: as mxfp8_a2a with FP8 rowwise rows: x quantized rowwise along K before the dispatch, e4m3
+  rows and their fp32 scales (one a row, 4 bytes) travel through the sort, the dispatch, the permute and the pad
+  and feed the forward GEMM; the combine's gradient likewise (rowwise along N, the dgrad GEMM's contraction); the
+  combine and the dispatch's gradient in bf16 (DeepEP's choice). The recipe's wgrad quantizes each expert's
+  columns along the tokens, which rows quantized along their width cannot give: the crossed rows are dequantized
+  (q * scale in fp32, rounded to bf16) and quantized again per group (``quantize_*_t``).
 
 The weight gradient's precision is an option of its own (``ep_wgrad.Wgrad``; by default MXFP8 for mxfp8 and a bf16
 GEMM of the exactly dequantized rows for mxfp8_a2a, as torchao's EP benchmark runs it), so that mxfp8 and
 mxfp8_a2a at the same wgrad differ in the all-to-all precision alone.
 
 The EP specs are ``StageSpec``s like every other stage (contract, oracle, comparison rule, mxkernels' implementation),
-declared under the recipe of the data they carry (``bf16`` or ``mxfp8``) in their own table, ``ep_specs()``; the
-all-to-alls' contract takes the host split sizes and the process group as parameters.
+declared under the recipe of the data they carry (``bf16``, ``mxfp8`` or ``fp8_rowwise``) in their own table,
+``ep_specs()`` (the calls and their oracles are ``ep.rows``'); the all-to-alls' contract takes the host split sizes and
+the process group as parameters.
 """
 
 from __future__ import annotations
@@ -38,29 +47,25 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..ep import comm
-from ..gemm import dequant, grouped_gemm
+from ..ep import rows as row_calls
+from ..ep.strategy import BASELINE, STRATEGIES, get_strategy, row_widths  # noqa: F401 -- the first two re-exported
+from ..gemm import grouped_gemm
 from ..layouts import scale_layout, padding
-from ..quant import quantize
+from ..quant import fp8_rowwise, quantize
 from ..core.comparison import BitExact
-from ..core.cost import Cost, ceil_to
+from ..core.cost import Cost
 from ..ep.wgrad import Wgrad, resolve_wgrad, wgrad_recipe
 from .ep_wgrad import rebind, wgrad_stages
-from ..core.format import BLOCK_SIZE, dequantize_reference
+from ..core.format import BLOCK_SIZE
 from ..core.names import PASSES, Category, Pass, Recipe
 from .pipeline import Stage, bind_stage, needs_padding, step_stages, with_impls
 from ..core.runtime import MAX_GROUPS, InputError
 from .step_specs import Port, StageImpl, StageSpec, get_spec, padding_alignment
 from ..moe.token_permute import (
     chunk_transpose_cost,
-    chunk_transpose_index,
-    chunk_transpose_reference,
-    gather_rows,
     gather_rows_cost,
-    gather_rows_reference,
 )
 
-STRATEGIES = ("bf16", "mxfp8", "mxfp8_a2a")
-BASELINE = "bf16"
 A2A_PARAMS = ("send_splits", "recv_splits", "group")
 
 
@@ -121,71 +126,7 @@ def check_layer(T: int, K: int, N: int, E: int, top_k: int, world: int) -> None:
 
 
 def check_strategy(strategy: str) -> str:
-    if strategy not in STRATEGIES:
-        raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
-    return strategy
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The calls (each stage's calling contract: payload tensors, then an index or counts tensor)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _gather(*args, top_k=1):
-    *xs, index = args
-    return tuple(gather_rows(x, index, top_k) for x in xs)
-
-
-def _gather_reference(*args, top_k=1):
-    *xs, index = args
-    return tuple(gather_rows_reference(x, index, top_k) for x in xs)
-
-
-def _permute(*args):
-    *xs, counts = args
-    index, ends = chunk_transpose_index(counts, xs[0].shape[0])
-    return (*(gather_rows(x, index) for x in xs), ends)
-
-
-def _permute_reference(*args):
-    *xs, counts = args
-    moved = [chunk_transpose_reference(x, counts) for x in xs]
-    return (*(x for x, _ in moved), moved[0][1])
-
-
-def _unpermute(x, counts):
-    return _permute(x, counts.t().contiguous())[:1]
-
-
-def _unpermute_reference(x, counts):
-    return _permute_reference(x, counts.t().contiguous())[:1]
-
-
-def _pad_mx(q, s, offs, *, alignment):
-    q_p, offs_p = padding.pad_token_groups(q, offs, alignment)
-    return q_p, padding.pad_token_groups(s, offs, alignment)[0], offs_p
-
-
-def _pad_mx_reference(q, s, offs, *, alignment):
-    q_p, offs_p = padding.pad_token_groups_reference(q, offs, alignment)
-    return q_p, padding.pad_token_groups_reference(s, offs, alignment)[0], offs_p
-
-
-def _dequantize(q, sb, offs):
-    return (dequant.dequantize_blocked(q, sb, offs, layout="m_groups"),)
-
-
-def _dequantize_reference(q, sb, offs):
-    """Each group's scales unblocked from its image (group g's from row sum_{j<g} ceil_128(size_j)), then the
-    format's dequantization rounded to bf16; rows past offs[-1] zero."""
-    out = torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
-    cols, image, start = q.shape[1] // BLOCK_SIZE, 0, 0
-    for end in offs.tolist():
-        rows = end - start
-        scales = scale_layout.from_blocked(sb[image : image + ceil_to(rows, 128)], rows, cols)
-        out[start:end] = dequantize_reference(q[start:end], scales).to(torch.bfloat16)
-        image, start = image + ceil_to(rows, 128), end
-    return (out,)
+    return get_strategy(strategy).name
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -204,6 +145,9 @@ def _payload(recipe: Recipe, name: str, rows: str, width: str) -> tuple[Port, ..
     if recipe == Recipe.MXFP8:
         return (Port(f"{name}_q", f"float8_e4m3fn ({rows}, {width})"),
                 Port(f"{name}_s", f"float8_e8m0fnu ({rows}, {width}/32) scales, row-major"))  # fmt: skip
+    if recipe == Recipe.FP8_ROWWISE:
+        return (Port(f"{name}_q", f"float8_e4m3fn ({rows}, {width})"),
+                Port(f"{name}_s", f"float32 ({rows},) one scale per row"))  # fmt: skip
     return (Port(name, f"bf16 ({rows}, {width})"),)
 
 
@@ -217,10 +161,10 @@ def _move(recipe, name, pass_, category, purpose, src, dst, rows, width, index, 
 def _moves(recipe: Recipe) -> list[StageSpec]:
     """The row movements of one payload kind (bf16 rows, or MXFP8 data rows with their scale rows)."""
     F, DI, P, A = Pass.FORWARD, Pass.BACKWARD_INPUT, Category.PERMUTE, Category.ALL_TO_ALL
-    sort = (_gather_reference, _gather, "gather_rows")
+    sort = (row_calls.gather_reference, row_calls.gather, "gather_rows")
     a2a = (comm.all_to_all_rows_reference, comm.all_to_all_rows, "torch.distributed.all_to_all_single")
-    permute = (_permute_reference, _permute, "chunk_transpose_index + gather_rows")
-    unpermute = (_unpermute_reference, _unpermute, "chunk_transpose_index + gather_rows")
+    permute = (row_calls.permute_reference, row_calls.permute, "chunk_transpose_index + gather_rows")
+    unpermute = (row_calls.unpermute_reference, row_calls.unpermute, "chunk_transpose_index + gather_rows")
     # name, pass, category, purpose, src, dst, (rows in, rows out), width, index ports, calls, params, extra outputs
     table = [
         ("sort_tokens", F, P, "Sort token copies by global expert", "x", "xs", ("T", "T*k"), "K", (_TOKEN_OF,), sort),
@@ -245,11 +189,12 @@ def _moves(recipe: Recipe) -> list[StageSpec]:
         ("unsort_grad", DI, P, "Sum each token's top_k gradient copies (fp32, rounded once)", "grad_xs", "grad_x",
          ("T*k", "T"), "K", (_POS,), sort, ("top_k",)),
     ]  # fmt: skip
-    # MXFP8 rows move only where mxfp8_a2a carries them: the dispatch side forward, the combine side backward.
+    # Quantized rows move only where the *_a2a strategies carry them: the dispatch side forward, the combine side
+    # backward.
     mx_moves = {"sort_tokens", "dispatch", "permute", "sort_grad", "combine_grad", "permute_grad"}
     specs = []
     for name, pass_, cat, purpose, src, dst, rows, width, index, (oracle, impl, kernel), *rest in table:
-        if recipe == Recipe.MXFP8 and name not in mx_moves:
+        if recipe != Recipe.BF16 and name not in mx_moves:
             continue
         params, extra_out = (rest + [(), ()])[:2]
         specs.append(_move(recipe, name, pass_, cat, purpose, src, dst, rows, width, index, oracle, impl, kernel,
@@ -257,23 +202,42 @@ def _moves(recipe: Recipe) -> list[StageSpec]:
     return specs
 
 
+def _quantized_pads(R: Recipe, suffix: str, what: str) -> list[StageSpec]:
+    """Padding a quantized payload's rows with their scale rows (``pad_a_<suffix>``, ``pad_grad_out_<suffix>``)."""
+    F, DI = Pass.FORWARD, Pass.BACKWARD_INPUT
+    return [StageSpec(
+        R, f"pad_{src}_{suffix}", pass_, Category.PAD, f"Pad {what} {src} token groups (data and scales) to the alignment",
+        (*_payload(R, src, "R", width), _GROUPS), (*_payload(R, f"{src}_p", "padded", width),
+                                                   Port("offs_p", "int32 (E,) slot ends")),
+        row_calls.pad_pair_reference, BitExact(), row_calls.pad_pair, "pad_token_groups (data, scales)", params=("alignment",),
+    ) for pass_, src, width in ((F, "a", "K"), (DI, "grad_out", "N"))]  # fmt: skip
+
+
 def _mx_extras() -> list[StageSpec]:
     """mxfp8_a2a's own stages: padding MXFP8 rows with their scales, and the exact dequantization for its wgrad."""
-    R, F, DI, DW = Recipe.MXFP8, Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT
-    specs = []
-    for name, pass_, src, width in (("pad_a_mx", F, "a", "K"), ("pad_grad_out_mx", DI, "grad_out", "N")):
-        specs.append(StageSpec(
-            R, name, pass_, Category.PAD, f"Pad MXFP8 {src} token groups (data and scales) to the alignment",
-            (*_payload(R, src, "R", width), _GROUPS), (*_payload(R, f"{src}_p", "padded", width),
-                                                       Port("offs_p", "int32 (E,) slot ends")),
-            _pad_mx_reference, BitExact(), _pad_mx, "pad_token_groups (data, scales)", params=("alignment",),
-        ))  # fmt: skip
+    R, DW = Recipe.MXFP8, Pass.BACKWARD_WEIGHT
+    specs = _quantized_pads(R, "mx", "MXFP8")
     for name, src in (("dequantize_a", "a"), ("dequantize_grad_out", "grad_out")):
         specs.append(StageSpec(
             R, name, DW, Category.QUANTIZE, f"Dequantize MXFP8 {src} to bf16 (exact) for the bf16 wgrad",
             (Port(f"{src}_q", "float8_e4m3fn (M, D)"), Port(f"{src}_sb", "float8_e8m0fnu m-groups blocked scales"),
              _GROUPS), (Port(src, "bf16 (M, D); rows past offs[-1] zero"),),
-            _dequantize_reference, BitExact(), _dequantize, "dequantize_blocked(layout=m_groups)",
+            row_calls.dequantize_mx_reference, BitExact(), row_calls.dequantize_mx, "dequantize_blocked(layout=m_groups)",
+        ))  # fmt: skip
+    return specs
+
+
+def _fp8_extras() -> list[StageSpec]:
+    """fp8_rowwise_a2a's own stages: padding FP8 rows with their scale rows, and the dequantization its wgrad needs
+    (the recipe's wgrad quantizes along the tokens; the rows crossed quantized along their width)."""
+    R, DW = Recipe.FP8_ROWWISE, Pass.BACKWARD_WEIGHT
+    specs = _quantized_pads(R, "fp8", "FP8 rowwise")
+    for name, src in (("dequantize_a", "a"), ("dequantize_grad_out", "grad_out")):
+        specs.append(StageSpec(
+            R, name, DW, Category.QUANTIZE, f"Dequantize FP8 rowwise {src} to bf16 for the wgrad's quantizers",
+            (Port(f"{src}_q", "float8_e4m3fn (M, D)"), Port(f"{src}_s", "float32 (M,) row scales")),
+            (Port(src, "bf16 (M, D): fp32(q * scale) rounded to bf16"),),
+            row_calls.dequantize_fp8_reference, BitExact(), row_calls.dequantize_fp8, "q.float() * scale -> bf16",
         ))  # fmt: skip
     return specs
 
@@ -284,7 +248,8 @@ def ep_specs() -> dict[tuple[Recipe, str], StageSpec]:
 
     Kept apart from ``stages.all_specs()``, the single-GPU step's table, which ``mxbench check`` and the registry run
     one recipe at a time outside any process group."""
-    return {s.key: s for s in (*_moves(Recipe.BF16), *_moves(Recipe.MXFP8), *_mx_extras())}
+    return {s.key: s for s in (*_moves(Recipe.BF16), *_moves(Recipe.MXFP8), *_mx_extras(), *_moves(Recipe.FP8_ROWWISE),
+                               *_fp8_extras())}
 
 
 def get_ep_spec(recipe: str, name: str) -> StageSpec:
@@ -330,8 +295,8 @@ class _Builder:
 
 
 def _widths(recipe: Recipe, width: int) -> list[tuple[int, int]]:
-    """(columns, bytes per element) of each tensor of a row payload."""
-    return [(width, 1), (width // BLOCK_SIZE, 1)] if recipe == Recipe.MXFP8 else [(width, 2)]
+    """(columns, bytes per element) of each tensor of a row payload (``strategy.row_widths``)."""
+    return row_widths(recipe, width)
 
 
 def _split_passes(stages: Sequence[Stage]) -> dict[Pass, list[Stage]]:
@@ -405,52 +370,76 @@ class _MxPass:
     unpad: str
 
 
-def _mx_pass(b: _Builder, mp: _MxPass, pad: bool) -> None:
-    s, MX = b.s, Recipe.MXFP8
-    bf16, align, md, width, blocks = torch.bfloat16, padding_alignment(MX), {"mode": b.mode}, mp.width, mp.width // BLOCK_SIZE
+def _quantize_costs(recipe: Recipe, rows: int, width: int, s: EPShape, along: str) -> tuple[Cost, Cost]:
+    """(the rows' quantizer, the weights' quantizer along ``along``) of a quantized payload's recipe."""
+    bf16 = torch.bfloat16
+    if recipe == Recipe.MXFP8:
+        return quantize.quantize_2d_cost(rows, width, bf16), quantize.quantize_3d_cost(s.E, s.N, s.K, bf16)
+    return (fp8_rowwise.quantize_fp8_rowwise_cost(rows, width, bf16),
+            fp8_rowwise.quantize_fp8_rowwise_3d_cost(s.E, s.N, s.K, bf16, along))  # fmt: skip
+
+
+def _mx_pass(b: _Builder, mp: _MxPass, pad: bool, recipe: Recipe = Recipe.MXFP8) -> None:
+    """One quantized path of an *_a2a strategy in ``recipe``: MXFP8 (its scales rearranged into the GEMM's blocked
+    layout after the pad) or FP8 rowwise (one fp32 scale a row, which the GEMM reads as it travelled)."""
+    s, mx = b.s, recipe == Recipe.MXFP8
+    align, width, blocks = padding_alignment(recipe), mp.width, mp.width // BLOCK_SIZE
+    md = {"mode": b.mode} if mx else None
     R, Rp = s.R, padding.padded_rows(s.R, s.E, align) if pad else s.R
     p, offs = ("_p", "offs_p") if pad else ("", "offs")
-    q = lambda name: (f"{name}_q", f"{name}_s")  # data and scale names of one MXFP8 tensor
-    b.add(MX, mp.quantize, [(mp.rows, width)], quantize.quantize_2d_cost(mp.rows, width, bf16), (mp.src,), q(mp.src),
-          md)  # fmt: skip
-    b.gather(MX, mp.sort, s.T if mp.index == "token_of" else s.S, s.S, width, mp.index, q(mp.src), q(mp.src + "s"))
-    b.a2a(MX, mp.a2a, width, q(mp.src + "s"), q(mp.src + "r"), forward=True)
-    b.permute(MX, mp.permute, width, q(mp.src + "r"), (*q(mp.act), "offs"))
+    q = lambda name: (f"{name}_q", f"{name}_s")  # data and scale names of one quantized tensor
+    q_cost, w_cost = _quantize_costs(recipe, mp.rows, width, s, "K" if mp.w == "w" else "N")
+    b.add(recipe, mp.quantize, [(mp.rows, width)], q_cost, (mp.src,), q(mp.src), md)
+    b.gather(recipe, mp.sort, s.T if mp.index == "token_of" else s.S, s.S, width, mp.index, q(mp.src), q(mp.src + "s"))
+    b.a2a(recipe, mp.a2a, width, q(mp.src + "s"), q(mp.src + "r"), forward=True)
+    b.permute(recipe, mp.permute, width, q(mp.src + "r"), (*q(mp.act), "offs"))
     if pad:
-        cost = sum((padding.pad_cost(R, w, s.E, align, 1) for w in (width, blocks)), Cost(0, 0))
-        b.add(MX, mp.pad, [(R, width), (R, blocks)], cost, (*q(mp.act), "offs"), (f"{mp.act}_q_p", f"{mp.act}_s_p", "offs_p"),
-              {"alignment": align})  # fmt: skip
-    b.add(MX, mp.rearrange, [(Rp, blocks)], scale_layout.rearrange_m_groups_cost(Rp, blocks, s.E), (f"{mp.act}_s{p}", offs),
-          (f"{mp.act}_sb",))  # fmt: skip
-    b.add(MX, mp.quantize_w, [(s.E, s.N, s.K)], quantize.quantize_3d_cost(s.E, s.N, s.K, bf16), ("w",), q(mp.w), md)
-    b.add(MX, mp.rearrange_w, [(s.E, mp.w_rows, blocks)], scale_layout.rearrange_3d_cost(s.E, mp.w_rows, blocks),
-          (f"{mp.w}_s",), (f"{mp.w}_sb",))  # fmt: skip
-    b.add(MX, mp.gemm, [(Rp, width), (s.E, width, mp.w_rows)],
-          grouped_gemm.grouped_mm_cost(Rp, mp.w_rows, width, s.E, MX, "2d3d"),
-          (f"{mp.act}_q{p}", f"{mp.act}_sb", f"{mp.w}_q", f"{mp.w}_sb", offs), (f"{mp.out}{p}",), backend=b.backend)
+        cost = sum((padding.pad_cost(R, w, s.E, align, e) for w, e in _widths(recipe, width)), Cost(0, 0))
+        b.add(recipe, mp.pad, [(R, w) for w, _ in _widths(recipe, width)], cost, (*q(mp.act), "offs"),
+              (f"{mp.act}_q_p", f"{mp.act}_s_p", "offs_p"), {"alignment": align})  # fmt: skip
+    scales = f"{mp.act}_s{p}"
+    if mx:
+        b.add(recipe, mp.rearrange, [(Rp, blocks)], scale_layout.rearrange_m_groups_cost(Rp, blocks, s.E),
+              (scales, offs), (f"{mp.act}_sb",))  # fmt: skip
+        scales = f"{mp.act}_sb"
+    b.add(recipe, mp.quantize_w, [(s.E, s.N, s.K)], w_cost, ("w",), q(mp.w), md)
+    w_scales = f"{mp.w}_s"
+    if mx:
+        b.add(recipe, mp.rearrange_w, [(s.E, mp.w_rows, blocks)], scale_layout.rearrange_3d_cost(s.E, mp.w_rows, blocks),
+              (f"{mp.w}_s",), (f"{mp.w}_sb",))  # fmt: skip
+        w_scales = f"{mp.w}_sb"
+    b.add(recipe, mp.gemm, [(Rp, width), (s.E, width, mp.w_rows)],
+          grouped_gemm.grouped_mm_cost(Rp, mp.w_rows, width, s.E, recipe, "2d3d"),
+          (f"{mp.act}_q{p}", scales, f"{mp.w}_q", w_scales, offs), (f"{mp.out}{p}",), backend=b.backend)  # fmt: skip
     if pad:
-        b.add(MX, mp.unpad, [(Rp, mp.w_rows)], padding.unpad_cost(R, mp.w_rows, s.E, align, 2),
+        b.add(recipe, mp.unpad, [(Rp, mp.w_rows)], padding.unpad_cost(R, mp.w_rows, s.E, align, 2),
               (f"{mp.out}_p", "offs", "offs_p"), (mp.out,), {"num_tokens": R})  # fmt: skip
 
 
-def _mxfp8_a2a_strategy(b: _Builder) -> None:
-    """MXFP8 rows through sort, dispatch and permute (and the mirror of the combine in the backward)."""
-    s, MX = b.s, Recipe.MXFP8
-    pad = needs_padding(MX, s.group_sizes)
-    Rp = padding.padded_rows(s.R, s.E, padding_alignment(MX)) if pad else s.R
+def _a2a_strategy(b: _Builder, recipe: Recipe) -> None:
+    """Quantized rows (``recipe``: MXFP8 or FP8 rowwise) through sort, dispatch and permute, and the mirror of the
+    combine in the backward; the wgrad on the dequantized rows."""
+    s, mx = b.s, recipe == Recipe.MXFP8
+    pad = needs_padding(recipe, s.group_sizes)
+    Rp = padding.padded_rows(s.R, s.E, padding_alignment(recipe)) if pad else s.R
     p, offs = ("_p", "offs_p") if pad else ("", "offs")
+    pad_a, pad_g = ("pad_a_mx", "pad_grad_out_mx") if mx else ("pad_a_fp8", "pad_grad_out_fp8")
     _mx_pass(b, _MxPass("quantize_a", "x", s.T, s.K, "sort_tokens", "token_of", "dispatch", "permute", "a",
-                        "pad_a_mx", "rearrange_a", "quantize_w", "w", "rearrange_w", s.N, "gemm_fwd", "out",
-                        "unpad_out"), pad)  # fmt: skip
+                        pad_a, "rearrange_a", "quantize_w", "w", "rearrange_w", s.N, "gemm_fwd", "out",
+                        "unpad_out"), pad, recipe)  # fmt: skip
     _combine_side_forward(b)
     _mx_pass(b, _MxPass("quantize_grad_out", "dy", s.S, s.N, "sort_grad", "order", "combine_grad", "permute_grad",
-                        "grad_out", "pad_grad_out_mx", "rearrange_grad_out", "quantize_w_t", "wt", "rearrange_w_t",
-                        s.K, "gemm_dgrad", "grad_a", "unpad_grad_a"), pad)  # fmt: skip
+                        "grad_out", pad_g, "rearrange_grad_out", "quantize_w_t", "wt", "rearrange_w_t",
+                        s.K, "gemm_dgrad", "grad_a", "unpad_grad_a"), pad, recipe)  # fmt: skip
     _dispatch_side_backward(b)
     for name, src, width in (("dequantize_grad_out", "grad_out", s.N), ("dequantize_a", "a", s.K)):
-        b.add(MX, name, [(Rp, width)], dequantize_cost(Rp, width, s.E), (f"{src}_q{p}", f"{src}_sb", offs),
-              (f"{src}_bf",))  # fmt: skip
-    # Wgrad.RECIPE quantizes the dequantized rows again, 32x1 along the tokens (``ep_wgrad``)
+        if mx:
+            b.add(recipe, name, [(Rp, width)], dequantize_cost(Rp, width, s.E), (f"{src}_q{p}", f"{src}_sb", offs),
+                  (f"{src}_bf",))  # fmt: skip
+        else:
+            b.add(recipe, name, [(Rp, width)], Cost(Rp * (width + 4), 2 * Rp * width), (f"{src}_q{p}", f"{src}_s{p}"),
+                  (f"{src}_bf",))  # fmt: skip
+    # Wgrad.RECIPE quantizes the dequantized rows again along the tokens (``ep_wgrad``)
     wgrad = wgrad_stages(b.wgrad, Rp, s.N, s.K, s.E, mode=b.mode, backend=b.backend)
     b.stages += rebind(wgrad, {"grad_out": "grad_out_bf", "a": "a_bf", "offs": offs})
 
@@ -475,22 +464,22 @@ def ep_step_stages(
 
     The step's environment starts with x (T, K) bf16, w (E, N, K) bf16, the routing tensors ``token_of``,
     ``order``, ``pos`` and ``counts`` (``ep.RoutingPlan``) and, for the backward, dy (T*k, N); it ends with y,
-    grad_x and grad_w. ``backend``: the MXFP8 GEMMs' (None: the device's default). ``impls``: stage name ->
+    grad_x and grad_w. ``backend``: the quantized GEMMs' (None: the device's default for the recipe). ``impls``: stage name ->
     implementation to run instead of mxkernels' (``pipeline.with_impls``). ``wgrad``: the weight gradient's
     precision (``ep_wgrad``; None: the strategy's default).
     """
-    check_strategy(strategy)
+    decl = get_strategy(strategy)
     wgrad = resolve_wgrad(strategy, wgrad)
     check_layer(shape.T, shape.K, shape.N, shape.E, shape.top_k, shape.world)
     if shape.R == 0:
         raise InputError(f"rank {shape.rank} receives no token copies with this routing: use more tokens per rank")
-    if strategy != BASELINE and backend is None:
-        backend = grouped_gemm.default_backend("mxfp8")
+    if decl.recipe != Recipe.BF16 and backend is None:
+        backend = grouped_gemm.default_backend(decl.recipe)
     b = _Builder(shape, group, mode, backend, wgrad_recipe(strategy, wgrad))
-    if strategy == "mxfp8_a2a":
-        _mxfp8_a2a_strategy(b)
+    if decl.quantized_a2a:
+        _a2a_strategy(b, decl.recipe)
     else:
-        _recipe_strategy(b, Recipe(strategy))
+        _recipe_strategy(b, decl.recipe)
     names = [st.name for st in b.stages]
     assert len(names) == len(set(names)), f"stage names repeat in {strategy}: {names}"
     return with_impls(b.stages, impls)

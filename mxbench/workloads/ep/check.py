@@ -18,6 +18,7 @@ Exit code (``run_check``): 0 when every stage matches its oracle and every layer
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -86,8 +87,9 @@ def strategy_stages(ctx: Context, strategy: str, plan, o: EPOptions, impls: Sequ
     return with_impls(stages, {keys[i.recipe, i.stage]: i for i in impls if (i.recipe, i.stage) in keys})
 
 
-def check_stages(ctx: Context, strategy: str, stages: Sequence[Stage], env: Mapping[str, torch.Tensor]):
-    """This rank's verdict on every stage (see the module doc, part 1)."""
+def check_stages(ctx: Context, strategy: str, stages: Sequence[Stage], env: Mapping[str, torch.Tensor],
+                 seen: dict | None = None):  # fmt: skip
+    """This rank's verdict on every stage (see the module doc, part 1). ``seen``: filled with the oracles' tensors."""
     env, results = dict(env), []
     for stage in stages:
         inputs = [env[name] for name in stage.inputs]
@@ -100,7 +102,29 @@ def check_stages(ctx: Context, strategy: str, stages: Sequence[Stage], env: Mapp
             verdict, detail = "ERROR", f"{type(e).__name__}: {' '.join(str(e).split())}"
         results.append(StageCheck(strategy, stage.name, ctx.rank, verdict, detail))
         env.update({name: value for name, value in zip(stage.outputs, expected, strict=True) if name is not None})
+    if seen is not None:
+        seen.update(env)
     return results
+
+
+def dispatch_error(strategy: str, stages: Sequence[Stage], env: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+    """(signal, noise) sums of squares of the rows a quantized dispatch sends, dequantized, against the bf16 rows they
+    were quantized from (the first quantizer of the forward: the one before the dispatch); (0, 0) for a strategy
+    whose dispatch carries bf16."""
+    from mxkernels.core.format import dequantize_reference
+    from mxkernels.core.names import Category, Pass, Recipe
+    from mxkernels.ep.strategy import get_strategy
+
+    payload = get_strategy(strategy).payload
+    if payload == Recipe.BF16:
+        return 0.0, 0.0
+    q = next(s for s in stages if s.category == Category.QUANTIZE and s.pass_name == Pass.FORWARD)
+    rows, (data, scales) = env[q.inputs[0]].double(), (env[n] for n in q.outputs[:2])
+    if payload == Recipe.MXFP8:
+        got = dequantize_reference(data, scales).double()
+    else:
+        got = data.double() * scales.double().unsqueeze(1)
+    return float(rows.square().sum()), float((got - rows).square().sum())
 
 
 def run_module(ctx: Context, o: EPOptions, inputs, plan, stages) -> dict[str, torch.Tensor]:
@@ -118,17 +142,23 @@ def compare_layer(strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o:
     return [LayerCheck(strategy, c.output, c.sqnr_db, c.vs_db, c.vs_what) for c in found]
 
 
-def check_strategy(ctx: Context, strategy: str, o: EPOptions, impls: Sequence = ()):
-    """(stage checks of every rank, layer checks) on rank 0; (None, None) elsewhere."""
+def check_strategy(ctx: Context, strategy: str, o: EPOptions, impls: Sequence = (), report: dict | None = None):
+    """(stage checks of every rank, layer checks) on rank 0; (None, None) elsewhere. ``report``: rank 0 sets its
+    ``dispatch_sqnr_db`` where the dispatch carries quantized rows (``dispatch_error``, every rank's rows)."""
     inputs = rank_inputs(ctx, o)
     plan = workload(o).plan(ctx, inputs, o)
     stages = strategy_stages(ctx, strategy, plan, o, impls)
-    stage_checks = check_stages(ctx, strategy, stages, {**inputs, **plan.tensors})
+    seen: dict = {}
+    stage_checks = check_stages(ctx, strategy, stages, {**inputs, **plan.tensors}, seen)
+    errors = dispatch_error(strategy, stages, seen)
     results = run_module(ctx, o, inputs, plan, stages)
     mine = {k: v.detach().cpu() for k, v in {**inputs, **results}.items()}
-    every_stage, every_rank = gather(ctx, stage_checks), gather(ctx, mine)
+    every_stage, every_rank, every_error = gather(ctx, stage_checks), gather(ctx, mine), gather(ctx, errors)
     if not ctx.root:
         return None, None
+    signal, noise = (sum(e[i] for e in every_error) for i in (0, 1))
+    if signal and report is not None:  # the quantized dispatch's own error, all ranks' rows: information
+        report["dispatch_sqnr_db"] = float("inf") if noise == 0 else 10 * math.log10(signal / noise)
     return [c for rank in every_stage for c in rank], compare_layer(strategy, every_rank, o)
 
 
@@ -138,7 +168,8 @@ def run_check(ctx: Context, strategies: Sequence[str], o: EPOptions, impls: Sequ
 
     failed = False
     for strategy in strategies:
-        stage_checks, layer_checks = check_strategy(ctx, strategy, o, impls)
+        report: dict = {}
+        stage_checks, layer_checks = check_strategy(ctx, strategy, o, impls, report)
         if ctx.root:
             bad = [c for c in stage_checks if c.verdict != "PASS"]
             failed |= bool(bad) or not all(c.ok for c in layer_checks)
@@ -148,6 +179,9 @@ def run_check(ctx: Context, strategies: Sequence[str], o: EPOptions, impls: Sequ
                  f"on all {ctx.world} ranks (wgrad {resolve_wgrad(strategy, o.wgrad).value})")  # fmt: skip
             for c in bad:
                 echo(f"  {c.verdict} {strategy}/{c.stage} on rank {c.rank}: {c.detail}")
+            if "dispatch_sqnr_db" in report:
+                echo(f"{strategy}: the dispatched rows as the experts receive them (dequantized) against the bf16 "
+                     f"rows they were quantized from: SQNR {report['dispatch_sqnr_db']:.1f} dB (all ranks)")
     return 1 if any_rank(ctx, failed) else 0
 
 

@@ -24,6 +24,7 @@ from ...clikit import common
 from ...clikit.common import RESULTS_DIR, CommaList, Seed, command_words, force_option, refuse_ignored
 
 DEFAULT_STRATEGIES = "bf16,mxfp8,mxfp8_a2a"
+"""The default list (the FP8 rowwise strategies, ``ep.strategy``, are asked for by name: they need an FP8 card)."""
 
 
 def _launcher_args(extra: list[str]) -> list[str]:
@@ -43,9 +44,9 @@ def _launcher_args(extra: list[str]) -> list[str]:
     return extra
 
 
-def _layer(K, N, preset, whole: bool, top_k, score_func) -> tuple[int, int, str, int, str]:
-    """(K, N, label, top-k, score function): a preset's (with its ``[layer]`` section's top-k and score function
-    under ``--layer``) or the options given; an option given wins over the preset's."""
+def _layer(K, N, preset, whole: bool, top_k, score_func, shared) -> tuple[int, int, str, int, str, int]:
+    """(K, N, label, top-k, score function, shared experts): a preset's (with its ``[layer]`` section's top-k, score
+    function and shared experts under ``--layer``) or the options given; an option given wins over the preset's."""
     from ...plan.presets import get_preset
 
     if preset is not None:
@@ -53,26 +54,57 @@ def _layer(K, N, preset, whole: bool, top_k, score_func) -> tuple[int, int, str,
             raise click.UsageError("give either --preset or --K/--N, not both")
         p = get_preset(preset)
         if whole and p.layer is not None:
-            if p.layer.shared_experts:  # said, not refused: the routed experts are what EP spreads over the ranks
-                click.echo(f"note: the EP layer leaves out {preset}'s {p.layer.shared_experts} shared expert(s)",
-                           err=True)  # fmt: skip
-            return p.K, p.N, preset, top_k or p.layer.top_k, score_func or p.layer.score_func
-        return p.K, p.N, preset, top_k or 1, score_func or "sigmoid"
+            shared = p.layer.shared_experts if shared is None else shared
+            return p.K, p.N, preset, top_k or p.layer.top_k, score_func or p.layer.score_func, shared
+        return p.K, p.N, preset, top_k or 1, score_func or "sigmoid", shared or 0
     if K is None or N is None:
         raise click.UsageError("give --K and --N (or --preset NAME; `mxbench presets` lists them)")
-    return K, N, f"{K}x{N}", top_k or 1, score_func or "sigmoid"
+    return K, N, f"{K}x{N}", top_k or 1, score_func or "sigmoid", shared or 0
 
 
-def _layer_options(whole: bool, score_func, score_after: bool, resolved_score_func: str):
-    """The router's options of a --layer run; the options only the layer reads are refused without it."""
+def _layer_options(whole: bool, score_func, score_after: bool, resolved_score_func: str, shared: int,
+                   shared_in_recipe: bool, overlap: bool):  # fmt: skip
+    """The router's and the shared experts' options of a --layer run; the options only the layer reads are
+    refused without it, ``--overlap`` and ``--shared-in-recipe`` without shared experts."""
     from .workload import LayerOptions
 
     if not whole:
-        for given, name in ((score_func, "--score-func"), (score_after, "--score-after")):
+        for given, name in ((score_func, "--score-func"), (score_after, "--score-after"), (shared, "--shared-experts"),
+                            (shared_in_recipe, "--shared-in-recipe"), (overlap, "--overlap")):  # fmt: skip
             if given:
-                raise click.BadParameter("the expert projection has no router: give --layer", param_hint=name)
+                raise click.BadParameter("the expert projection has no router nor shared experts: give --layer",
+                                         param_hint=name)  # fmt: skip
         return None
-    return LayerOptions(resolved_score_func, not score_after)
+    for given, name in ((overlap, "--overlap"), (shared_in_recipe, "--shared-in-recipe")):
+        if given and not shared:
+            raise click.BadParameter("there are no shared experts to run (give --shared-experts N, N >= 1)",
+                                     param_hint=name)  # fmt: skip
+    return LayerOptions(resolved_score_func, not score_after, shared, shared_in_recipe, overlap)
+
+
+def _check_shared_tokens(strategies, tokens: int, layer) -> None:
+    """The shared experts run as one token group of a rank's T tokens: T a multiple of their GEMMs' alignment."""
+    from mxkernels.core.names import Recipe
+    from mxkernels.core.runtime import InputError
+    from mxkernels.ep.strategy import get_strategy
+    from mxkernels.stages.step_specs import padding_alignment
+
+    if layer is None or not layer.shared:
+        return
+    for s in strategies:
+        recipe = get_strategy(s).recipe if layer.shared_in_recipe else Recipe.BF16
+        if tokens % padding_alignment(recipe):
+            raise InputError(f"shared experts run as one group of a rank's tokens in {recipe}: --tokens must be a "
+                             f"multiple of {padding_alignment(recipe)}, got {tokens}")  # fmt: skip
+
+
+def _check_fp8(strategies, has_gpu: bool) -> None:
+    """An FP8 rowwise strategy needs FP8 tensor cores: refused on an older card (every rank's card is the launcher's
+    kind; over several nodes each worker checks its own)."""
+    import torch
+    from mxkernels.ep.strategy import check_fp8_capability
+
+    check_fp8_capability(strategies, torch.cuda.get_device_capability() if has_gpu else None)
 
 
 def _check_bounds(K: int, N: int, experts: int, tokens: int, top_k: int, world: int) -> None:
@@ -125,18 +157,27 @@ def _check_nproc(nproc: int, has_gpu: bool) -> None:
               help="Experts per token (each token is sent top-k times). [default: 1, or the preset's layer's]")
 @click.option("--layer", "whole", is_flag=True,
               help="The whole MoE layer (router, gate/up, SwiGLU, down, combine) instead of one expert projection; "
-              "N is the experts' hidden dim. Shared experts are left out.")
+              "N is the experts' hidden dim.")
+@click.option("--shared-experts", "shared", type=click.IntRange(min=0),
+              help="--layer: shared experts (a dense SwiGLU FFN of hidden width N x this on each rank's own tokens). "
+              "[default: the preset's layer's, else 0]")
+@click.option("--shared-in-recipe", is_flag=True,
+              help="--layer: the shared experts' GEMMs in the strategy's recipe (default: bf16).")
+@click.option("--overlap", is_flag=True,
+              help="--layer: the shared experts on a second CUDA stream beside the all-to-alls; the step is timed "
+              "with and without it.")
 @click.option("--score-func", type=click.Choice(["sigmoid", "softmax"]),
               help="--layer: the router's score function. [default: the preset's, else sigmoid]")
 @click.option("--score-after", is_flag=True, help="--layer: the scores weight the experts' outputs (default: inputs).")
 @click.option("--wgrad", type=click.Choice(["recipe", "bf16"]),
-              help="Weight-gradient precision: the strategy's recipe (MXFP8; under mxfp8_a2a the dequantized rows "
-              "quantized again along the tokens) or bf16. [default: recipe for mxfp8, bf16 for mxfp8_a2a]")
+              help="Weight-gradient precision: the strategy's recipe (under *_a2a the dequantized rows quantized "
+              "again along the tokens) or bf16. [default: bf16 for mxfp8_a2a, recipe for the others]")
 @click.option("--groups", type=click.Choice(["balanced", "skewed"]), default="balanced", show_default=True,
               help="Routing: every expert gets the same copies, or a skewed router (seeded).")  # fmt: skip
 @click.option("--seed", type=Seed(), default=0, show_default=True, help="Seed of the routing and the inputs.")
 @click.option("--strategy", "strategies", type=CommaList(str), default=DEFAULT_STRATEGIES, show_default=True,
-              help="Strategies, comma list: bf16, mxfp8 (quantize before the GEMMs), mxfp8_a2a (before dispatch).")
+              help="Strategies, comma list: bf16, mxfp8 / fp8_rowwise (quantize before the GEMMs), mxfp8_a2a / "
+              "fp8_rowwise_a2a (quantize before the dispatch; FP8 rows and scales travel).")
 @click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True, help="MX scales.")
 @click.option("--backend", help="MXFP8 GEMM backend. [default: the device's best]")
 @click.option("--samples", type=click.IntRange(min=1), default=25, show_default=True, help="Samples per stage.")
@@ -152,8 +193,9 @@ def _check_nproc(nproc: int, has_gpu: bool) -> None:
 @click.option("--nproc", type=click.IntRange(min=1), help="Start this many workers on this host (torchrun).")
 @force_option
 @click.pass_context
-def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after, wgrad, groups, seed, strategies,
-       mode, backend, samples, timing, out, plot_file, results_dir, check, impls, nproc, force) -> None:  # fmt: skip
+def ep(ctx, K, N, preset, experts, tokens, top_k, whole, shared, shared_in_recipe, overlap, score_func, score_after,
+       wgrad, groups, seed, strategies, mode, backend, samples, timing, out, plot_file, results_dir, check, impls, nproc,
+       force) -> None:  # fmt: skip
     """The expert-parallel MoE expert projection (or with --layer the whole MoE layer) on several GPUs: dispatch,
     permute, GEMMs, combine, per stage."""
     import torch
@@ -170,11 +212,13 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
 
     from ...implementations.registry import parse_impl
 
-    K, N, label, top_k, resolved_score_func = _layer(K, N, preset, whole, top_k, score_func)
-    layer = _layer_options(whole, score_func, score_after, resolved_score_func)
+    K, N, label, top_k, resolved_score_func, shared = _layer(K, N, preset, whole, top_k, score_func, shared)
+    layer = _layer_options(whole, score_func, score_after, resolved_score_func, shared, shared_in_recipe, overlap)
     spec_of = get_ep_spec if layer is None else get_ep_layer_spec
     for s in strategies:
         check_strategy(s)
+    _check_fp8(strategies, has_gpu)
+    _check_shared_tokens(strategies, tokens, layer)
     worker = under_torchrun()  # first: a stale or garbled torchrun environment is named before anything uses it
     launching = nproc is not None and not worker
     launcher = _launcher_args(ctx.args)

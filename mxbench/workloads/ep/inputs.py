@@ -62,14 +62,21 @@ def layer_tensors(T: int, K: int, N: int, E: int, top_k: int, seed: int, rank: i
     return {"x": randn(T, K), "w": randn(E, N, K, scale=K**-0.5), "dy": randn(T * top_k, N, scale=1e-2)}
 
 
-def ep_layer_tensors(T: int, K: int, N: int, E: int, world: int, seed: int, rank: int, device: torch.device):
+def ep_layer_tensors(T: int, K: int, N: int, E: int, world: int, seed: int, rank: int, device: torch.device,
+                     shared_experts: int = 0):  # fmt: skip
     """The whole layer's tensors of one rank (``--layer``), bf16 on ``device``: x (T, K) ~ N(0, 1), the router's
     wr (W*E, K) ~ N(0, 1/K), the same on every rank (drawn from the seed alone: a replicated weight), this rank's
-    experts w13 (E, 2N, K) ~ N(0, 1/K) and w2 (E, K, N) ~ N(0, 1/N), and dy (T, K) ~ N(0, 1e-4)."""
+    experts w13 (E, 2N, K) ~ N(0, 1/K) and w2 (E, K, N) ~ N(0, 1/N), and dy (T, K) ~ N(0, 1e-4). With ``shared_experts``
+    experts (hidden width Ns = N * shared), their replicated ws13 (1, 2Ns, K) ~ N(0, 1/K) and ws2 (1, K, Ns) ~
+    N(0, 1/Ns), drawn after wr from the seed alone (the other tensors are those of a run without them)."""
     gen, shared = _generator(seed, rank, device), torch.Generator(device=device).manual_seed(seed * 1_000_003 - 1)
 
     def randn(*shape, scale=1.0, g=gen):
         return (torch.randn(*shape, generator=g, device=device) * scale).to(torch.bfloat16)
 
-    return {"x": randn(T, K), "wr": randn(world * E, K, scale=K**-0.5, g=shared),
-            "w13": randn(E, 2 * N, K, scale=K**-0.5), "w2": randn(E, K, N, scale=N**-0.5), "dy": randn(T, K, scale=1e-2)}
+    out = {"x": randn(T, K), "wr": randn(world * E, K, scale=K**-0.5, g=shared),
+           "w13": randn(E, 2 * N, K, scale=K**-0.5), "w2": randn(E, K, N, scale=N**-0.5), "dy": randn(T, K, scale=1e-2)}
+    if shared_experts:
+        Ns = N * shared_experts
+        out.update(ws13=randn(1, 2 * Ns, K, scale=K**-0.5, g=shared), ws2=randn(1, K, Ns, scale=Ns**-0.5, g=shared))
+    return out

@@ -117,11 +117,35 @@ def measure_strategy(ctx: Context, strategy: str, o: EPOptions, *, graph: bool, 
     progress(f"{strategy}/{END_TO_END_STAGE}")
     entries.append(_entry(_step_timed(strategy, stages, o), _time_step(ctx, o, inputs, plan, stages, graph, samples)))
     _release(ctx)
-    every = gather(ctx, entries)
+    overlap = o.layer is not None and o.layer.overlap
+    if overlap:  # the same step with the shared experts in line: the overlap's gain as a number
+        progress(f"{strategy}/{END_TO_END_STAGE} (shared experts in line)")
+        serial = _entry(_step_timed(strategy, stages, o), _time_step(ctx, o, inputs, plan, stages, graph, samples,
+                                                                     overlap=False))  # fmt: skip
+        _release(ctx)
+    every = gather(ctx, entries + ([serial] if overlap else []))
     if not ctx.root:
         return None
     tags = {"part": part.part.value, "wgrad": resolve_wgrad(strategy, o.wgrad).value}  # what each record measured
-    return [_record(point, [rank[i] for rank in every], tags) for i in range(len(entries))]
+    if o.layer is not None and o.layer.shared:
+        tags.update(shared_experts=o.layer.shared, shared_in_recipe=o.layer.shared_in_recipe)
+    records = [_record(point, [rank[i] for rank in every], tags) for i in range(len(entries))]
+    if overlap:
+        records[-1] = _with_serial(records[-1], _record(point, [rank[-1] for rank in every], tags))
+    return records
+
+
+def _with_serial(step: Record, serial: Record) -> Record:
+    """The (overlapped) step's record, its telemetry saying what the same step took with the shared experts in
+    line, each the slowest rank's median: ``overlap`` {serial_us, overlapped_us, gain_us, speedup}."""
+    from dataclasses import replace
+
+    if not (step.ok and serial.ok):
+        return step
+    over, ser = step.median_us, serial.median_us
+    info = {"serial_us": ser, "overlapped_us": over, "gain_us": ser - over, "speedup": ser / over,
+            "serial_samples_us": list(serial.samples_us)}  # fmt: skip
+    return replace(step, telemetry={**step.telemetry, "overlap": info})
 
 
 def _time_stage(ctx: Context, stage, env, graph: bool, samples: int):
@@ -139,13 +163,14 @@ def _step_timed(strategy: str, stages, o: EPOptions) -> Timed:
                  total, notes={"note": "routing fixed (plan made once, outside the timed call)"})  # fmt: skip
 
 
-def _time_step(ctx: Context, o: EPOptions, inputs, plan, stages, graph: bool, samples: int):
+def _time_step(ctx: Context, o: EPOptions, inputs, plan, stages, graph: bool, samples: int, overlap=None):
+    """One forward + backward timed; ``overlap``: None as the options say, False the shared experts in line."""
     part = workload(o)
     leaves = {n: inputs[n].clone().requires_grad_() for n in ("x", *part.weights)}
     dy = inputs["dy"]
 
     def step():
-        y = part.forward(ctx, inputs, plan, stages, leaves)
+        y = part.forward(ctx, inputs, plan, stages, leaves, overlap=overlap)
         return torch.autograd.grad(y, tuple(leaves.values()), dy)
 
     return time_on_ranks(ctx, step, graph=graph, samples=samples)

@@ -134,8 +134,19 @@ def summary_rows(run: Run, *, peaks: dict[str, Peak] | None = None) -> list[Row]
             "All-to-all GB/s (both dirs)": f"{tbps * 1e3:.0f}" if tbps else None,
             "% datasheet link": _pct(tbps, peaks.get("link")) if tbps else None,
             "% measured a2a ceiling": _pct(tbps, peaks.get("measured_link")) if tbps else None,
+            **_overlap_cells(step),
         })  # fmt: skip
     return rows
+
+
+def _overlap_cells(step: Record) -> dict:
+    """A ``--overlap`` run's step with the shared experts in line and the overlap's gain (``measure._with_serial``);
+    nothing for other runs."""
+    info = step.telemetry.get("overlap")
+    if not info:
+        return {}
+    return {"Step, shared experts in line (us)": f"{info['serial_us']:.1f}",
+            "Overlap gain (us)": f"{info['gain_us']:.1f}"}  # fmt: skip
 
 
 def in_step(run: Run, strategy: str) -> list[Record]:
@@ -155,7 +166,11 @@ def ep_part(run: Run) -> str:
     if layer.get("part", "projection") == "projection":
         return "expert projection"
     scores = "before" if layer.get("score_before", True) else "after"
-    return f"whole MoE layer ({layer.get('score_func')} scores {scores} the experts, no shared experts)"
+    n = int(layer.get("shared_experts") or 0)
+    shared = "no shared experts" if not n else (
+        f"{n} shared expert(s) in {'the recipe' if layer.get('shared_in_recipe') else 'bf16'}"
+        + (", overlapped on a second stream" if layer.get("overlap") else ", in line"))  # fmt: skip
+    return f"whole MoE layer ({layer.get('score_func')} scores {scores} the experts, {shared})"
 
 
 def ep_header(run: Run, peaks: dict[str, Peak], fmt: str) -> str:

@@ -135,15 +135,25 @@ def stage_link_bytes(topo: Topology, counts: Sequence, strategy: str, o) -> dict
     """Per all-to-all stage of ``strategy``: every rank's bytes per link class (``as_record`` form).
 
     ``counts[src][dst][e]``: copies rank src sends to local expert e of rank dst (every rank's ``send_counts``).
-    The stages are those of ``mxkernels.stages.ep_stages`` bound to each rank's shape; their split sizes and their cost
-    (bytes sent to other ranks) give the bytes of one row."""
+    The stages are those of ``mxkernels.stages.ep_stages`` (``ep_layer`` for a ``--layer`` run) bound to each rank's
+    shape; their split sizes and their cost (bytes sent to other ranks) give the bytes of one row."""
     from mxkernels.ep.comm import remote_rows
     from mxkernels.stages.ep_stages import ep_step_stages
     from mxkernels.core.names import Category
 
+    def stages_of(rank):
+        shape = _shape(counts, rank, o)
+        if getattr(o, "layer", None) is None:
+            return ep_step_stages(strategy, shape, mode=o.mode, backend=o.backend)
+        from mxkernels.stages.ep_layer import EPLayerShape, ep_layer_stages
+
+        L = o.layer
+        return ep_layer_stages(strategy, EPLayerShape(shape, L.score_func, L.score_before, L.shared, L.shared_in_recipe),
+                               mode=o.mode, backend=o.backend)  # fmt: skip
+
     out: dict[str, list[dict]] = {}
     for rank in range(topo.world):
-        stages = ep_step_stages(strategy, _shape(counts, rank, o), mode=o.mode, backend=o.backend)
+        stages = stages_of(rank)
         for st in stages:
             if st.category is not Category.ALL_TO_ALL:
                 continue
@@ -208,9 +218,7 @@ def check_record(topo: Topology, counts: Sequence, strategies: Sequence[str], o)
     return {"kind": "ep-check", "world_size": topo.world, "nodes": topo.to_meta(),
             "layer": {"tokens_per_rank": o.T, "K": o.K, "N": o.N, "experts_per_rank": o.E, "top_k": o.top_k},
             "routing": {"groups": o.groups, "seed": o.seed, "send_counts": [list(map(list, c)) for c in counts]},
-            # the byte split is of the expert projection's stages; a whole layer's (``--layer``) are not listed here
-            "link_bytes": {} if getattr(o, "layer", None) is not None else
-                          {s: stage_link_bytes(topo, counts, s, o) for s in strategies}}  # fmt: skip
+            "link_bytes": {s: stage_link_bytes(topo, counts, s, o) for s in strategies}}  # fmt: skip
 
 
 def link_rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:

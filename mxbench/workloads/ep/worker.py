@@ -152,14 +152,15 @@ def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, e
 
 def layer_meta(strategies: Sequence[str], o: EPOptions) -> dict:
     """What the run ran beyond the sizes: the part (projection or whole layer), each strategy's resolved wgrad
-    precision, and the layer's router options (its shared experts are left out: 0)."""
+    precision, and the layer's router and shared-expert options."""
     from mxkernels.ep.wgrad import resolve_wgrad
 
     from .workload import workload
 
     meta = {"part": workload(o).part.value, "wgrad": {s: resolve_wgrad(s, o.wgrad).value for s in strategies}}
     if o.layer is not None:
-        meta.update(score_func=o.layer.score_func, score_before=o.layer.score_before, shared_experts=0)
+        meta.update(score_func=o.layer.score_func, score_before=o.layer.score_before, shared_experts=o.layer.shared,
+                    shared_in_recipe=o.layer.shared_in_recipe, overlap=o.layer.overlap)
     return meta
 
 

@@ -34,6 +34,9 @@ class LayerOptions:
 
     score_func: str = "sigmoid"
     score_before: bool = True
+    shared: int = 0  # shared experts (each rank's own tokens, replicated weights)
+    shared_in_recipe: bool = False  # their GEMMs in the strategy's recipe, else bf16
+    overlap: bool = False  # the shared experts on a second stream beside the all-to-alls
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class Projection:
 
         return ep_step_stages(strategy, plan.shape, group=ctx.group, mode=o.mode, backend=o.backend, wgrad=o.wgrad)
 
-    def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor], overlap=None) -> torch.Tensor:
         from mxkernels.autograd.ep_projection import ep_expert_projection
 
         return ep_expert_projection(leaves["x"], leaves["w"], plan, stages=stages, group=ctx.group)
@@ -91,14 +94,17 @@ class Projection:
 
 class Layer:
     part = Part.LAYER
-    weights = ("wr", "w13", "w2")
 
     def __init__(self, options: LayerOptions):
         self.options = options
 
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return ("wr", "w13", "w2", *(("ws13", "ws2") if self.options.shared else ()))
+
     def inputs(self, ctx, o) -> dict[str, torch.Tensor]:
         experts = _experts(ctx, o)
-        tensors = ep_layer_tensors(o.T, o.K, o.N, o.E, ctx.world, o.seed, ctx.rank, ctx.device)
+        tensors = ep_layer_tensors(o.T, o.K, o.N, o.E, ctx.world, o.seed, ctx.rank, ctx.device, self.options.shared)
         return {"experts": experts, "assign": experts.to(torch.int32), **tensors}
 
     def plan(self, ctx, inputs, o):
@@ -109,27 +115,36 @@ class Layer:
     def stages(self, ctx, strategy, plan, o):
         from mxkernels.stages.ep_layer import EPLayerShape, ep_layer_stages
 
-        shape = EPLayerShape(plan.shape, self.options.score_func, self.options.score_before)
+        L = self.options
+        shape = EPLayerShape(plan.shape, L.score_func, L.score_before, L.shared, L.shared_in_recipe)
         return ep_layer_stages(strategy, shape, group=ctx.group, mode=o.mode, backend=o.backend, wgrad=o.wgrad)
 
-    def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, ctx, inputs, plan, stages, leaves: Mapping[str, torch.Tensor], overlap=None) -> torch.Tensor:
+        """``overlap``: None runs as the options say; False / True force it (the measurement times both)."""
         from mxkernels.autograd.ep_layer import ep_moe_layer
 
-        return ep_moe_layer(leaves["x"], leaves, inputs["assign"], plan, stages)
+        overlap = self.options.overlap if overlap is None else overlap
+        return ep_moe_layer(leaves["x"], leaves, inputs["assign"], plan, stages, names=self.weights, overlap=overlap)
 
     def compare(self, strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o) -> list[Compared]:
         from mxkernels.reference.ep_layer import ep_moe_layer_reference
+        from mxkernels.reference.ep_shared import ep_moe_layer_shared_reference
 
         L = self.options
         weights = {"wr": ranks[0]["wr"], **{n: torch.cat([r[n] for r in ranks]) for n in ("w13", "w2")}}
+        weights.update({n: ranks[0][n] for n in ("ws13", "ws2") if L.shared})  # replicated
         xs, assigns, dys = ([r[n] for r in ranks] for n in ("x", "assign", "dy"))
-        ref = ep_moe_layer_reference(xs, assigns, weights, dys, strategy, score_func=L.score_func,
-                                     score_before=L.score_before, mode=o.mode, wgrad=o.wgrad)  # fmt: skip
+        kw = {"score_func": L.score_func, "score_before": L.score_before, "mode": o.mode, "wgrad": o.wgrad}
+        if L.shared:
+            ref = ep_moe_layer_shared_reference(xs, assigns, weights, dys, strategy, in_recipe=L.shared_in_recipe, **kw)
+        else:
+            ref = ep_moe_layer_reference(xs, assigns, weights, dys, strategy, **kw)
         fp32 = self._fp32_layer(ranks, weights, o)
         out = []
-        for name in ("y", "grad_x", "grad_wr", "grad_w13", "grad_w2"):
+        replicated = ("grad_wr", "grad_ws13", "grad_ws2")  # every rank's share of a replicated weight's gradient
+        for name in ("y", "grad_x", *(f"grad_{n}" for n in self.weights)):
             parts = [r[name] for r in ranks]
-            got = torch.stack(parts).double().sum(0) if name == "grad_wr" else torch.cat(parts)
+            got = torch.stack(parts).double().sum(0) if name in replicated else torch.cat(parts)
             out.append(
                 Compared(name, sqnr_db(got, _joined(ref[name])), sqnr_db(got, fp32[name]), "fp32 single-GPU layer")
             )
@@ -142,7 +157,8 @@ class Layer:
 
         G = weights["wr"].shape[0]
         shape = LayerShape(T=sum(r["x"].shape[0] for r in ranks), K=o.K, N=o.N, E=G, top_k=o.top_k,
-                           score_func=self.options.score_func, score_before=self.options.score_before)  # fmt: skip
+                           shared=self.options.shared, score_func=self.options.score_func,
+                           score_before=self.options.score_before)  # fmt: skip
         inputs = {"x": torch.cat([r["x"] for r in ranks]), "dy": torch.cat([r["dy"] for r in ranks]),
                   "assign": torch.cat([r["assign"] for r in ranks]), **weights}  # fmt: skip
         got = layer_outputs(None, inputs, shape)
