@@ -186,6 +186,9 @@ COLWISE_CONFIGS = {
     "two-pass kernel": C.TWO_PASS_COLWISE_CONFIG,
     "walk, prefetch": C.WalkConfig(strip_cols=8, step_rows=16, num_warps=2),  # 4 "SMs" on CPU: programs walk
     "walk, pipelined": C.WalkConfig(strip_cols=16, step_rows=32, prefetch=False, num_stages=2, programs_per_sm=2),
+    # Holding: strips of up to 64 rows held (the others, and unaligned ones, walk in 16-row steps); all held.
+    "hold, some walk": C.HoldConfig(strip_cols=8, hold_rows=64, step_rows=16, num_warps=2),
+    "hold": C.HoldConfig(strip_cols=16, hold_rows=256, step_rows=32, num_warps=4, programs_per_sm=1),
 }  # fmt: skip
 # Group sizes: empty groups first, inside and last; sizes on and off 16-row boundaries (the vector and the byte
 # stores of pass 2); a group of many chunks; offs[-1] < M (the rows after belong to no group).
@@ -245,9 +248,13 @@ def test_costs_are_hand_counts():
     assert F.quantize_fp8_rowwise_cost(16, 64, torch.bfloat16) == Cost(16 * 64 * 2, 16 * 64 + 16 * 4)
     assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.float32, "K") == Cost(2 * 8 * 32 * 4, 512 + 2 * 8 * 4)
     assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.bfloat16, "N") == Cost(2 * 8 * 32 * 2, 512 + 2 * 32 * 4)
-    # k_groups by default (split: a group's column needs all its rows, read again from device memory): two reads
+    # k_groups by default with groups of ~43 rows: the holding kernel, one read (fine-grained groups held whole)
     assert F.quantize_fp8_rowwise_k_groups_cost(128, 24, 3, torch.bfloat16) == Cost(
-        2 * 128 * 24 * 2, 128 * 24 + 3 * 24 * 4
+        128 * 24 * 2, 128 * 24 + 3 * 24 * 4
+    )
+    # with groups of 16384 rows (split: a group's column needs all its rows, read again from device memory): two reads
+    assert F.quantize_fp8_rowwise_k_groups_cost(131072, 24, 8, torch.bfloat16) == Cost(
+        2 * 131072 * 24 * 2, 131072 * 24 + 8 * 24 * 4
     )
 
 
