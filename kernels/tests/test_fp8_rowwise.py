@@ -365,3 +365,34 @@ def test_gpu_quantizers_bit_exact_at_deepseek_shapes():
     q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
     assert_same_bytes(q, q_ref)
     assert torch.equal(scale, scale_ref)
+
+
+# ---- the holding kernel at fine-grained widths (issue 32) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("R", [2880, 40])
+def test_k_groups_default_holds_tiny_and_empty_groups_at_odd_widths(device, R, poisoned_empty):
+    """The default (holding) launch at widths no power-of-two strip of 128+ divides (2880 = 45 x 64; 40), with empty
+    groups first, inside and last, groups on 16-row boundaries (held: 16, 32, 48 rows), a 1-row group off them
+    (walked), and rows past offs[-1]."""
+    gen = torch.Generator().manual_seed(7)
+    sizes = [0, 16, 0, 32, 48, 1, 0]
+    x = (torch.randn(112, R, generator=gen) * torch.logspace(-12, 12, R, base=2.0)).to(device).bfloat16()
+    offs = offsets(sizes, device)
+    assert isinstance(C.k_groups_config(112, len(sizes)), C.HoldConfig)
+    q, scale = F.quantize_fp8_rowwise_k_groups(x, offs)
+    q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+    assert_same_bytes(q[:, : sum(sizes)], q_ref[:, : sum(sizes)])
+    assert torch.equal(scale, scale_ref)
+
+
+def test_hold_defaults_pick_by_rows():
+    """Holding where a strip of 16+ columns of the rows fits 16 warps x 64 elements; else the old launches."""
+    assert C.along_n_config(1536) == C.HoldConfig(16, 2048, num_warps=16, programs_per_sm=1)
+    assert C.along_n_config(768) == C.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1)
+    assert C.along_n_config(40) == C.HoldConfig(64, 64, num_warps=4, programs_per_sm=2)
+    assert C.along_n_config(2880) is C.ALONG_N_CONFIG and C.along_n_config(7168) is C.ALONG_N_CONFIG
+    assert isinstance(C.k_groups_config(131072, 128), C.HoldConfig)  # 1024 rows a group, 1280 with room: 2048
+    assert C.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG  # 16384 rows a group: split strips
+    with pytest.raises(ValueError, match="hold_rows"):
+        C.HoldConfig(16, 1000)
