@@ -396,3 +396,47 @@ def test_hold_defaults_pick_by_rows():
     assert C.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG  # 16384 rows a group: split strips
     with pytest.raises(ValueError, match="hold_rows"):
         C.HoldConfig(16, 1000)
+
+
+# In the kernel's parameter order: ``aligned`` names are placed by their index in this dict.
+_HOLD_SIG = {"x_ptr": "*bf16", "offs_ptr": "*i32", "q_ptr": "*u8", "scale_ptr": "*fp32",
+             **{a: "i32" for a in ("rows", "cols", "G", "PROGRAMS", "stride_xg", "stride_xm")}, "stride_xc": "constexpr",
+             "stride_qg": "i32", "stride_qc": "i32",
+             **{c: "constexpr" for c in ("HAS_OFFS", "STRIP", "HOLD", "STEP", "EXACT")}}  # fmt: skip
+
+
+@pytest.mark.parametrize("has_offs", [True, False], ids=["k_groups", "3d"])
+def test_hold_kernel_compiles_to_16_byte_loads_and_stores(has_offs):
+    """The holding kernel at the Qwen3-30B-A3B default (16 x 2048, 16 warps) for sm_90: the held strip is loaded in
+    16-byte vectors (no 2-byte loads) and stored transposed in 16-byte vectors, with the e4m3 hardware cast."""
+    constexprs = {"HAS_OFFS": has_offs, "STRIP": 16, "HOLD": 2048, "STEP": 256, "EXACT": False, "stride_xc": 1}
+    aligned = ("x_ptr", "q_ptr", "scale_ptr", "rows", "cols", "stride_xg", "stride_xm", "stride_qg", "stride_qc")
+    ptx = compile_ptx("mxkernels.quant.fp8_colwise", "_hold_kernel", _HOLD_SIG, constexprs, 90, aligned,
+                      {"num_warps": 16})  # fmt: skip
+    assert "ld.global.v4.b32" in ptx and "ld.global.b16" not in ptx
+    assert "st.global.v4.b32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+@pytest.mark.gpu
+def test_gpu_hold_defaults_bit_exact_at_fine_grained_shapes(poisoned_empty):
+    """The holding defaults at Qwen3-30B-A3B's weights and groups (128 experts; 1024-row groups, ragged ones with
+    empty, tiny, unaligned and over-long groups that walk) and gpt-oss-120b's odd width (2880), poisoned outputs."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for shape in ((128, 1536, 2048), (128, 2048, 768)):
+        w = (torch.randn(shape, device="cuda", generator=gen) * shape[2] ** -0.5).bfloat16()
+        assert isinstance(C.along_n_config(shape[1]), C.HoldConfig)
+        q, scale = F.quantize_fp8_rowwise_3d(w, along="N")
+        q_ref, scale_ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
+        assert_same_bytes(q, q_ref)
+        assert torch.equal(scale, scale_ref)
+    ragged = [1024] * 120 + [0, 1, 16, 37, 2000, 4096, 0, 1024]  # 128 groups; the 2000 and 4096 walk
+    for R, sizes in ((2880, [1024] * 128), (768, ragged)):
+        M = max(sum(sizes), 131072)
+        x = torch.randn(M, R, device="cuda", generator=gen).bfloat16()
+        offs = offsets(sizes, "cuda")
+        assert isinstance(C.k_groups_config(M, len(sizes)), C.HoldConfig)
+        q, scale = F.quantize_fp8_rowwise_k_groups(x, offs)
+        q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+        end = sum(sizes)
+        assert_same_bytes(q[:, :end], q_ref[:, :end])
+        assert torch.equal(scale, scale_ref)
