@@ -22,7 +22,11 @@ def test_weight_only_stages_are_the_weights_quantizers():
     assert not any(s.weights_only for s in layer_stages("bf16", shape))
 
 
-def _layer(tmp_path, *extra):
+def _layer(tmp_path, monkeypatch, *extra):
+    """The layer's analytic model (no GPU, even on a machine with one)."""
+    from mxbench.clikit import common
+
+    monkeypatch.setattr(common, "has_gpu", lambda: False)
     out = tmp_path / "layer.json"
     args = ["layer", "--K", "1024", "--N", "512", "--experts", "8", "--tokens", "4096", "--top-k", "2",
             "--recipe", "fp8_rowwise", "--out", str(out), *extra]  # fmt: skip
@@ -31,8 +35,8 @@ def _layer(tmp_path, *extra):
     return json.loads(out.read_text()), result.output
 
 
-def test_amortized_step_counts_weight_stages_once_per_microbatches(tmp_path):
-    run, output = _layer(tmp_path, "--microbatches", "4")
+def test_amortized_step_counts_weight_stages_once_per_microbatches(tmp_path, monkeypatch):
+    run, output = _layer(tmp_path, monkeypatch, "--microbatches", "4")
     assert run["meta"]["layer"]["microbatches"] == 4
     rec = lambda recipe: [r for r in run["records"] if r["point"]["recipe"] == recipe]
     step = lambda recipe: next(r["model_us"] for r in rec(recipe) if r["stage"] == "fwd+bwd")
@@ -51,8 +55,8 @@ def test_amortized_step_counts_weight_stages_once_per_microbatches(tmp_path):
     assert cells["amortized speedup"] == f"{step('bf16') / amortized:.3f}x"
 
 
-def test_one_microbatch_stores_and_shows_nothing_new(tmp_path):
-    run, output = _layer(tmp_path)
+def test_one_microbatch_stores_and_shows_nothing_new(tmp_path, monkeypatch):
+    run, output = _layer(tmp_path, monkeypatch)
     assert "microbatches" not in run["meta"]["layer"] and "amortized" not in output
 
 
