@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from mxkernels.quant import fp8_amax as A
 from mxkernels.quant import fp8_colwise as C
+from mxkernels.quant import fp8_hold as H
 from mxkernels.quant import fp8_rowwise as F
 from mxkernels.layouts import scale_layout
 from mxkernels.quant import quantize as Q
@@ -140,24 +141,24 @@ FINE = {
 def fine_cases() -> list[Case]:
     """The 3D-along-N and k_groups quantizers at the fine-grained shapes: the old default (walking / split strips),
     the new default (``along_n_config`` / ``k_groups_config``: holding where a strip fits) and holding launches."""
-    H = C.HoldConfig
-    holds = [("hold 64 x 512 w16 1/SM", "candidate", H(64, 512, num_warps=16, programs_per_sm=1)),
-             ("hold 32 x 1024 w16 1/SM", "candidate", H(32, 1024, num_warps=16, programs_per_sm=1)),
-             ("hold 16 x 2048 w16 1/SM", "candidate", H(16, 2048, num_warps=16, programs_per_sm=1)),
-             ("hold 16 x 1024 w8 2/SM", "candidate", H(16, 1024, num_warps=8, programs_per_sm=2)),
-             ("hold 16 x 2048 w8 1/SM", "candidate", H(16, 2048, num_warps=8, programs_per_sm=1)),
-             ("hold 8 x 4096 w16 1/SM (half sectors)", "candidate", H(8, 4096, num_warps=16, programs_per_sm=1))]  # fmt: skip
+    Hold = H.HoldConfig
+    holds = [("hold 64 x 512 w16 1/SM", "candidate", Hold(64, 512, num_warps=16, programs_per_sm=1)),
+             ("hold 32 x 1024 w16 1/SM", "candidate", Hold(32, 1024, num_warps=16, programs_per_sm=1)),
+             ("hold 16 x 2048 w16 1/SM", "candidate", Hold(16, 2048, num_warps=16, programs_per_sm=1)),
+             ("hold 16 x 1024 w8 2/SM", "candidate", Hold(16, 1024, num_warps=8, programs_per_sm=2)),
+             ("hold 16 x 2048 w8 1/SM", "candidate", Hold(16, 2048, num_warps=8, programs_per_sm=1)),
+             ("hold 8 x 4096 w16 1/SM (half sectors)", "candidate", Hold(8, 4096, num_warps=16, programs_per_sm=1))]  # fmt: skip
     out = []
     for model, spec in FINE.items():
         g = spec["groups"]
         sizes = [FINE_ROWS // g] * g
         for shape in spec["weights"]:
-            launches = [("old: walking 64 x 512 w8", "old", C.ALONG_N_CONFIG), (f"new: {C.along_n_config(shape[1])}", "new", None)]
+            launches = [("old: walking 64 x 512 w8", "old", C.ALONG_N_CONFIG), (f"new: {H.along_n_config(shape[1])}", "new", None)]
             launches += [h for h in holds if h[2].hold_rows >= shape[1]]
             out.append(fp8_cols_case(f"fine {model} W{shape} along N", launches, None, shape, group="fine"))
         for r in spec["k_groups"]:
             launches = [("old: split strips 64 x 512", "old", C.K_GROUPS_CONFIG),
-                        (f"new: {C.k_groups_config(FINE_ROWS, g)}", "new", None)]
+                        (f"new: {H.k_groups_config(FINE_ROWS, g)}", "new", None)]
             launches += [h for h in holds if h[2].hold_rows >= FINE_ROWS // g]
             out.append(fp8_cols_case(f"fine {model} k_groups ({FINE_ROWS}, {r}) G={g}", launches, (r, sizes),
                                      group="fine", rows=FINE_ROWS))  # fmt: skip

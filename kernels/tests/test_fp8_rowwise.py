@@ -13,6 +13,7 @@ import torch
 from crosscompile import compile_ptx
 from kernel_helpers import offsets
 from mxkernels.quant import fp8_colwise as C
+from mxkernels.quant import fp8_hold as H
 from mxkernels.quant import fp8_rowwise as F
 from mxkernels.core.cost import Cost
 
@@ -187,8 +188,8 @@ COLWISE_CONFIGS = {
     "walk, prefetch": C.WalkConfig(strip_cols=8, step_rows=16, num_warps=2),  # 4 "SMs" on CPU: programs walk
     "walk, pipelined": C.WalkConfig(strip_cols=16, step_rows=32, prefetch=False, num_stages=2, programs_per_sm=2),
     # Holding: strips of up to 64 rows held (the others, and unaligned ones, walk in 16-row steps); all held.
-    "hold, some walk": C.HoldConfig(strip_cols=8, hold_rows=64, step_rows=16, num_warps=2),
-    "hold": C.HoldConfig(strip_cols=16, hold_rows=256, step_rows=32, num_warps=4, programs_per_sm=1),
+    "hold, some walk": H.HoldConfig(strip_cols=8, hold_rows=64, step_rows=16, num_warps=2),
+    "hold": H.HoldConfig(strip_cols=16, hold_rows=256, step_rows=32, num_warps=4, programs_per_sm=1),
 }  # fmt: skip
 # Group sizes: empty groups first, inside and last; sizes on and off 16-row boundaries (the vector and the byte
 # stores of pass 2); a group of many chunks; offs[-1] < M (the rows after belong to no group).
@@ -379,7 +380,7 @@ def test_k_groups_default_holds_tiny_and_empty_groups_at_odd_widths(device, R, p
     sizes = [0, 16, 0, 32, 48, 1, 0]
     x = (torch.randn(112, R, generator=gen) * torch.logspace(-12, 12, R, base=2.0)).to(device).bfloat16()
     offs = offsets(sizes, device)
-    assert isinstance(C.k_groups_config(112, len(sizes)), C.HoldConfig)
+    assert isinstance(H.k_groups_config(112, len(sizes)), H.HoldConfig)
     q, scale = F.quantize_fp8_rowwise_k_groups(x, offs)
     q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
     assert_same_bytes(q[:, : sum(sizes)], q_ref[:, : sum(sizes)])
@@ -388,14 +389,14 @@ def test_k_groups_default_holds_tiny_and_empty_groups_at_odd_widths(device, R, p
 
 def test_hold_defaults_pick_by_rows():
     """Holding where a strip of 16+ columns of the rows fits 16 warps x 64 elements; else the old launches."""
-    assert C.along_n_config(1536) == C.HoldConfig(16, 2048, num_warps=16, programs_per_sm=1)
-    assert C.along_n_config(768) == C.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1)
-    assert C.along_n_config(40) == C.HoldConfig(64, 64, num_warps=4, programs_per_sm=2)
-    assert C.along_n_config(2880) is C.ALONG_N_CONFIG and C.along_n_config(7168) is C.ALONG_N_CONFIG
-    assert isinstance(C.k_groups_config(131072, 128), C.HoldConfig)  # 1024 rows a group, 1280 with room: 2048
-    assert C.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG  # 16384 rows a group: split strips
+    assert H.along_n_config(1536) == H.HoldConfig(16, 2048, num_warps=16, programs_per_sm=1)
+    assert H.along_n_config(768) == H.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1)
+    assert H.along_n_config(40) == H.HoldConfig(64, 64, num_warps=4, programs_per_sm=2)
+    assert H.along_n_config(2880) is C.ALONG_N_CONFIG and H.along_n_config(7168) is C.ALONG_N_CONFIG
+    assert isinstance(H.k_groups_config(131072, 128), H.HoldConfig)  # 1024 rows a group, 1280 with room: 2048
+    assert H.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG  # 16384 rows a group: split strips
     with pytest.raises(ValueError, match="hold_rows"):
-        C.HoldConfig(16, 1000)
+        H.HoldConfig(16, 1000)
 
 
 # In the kernel's parameter order: ``aligned`` names are placed by their index in this dict.
@@ -411,7 +412,7 @@ def test_hold_kernel_compiles_to_16_byte_loads_and_stores(has_offs):
     16-byte vectors (no 2-byte loads) and stored transposed in 16-byte vectors, with the e4m3 hardware cast."""
     constexprs = {"HAS_OFFS": has_offs, "STRIP": 16, "HOLD": 2048, "STEP": 256, "EXACT": False, "stride_xc": 1}
     aligned = ("x_ptr", "q_ptr", "scale_ptr", "rows", "cols", "stride_xg", "stride_xm", "stride_qg", "stride_qc")
-    ptx = compile_ptx("mxkernels.quant.fp8_colwise", "_hold_kernel", _HOLD_SIG, constexprs, 90, aligned,
+    ptx = compile_ptx("mxkernels.quant.fp8_hold", "_hold_kernel", _HOLD_SIG, constexprs, 90, aligned,
                       {"num_warps": 16})  # fmt: skip
     assert "ld.global.v4.b32" in ptx and "ld.global.b16" not in ptx
     assert "st.global.v4.b32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
@@ -424,7 +425,7 @@ def test_gpu_hold_defaults_bit_exact_at_fine_grained_shapes(poisoned_empty):
     gen = torch.Generator(device="cuda").manual_seed(3)
     for shape in ((128, 1536, 2048), (128, 2048, 768)):
         w = (torch.randn(shape, device="cuda", generator=gen) * shape[2] ** -0.5).bfloat16()
-        assert isinstance(C.along_n_config(shape[1]), C.HoldConfig)
+        assert isinstance(H.along_n_config(shape[1]), H.HoldConfig)
         q, scale = F.quantize_fp8_rowwise_3d(w, along="N")
         q_ref, scale_ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
         assert_same_bytes(q, q_ref)
@@ -434,7 +435,7 @@ def test_gpu_hold_defaults_bit_exact_at_fine_grained_shapes(poisoned_empty):
         M = max(sum(sizes), 131072)
         x = torch.randn(M, R, device="cuda", generator=gen).bfloat16()
         offs = offsets(sizes, "cuda")
-        assert isinstance(C.k_groups_config(M, len(sizes)), C.HoldConfig)
+        assert isinstance(H.k_groups_config(M, len(sizes)), H.HoldConfig)
         q, scale = F.quantize_fp8_rowwise_k_groups(x, offs)
         q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
         end = sum(sizes)

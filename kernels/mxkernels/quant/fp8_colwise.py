@@ -46,7 +46,7 @@ _UNALIGNED_STEP: tl.constexpr = tl.constexpr(64)
 
 
 @triton.jit
-def _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg, stride_qc,
+def group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg, stride_qc,
                    HAS_OFFS: tl.constexpr):  # fmt: skip
     """Rows [start, end) of group g (from ``offs``, or all ``rows`` of the g-th matrix) and the pointers of its
     columns c in x and, transposed, in q (add a row index m: x_cols + m * stride_xm, q_cols + m)."""
@@ -78,7 +78,7 @@ def _colwise_kernel(
     g = tl.program_id(1)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = c < cols
-    start, end, x_cols, q_cols = _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg,
+    start, end, x_cols, q_cols = group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg,
                                                 stride_qc, HAS_OFFS)  # fmt: skip
 
     amax = tl.zeros((BLOCK_C,), tl.float32)
@@ -114,11 +114,11 @@ def _strip_scale_pass(
         amax_bits = tl.load(amax_ptr, mask=col_ok, other=0)
     scale, recip = fp8_scale_and_reciprocal(amax_bits.to(tl.float32, bitcast=True))
     tl.store(scale_ptr, scale, mask=c < scale_limit)
-    _strip_scale_rows(x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP, STAGES, PREFETCH, EXACT)
+    strip_scale_rows(x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP, STAGES, PREFETCH, EXACT)
 
 
 @triton.jit
-def _strip_scale_rows(
+def strip_scale_rows(
     x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr,
     PREFETCH: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
@@ -223,7 +223,7 @@ def _strips_kernel(
 
 
 @triton.jit
-def _strip_amax(x_cols, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr):
+def strip_amax(x_cols, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr):
     """amax bits (int32) of rows [lo, hi) of a strip's columns, STEP rows at a time, with the loads kept in flight as
     in ``_strip_scale_steps`` (PREFETCH: the next step's load issued first; else STAGES-deep pipelining)."""
     amax = tl.zeros((x_cols.shape[1],), tl.int32)
@@ -262,53 +262,12 @@ def _walk_kernel(
         g = item // n_strips
         c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
         col_ok = c < cols
-        start, end, x_cols, q_cols = _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc,
+        start, end, x_cols, q_cols = group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc,
                                                     stride_qg, stride_qc, HAS_OFFS)  # fmt: skip
-        amax = _strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
+        amax = strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
         scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
         tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
-        _strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH, EXACT)
-
-
-@triton.jit
-def _hold_strip(x_cols, q_cols, scale_ptr, col_ok, lo, hi, stride_xm, HOLD: tl.constexpr, EXACT: tl.constexpr):
-    """Rows [lo, hi) (hi - lo <= HOLD) of a strip's columns, loaded once and held in registers through their column
-    amax, the scale and the cast, then stored transposed (q_cols + m: the row dim contiguous). One read."""
-    m = lo + tl.arange(0, HOLD)
-    mask = (m < hi)[:, None] & col_ok[None, :]
-    x = tl.load(x_cols + m.to(tl.int64)[:, None] * stride_xm, mask=mask, other=0.0)
-    scale, recip = fp8_scale_and_reciprocal(abs_max_bits(x, 0).to(tl.float32, bitcast=True))
-    tl.store(scale_ptr, scale, mask=col_ok)
-    tl.store(q_cols + m.to(tl.int64)[:, None], to_e4m3_bits(to_fp32(x) * recip[None, :], EXACT), mask=mask)
-
-
-@triton.jit
-def _hold_kernel(
-    x_ptr, offs_ptr, q_ptr, scale_ptr, rows, cols, G, PROGRAMS,
-    stride_xg, stride_xm, stride_xc, stride_qg, stride_qc,
-    HAS_OFFS: tl.constexpr, STRIP: tl.constexpr, HOLD: tl.constexpr, STEP: tl.constexpr, EXACT: tl.constexpr,
-):  # fmt: skip
-    """Per-group column scales, the output transposed (groups and strides as in ``_colwise_kernel``), by PROGRAMS
-    persistent programs walking strips (STRIP columns of one group) as ``_walk_kernel`` does. A strip of at most
-    HOLD rows on 16-row boundaries (every expert of fine-grained weights along N, every group of a fine-grained
-    layer's padded routing) is read once and held whole (``_hold_strip``): one read from device memory, many loads
-    in flight per program. A longer or unaligned strip takes the walking kernel's two passes in STEP-row steps."""
-    n_strips = tl.cdiv(cols, STRIP)
-    for item in range(tl.program_id(0), G * n_strips, PROGRAMS):
-        g = item // n_strips
-        c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
-        col_ok = c < cols
-        start, end, x_cols, q_cols = _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc,
-                                                    stride_qg, stride_qc, HAS_OFFS)  # fmt: skip
-        if (end - start <= HOLD) & (start % 16 == 0) & (end % 16 == 0):
-            # Rounded to say the alignment (16-byte transposed stores), as in ``_strip_scale_rows``.
-            _hold_strip(x_cols, q_cols, scale_ptr + g * cols + c, col_ok, start // 16 * 16, end // 16 * 16,
-                        stride_xm, HOLD, EXACT)  # fmt: skip
-        else:
-            amax = _strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, 1, True)
-            scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
-            tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
-            _strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, 1, True, EXACT)
+        strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH, EXACT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -404,54 +363,6 @@ class WalkConfig:
             raise InputError(f"WalkConfig.prefetch must be a bool, got {self.prefetch!r}")
 
 
-@dataclass(frozen=True)
-class HoldConfig:
-    """One launch of the holding kernel (``quantize_fp8_rowwise_3d(along="N")``, ``quantize_fp8_rowwise_k_groups``):
-    a persistent grid of programs that each read a strip of up to ``hold_rows`` rows once and hold it in registers;
-    longer strips walk in two passes, as ``WalkConfig``'s kernel."""
-
-    # Columns of a strip, a power of two (strip_cols x 2 bytes of each bf16 row: 16 columns = one 32-byte sector).
-    strip_cols: int
-    # The longest strip read once and held whole, a power of two: hold_rows x strip_cols elements in registers.
-    hold_rows: int
-    # Rows per step of the two passes of a longer (or unaligned) strip, a power of two.
-    step_rows: int = 256
-    # Warps per program.
-    num_warps: int = 8
-    # Programs per SM in the persistent grid (SMs x this).
-    programs_per_sm: int = 2
-
-    def __post_init__(self):
-        check_fields_power_of_two(self, "strip_cols", "hold_rows", "step_rows", "num_warps")
-        check_int("HoldConfig.programs_per_sm", self.programs_per_sm, 1, 32)
-
-    def holds(self, rows: int) -> bool:
-        """Whether a strip of ``rows`` rows on 16-row boundaries is read once."""
-        return rows <= self.hold_rows
-
-
-# The holding kernel's defaults: each thread holds HOLD_PER_THREAD elements, a program up to HOLD_MAX_WARPS warps
-# (32768 elements, 64 KiB of bf16); strips of 64 columns (whole 128-byte lines of each bf16 row) down to 16 (one
-# 32-byte sector). At 64 a thread, 16 warps compile to 126-128 registers (sm_90, triton 3.9: 0-56 bytes of stack);
-# at 128 a thread, 384 bytes of stack. Predictions in docs/perf-log.md (2026-11-29), not measured yet.
-HOLD_PER_THREAD = 64
-HOLD_MAX_WARPS = 16
-_HOLD_STRIP_MAX, _HOLD_STRIP_MIN = 64, 16
-
-
-def hold_config(rows: int) -> HoldConfig | None:
-    """The holding launch for strips of up to ``rows`` rows: the widest strip (64 columns down to 16) whose
-    next_pow2(rows) x strip elements fit HOLD_MAX_WARPS warps of HOLD_PER_THREAD each, as many warps as it takes
-    (4 at least), two programs per SM up to 8 warps. None where even 16 columns do not fit."""
-    hold = max(triton.next_power_of_2(max(rows, 1)), 16)
-    most = HOLD_MAX_WARPS * 32 * HOLD_PER_THREAD
-    strip = min(_HOLD_STRIP_MAX, most // hold)
-    if strip < _HOLD_STRIP_MIN:
-        return None
-    warps = min(max(hold * strip // (32 * HOLD_PER_THREAD), 4), HOLD_MAX_WARPS)
-    return HoldConfig(strip_cols=strip, hold_rows=hold, num_warps=warps, programs_per_sm=2 if warps <= 8 else 1)
-
-
 # The strips kernel in one launch, pass 2 reading from L2 (K_GROUPS_CONFIG is the same launch split in two).
 COLWISE_CONFIG = ColwiseConfig(strip_cols=16, chunk_rows=512, step_rows=512, group_cols=256, num_warps=8)
 # 3D along N: the walking kernel, strips of 64 columns in 512-row steps, one program per SM (measured faster than the
@@ -465,29 +376,11 @@ K_GROUPS_CONFIG = ColwiseConfig(strip_cols=64, chunk_rows=512, step_rows=128, gr
 TWO_PASS_COLWISE_CONFIG = TwoPassColwiseConfig(64, 64, num_warps=4)
 
 
-def along_n_config(rows: int) -> HoldConfig | WalkConfig:
-    """The default launch of 3D weights along N with ``rows`` (N) rows an expert: the holding kernel where a strip
-    of the expert's N rows fits its registers (one read), else the walking kernel (``ALONG_N_CONFIG``)."""
-    return hold_config(rows) or ALONG_N_CONFIG
-
-
-# Room the k_groups default leaves over the average group (rows / groups): routing is rarely balanced.
-K_GROUPS_HOLD_ROOM = 1.25
-
-
-def k_groups_config(rows: int, groups: int) -> HoldConfig | ColwiseConfig:
-    """The default k_groups launch for ``rows`` rows in ``groups`` groups (sizes unknown on the host: no sync): the
-    holding kernel where a group K_GROUPS_HOLD_ROOM times the average fits its registers (fine-grained experts, ~512
-    to ~2048 rows a group: one read; a larger group walks in two passes), else the split strips launch
-    (``K_GROUPS_CONFIG``: groups of many thousand rows, two reads)."""
-    average = -(-rows // max(groups, 1))
-    return hold_config(int(average * K_GROUPS_HOLD_ROOM)) or K_GROUPS_CONFIG
-
-
-def reads_twice(config: ColwiseConfig | WalkConfig | TwoPassColwiseConfig | HoldConfig) -> bool:
+def reads_twice(config) -> bool:
     """Whether a launch of ``config`` reads its input twice from device memory (what the costs count): the two-pass
     colwise kernel and the split strips launch do; the one-launch strips kernel and the walking kernel take their
-    second read from L2, and the holding kernel reads strips of up to ``hold_rows`` rows once (longer ones walk)."""
+    second read from L2, and so does ``fp8_hold``'s holding kernel (strips of up to ``hold_rows`` rows read once,
+    longer ones walking)."""
     return isinstance(config, TwoPassColwiseConfig) or (isinstance(config, ColwiseConfig) and config.split)
 
 
@@ -497,7 +390,7 @@ def reads_twice(config: ColwiseConfig | WalkConfig | TwoPassColwiseConfig | Hold
 
 
 def launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_strides, config) -> None:
-    """Run the kernel ``config`` names (a ``HoldConfig``, ``WalkConfig``, ``TwoPassColwiseConfig`` or ``ColwiseConfig``) on
+    """Run the kernel ``config`` names (a ``WalkConfig``, a ``TwoPassColwiseConfig`` or a ``ColwiseConfig``) on
     inputs the caller has checked. Group g is rows [start, end) of the matrix at x + g * x_strides[0], start/end from
     ``offs`` (int32 (groups,) group ends, read on the device) or [0, rows) where offs is None; x_strides are x's
     (group, row, column) strides and q_strides q's (group, column) ones, in elements. Element (m, c) of group g goes
@@ -509,14 +402,6 @@ def launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_stride
             x, offs, q.view(torch.uint8), scale, rows, cols, groups, programs, *x_strides, *q_strides,
             HAS_OFFS=offs is not None, STRIP=config.strip_cols, STEP=config.step_rows, STAGES=config.num_stages,
             PREFETCH=config.prefetch, EXACT=INTERPRET, num_warps=config.num_warps,
-        )  # fmt: skip
-        return
-    if isinstance(config, HoldConfig):
-        programs = persistent_programs(groups * triton.cdiv(cols, config.strip_cols), x.device, config.programs_per_sm)
-        _hold_kernel[(programs,)](
-            x, offs, q.view(torch.uint8), scale, rows, cols, groups, programs, *x_strides, *q_strides,
-            HAS_OFFS=offs is not None, STRIP=config.strip_cols, HOLD=config.hold_rows, STEP=config.step_rows,
-            EXACT=INTERPRET, num_warps=config.num_warps,
         )  # fmt: skip
         return
     if isinstance(config, TwoPassColwiseConfig):
