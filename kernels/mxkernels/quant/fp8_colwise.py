@@ -259,15 +259,34 @@ def _walk_kernel(
     neighbouring strips of one group, which share their rows' sectors."""
     n_strips = tl.cdiv(cols, STRIP)
     for item in range(tl.program_id(0), G * n_strips, PROGRAMS):
-        g = item // n_strips
-        c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
-        col_ok = c < cols
-        start, end, x_cols, q_cols = group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc,
-                                                    stride_qg, stride_qc, HAS_OFFS)  # fmt: skip
-        amax = strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
-        scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
-        tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
-        strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH, EXACT)
+        g, c, col_ok, start, end, x_cols, q_cols = strip_of(item, n_strips, x_ptr, q_ptr, offs_ptr, rows, cols,
+                                                            stride_xg, stride_xc, stride_qg, stride_qc, STRIP,
+                                                            HAS_OFFS)  # fmt: skip
+        walk_strip(x_cols, q_cols, scale_ptr + g * cols + c, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH,
+                   EXACT)  # fmt: skip
+
+
+@triton.jit
+def strip_of(item, n_strips, x_ptr, q_ptr, offs_ptr, rows, cols, stride_xg, stride_xc, stride_qg, stride_qc,
+             STRIP: tl.constexpr, HAS_OFFS: tl.constexpr):  # fmt: skip
+    """The strip a persistent program takes as work item ``item`` (n_strips strips a group, groups one after the
+    other): its group g, columns c (col_ok: those that exist), rows [start, end) and pointers (``group_columns``)."""
+    g = item // n_strips
+    c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
+    start, end, x_cols, q_cols = group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg,
+                                               stride_qc, HAS_OFFS)  # fmt: skip
+    return g, c, c < cols, start, end, x_cols, q_cols
+
+
+@triton.jit
+def walk_strip(x_cols, q_cols, scale_ptr, col_ok, start, end, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr,
+               PREFETCH: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    """Both passes of the walking kernel over a strip's rows [start, end): the amax, the scale (to scale_ptr, one a
+    column), then the scale and cast stored transposed."""
+    amax = strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
+    scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
+    tl.store(scale_ptr, scale, mask=col_ok)
+    strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH, EXACT)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -22,15 +22,7 @@ import triton.language as tl
 
 from ..core.block_math import abs_max_bits, fp8_scale_and_reciprocal, to_e4m3_bits, to_fp32
 from ..core.runtime import INTERPRET, check_fields_power_of_two, check_int, persistent_programs
-from .fp8_colwise import (
-    ALONG_N_CONFIG,
-    K_GROUPS_CONFIG,
-    ColwiseConfig,
-    WalkConfig,
-    group_columns,
-    strip_amax,
-    strip_scale_rows,
-)
+from .fp8_colwise import ALONG_N_CONFIG, K_GROUPS_CONFIG, ColwiseConfig, WalkConfig, strip_of, walk_strip
 
 # ---------------------------------------------------------------------------------------------------------------
 # Triton kernel
@@ -62,20 +54,15 @@ def _hold_kernel(
     in flight per program. A longer or unaligned strip takes the walking kernel's two passes in STEP-row steps."""
     n_strips = tl.cdiv(cols, STRIP)
     for item in range(tl.program_id(0), G * n_strips, PROGRAMS):
-        g = item // n_strips
-        c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
-        col_ok = c < cols
-        start, end, x_cols, q_cols = group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc,
-                                                    stride_qg, stride_qc, HAS_OFFS)  # fmt: skip
+        g, c, col_ok, start, end, x_cols, q_cols = strip_of(item, n_strips, x_ptr, q_ptr, offs_ptr, rows, cols,
+                                                            stride_xg, stride_xc, stride_qg, stride_qc, STRIP,
+                                                            HAS_OFFS)  # fmt: skip
         if (end - start <= HOLD) & (start % 16 == 0) & (end % 16 == 0):
             # Rounded to say the alignment (16-byte transposed stores), as in ``strip_scale_rows``.
             _hold_strip(x_cols, q_cols, scale_ptr + g * cols + c, col_ok, start // 16 * 16, end // 16 * 16,
                         stride_xm, HOLD, EXACT)  # fmt: skip
         else:
-            amax = strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, 1, True)
-            scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
-            tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
-            strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, 1, True, EXACT)
+            walk_strip(x_cols, q_cols, scale_ptr + g * cols + c, col_ok, start, end, stride_xm, STEP, 1, True, EXACT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
