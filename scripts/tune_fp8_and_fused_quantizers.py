@@ -2,7 +2,7 @@
 quantizers, each checked bit-exact and timed beside its old default and the streaming roof.
 
     python scripts/tune_fp8_and_fused_quantizers.py [--out PATH] [--budget-s 170] [--samples 10]
-        [--only fp8,along_n,fused,amax]
+        [--only fp8,along_n,fused,amax,fine]
 
 DeepSeek-V3 sizes (M = 131072 tokens in G = 8 balanced groups, K = 7168, N = 2048, bf16, RCEIL), plus Llama 4
 Scout's weights (16, 8192, 5120) for quantize_3d along N. First the roof: the Triton streaming kernels of
@@ -17,7 +17,9 @@ launch is printed and skipped; launches left when the time budget runs out are l
 the strips kernel three times (its last-arriver pass 2 races if anything does) and every group-aware launch on
 groups that are empty or off 16-row boundaries. The "amax" group: the FP8 rowwise quantizers of ``fp8_amax`` (a
 tensor's first quantizer folding the column amaxes per group, its second scaling from them), beside the unfused
-quantizers they replace. Last, the table and the JSON (``--out``, default
+quantizers they replace. The "fine" group (issue 32): the 3D-along-N and k_groups quantizers at Qwen3-30B-A3B's,
+gpt-oss-120b's and DeepSeek-V3's shapes (131072 routed rows, 128 or 8 balanced groups), old default, new default
+(the holding kernel where a strip fits) and holding launches. Last, the table and the JSON (``--out``, default
 ``$OUT/tune_fp8_and_fused_quantizers.json``, ``$OUT`` default ./out).
 """
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from mxkernels.quant import fp8_amax as A
 from mxkernels.quant import fp8_colwise as C
+from mxkernels.quant import fp8_hold as H
 from mxkernels.quant import fp8_rowwise as F
 from mxkernels.layouts import scale_layout
 from mxkernels.quant import quantize as Q
@@ -100,13 +103,13 @@ def fp8_rows_case(name: str, shape: tuple[int, ...], launches: list[tuple[str, s
 
 
 def fp8_cols_case(name: str, launches: list[tuple[str, str, object]], k_groups: tuple[int, list[int]] | None,
-                  weights: tuple[int, int, int] = (G, N, K)) -> Case:  # fmt: skip
-    """3D along N of ``weights`` (default DeepSeek-V3's), or (k_groups = (R, sizes)) the k_groups quantizer of an
-    (M, R)."""
+                  weights: tuple[int, int, int] = (G, N, K), group: str = "fp8", rows: int = M) -> Case:  # fmt: skip
+    """3D along N of ``weights`` (default DeepSeek-V3's), or (k_groups = (R, sizes)) the k_groups quantizer of a
+    (rows, R)."""
     if k_groups is None:
         elems, scales = weights[0] * weights[1] * weights[2], weights[0] * weights[2]
     else:
-        elems, scales = M * k_groups[0], len(k_groups[1]) * k_groups[0]
+        elems, scales = rows * k_groups[0], len(k_groups[1]) * k_groups[0]
 
     def setup():
         if k_groups is None:
@@ -115,13 +118,51 @@ def fp8_cols_case(name: str, launches: list[tuple[str, str, object]], k_groups: 
             call = lambda c: F.quantize_fp8_rowwise_3d(w, along="N", config=c)
             keep = {"w": w}
         else:
-            x, offs = make_input((M, k_groups[0])), offsets(k_groups[1])
+            x, offs = make_input((rows, k_groups[0])), offsets(k_groups[1])
             ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
             call = lambda c: F.quantize_fp8_rowwise_k_groups(x, offs, config=c)
             keep = {"x": x, "offs": offs}
         return keep, ref, [Launch(label, role, lambda c=c: call(c)) for label, role, c in launches]
 
-    return Case(name, "fp8", elems * 3 + 4 * scales, setup)
+    return Case(name, group, elems * 3 + 4 * scales, setup)
+
+
+# Fine-grained shapes (issue 32): 131072 routed rows in 128 balanced groups; the experts' weights (G, N, K) with
+# N the along-N contraction (gate | up stacked: 2 x the intermediate size). DeepSeek-V3 (8 experts a GPU) beside them
+# as the control the defaults must not move.
+FINE_ROWS = 131072
+FINE = {
+    "qwen3-30b-a3b": {"groups": 128, "weights": [(128, 1536, 2048), (128, 2048, 768)], "k_groups": [2048, 1536, 768]},
+    "gpt-oss-120b": {"groups": 128, "weights": [(128, 5760, 2880), (128, 2880, 2880)], "k_groups": [2880, 5760]},
+    "deepseek-v3": {"groups": 8, "weights": [(8, 4096, 7168), (8, 7168, 2048)], "k_groups": [7168, 4096]},
+}
+
+
+def fine_cases() -> list[Case]:
+    """The 3D-along-N and k_groups quantizers at the fine-grained shapes: the old default (walking / split strips),
+    the new default (``along_n_config`` / ``k_groups_config``: holding where a strip fits) and holding launches."""
+    Hold = H.HoldConfig
+    holds = [("hold 64 x 512 w16 1/SM", "candidate", Hold(64, 512, num_warps=16, programs_per_sm=1)),
+             ("hold 32 x 1024 w16 1/SM", "candidate", Hold(32, 1024, num_warps=16, programs_per_sm=1)),
+             ("hold 16 x 2048 w16 1/SM", "candidate", Hold(16, 2048, num_warps=16, programs_per_sm=1)),
+             ("hold 16 x 1024 w8 2/SM", "candidate", Hold(16, 1024, num_warps=8, programs_per_sm=2)),
+             ("hold 16 x 2048 w8 1/SM", "candidate", Hold(16, 2048, num_warps=8, programs_per_sm=1)),
+             ("hold 8 x 4096 w16 1/SM (half sectors)", "candidate", Hold(8, 4096, num_warps=16, programs_per_sm=1))]  # fmt: skip
+    out = []
+    for model, spec in FINE.items():
+        g = spec["groups"]
+        sizes = [FINE_ROWS // g] * g
+        for shape in spec["weights"]:
+            launches = [("old: walking 64 x 512 w8", "old", C.ALONG_N_CONFIG), (f"new: {H.along_n_config(shape[1])}", "new", None)]
+            launches += [h for h in holds if h[2].hold_rows >= shape[1]]
+            out.append(fp8_cols_case(f"fine {model} W{shape} along N", launches, None, shape, group="fine"))
+        for r in spec["k_groups"]:
+            launches = [("old: split strips 64 x 512", "old", C.K_GROUPS_CONFIG),
+                        (f"new: {H.k_groups_config(FINE_ROWS, g)}", "new", None)]
+            launches += [h for h in holds if h[2].hold_rows >= FINE_ROWS // g]
+            out.append(fp8_cols_case(f"fine {model} k_groups ({FINE_ROWS}, {r}) G={g}", launches, (r, sizes),
+                                     group="fine", rows=FINE_ROWS))  # fmt: skip
+    return out
 
 
 def along_n_case(name: str, shape: tuple[int, int, int], launches: list[tuple[str, str, object]]) -> Case:
@@ -295,7 +336,7 @@ def cases() -> list[Case]:
         from_amax_case("amax: W along N from table (8, 2048, 7168)", pass2, None),
         from_amax_case(f"amax: W along N from table Scout {SCOUT}", pass2, None, SCOUT),
     ]
-    return amax_cases + [
+    return fine_cases() + amax_cases + [
         fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
             ("one read (2, 8192) w16", "candidate", F.Fp8RowwiseConfig(2, 8192, 16)),
@@ -416,7 +457,7 @@ def line(r: dict) -> str:
 
 def main() -> None:
     os.environ.setdefault("OUT", "out")
-    session = start(SCRIPT, __doc__.split("\n\n")[0], "fp8,along_n,fused,amax", "comma-separated groups", M, K)
+    session = start(SCRIPT, __doc__.split("\n\n")[0], "fp8,along_n,fused,amax,fine", "comma-separated groups", M, K)
     args, t0 = session.args, session.t0
     if args.out is None:
         args.out = os.path.join(os.environ["OUT"], f"{SCRIPT}.json")

@@ -13,6 +13,7 @@ import torch
 from crosscompile import compile_ptx
 from kernel_helpers import offsets
 from mxkernels.quant import fp8_colwise as C
+from mxkernels.quant import fp8_hold as H
 from mxkernels.quant import fp8_rowwise as F
 from mxkernels.core.cost import Cost
 
@@ -186,6 +187,9 @@ COLWISE_CONFIGS = {
     "two-pass kernel": C.TWO_PASS_COLWISE_CONFIG,
     "walk, prefetch": C.WalkConfig(strip_cols=8, step_rows=16, num_warps=2),  # 4 "SMs" on CPU: programs walk
     "walk, pipelined": C.WalkConfig(strip_cols=16, step_rows=32, prefetch=False, num_stages=2, programs_per_sm=2),
+    # Holding: strips of up to 64 rows held (the others, and unaligned ones, walk in 16-row steps); all held.
+    "hold, some walk": H.HoldConfig(strip_cols=8, hold_rows=64, step_rows=16, num_warps=2),
+    "hold": H.HoldConfig(strip_cols=16, hold_rows=256, step_rows=32, num_warps=4, programs_per_sm=1),
 }  # fmt: skip
 # Group sizes: empty groups first, inside and last; sizes on and off 16-row boundaries (the vector and the byte
 # stores of pass 2); a group of many chunks; offs[-1] < M (the rows after belong to no group).
@@ -245,9 +249,13 @@ def test_costs_are_hand_counts():
     assert F.quantize_fp8_rowwise_cost(16, 64, torch.bfloat16) == Cost(16 * 64 * 2, 16 * 64 + 16 * 4)
     assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.float32, "K") == Cost(2 * 8 * 32 * 4, 512 + 2 * 8 * 4)
     assert F.quantize_fp8_rowwise_3d_cost(2, 8, 32, torch.bfloat16, "N") == Cost(2 * 8 * 32 * 2, 512 + 2 * 32 * 4)
-    # k_groups by default (split: a group's column needs all its rows, read again from device memory): two reads
+    # k_groups by default with groups of ~43 rows: the holding kernel, one read (fine-grained groups held whole)
     assert F.quantize_fp8_rowwise_k_groups_cost(128, 24, 3, torch.bfloat16) == Cost(
-        2 * 128 * 24 * 2, 128 * 24 + 3 * 24 * 4
+        128 * 24 * 2, 128 * 24 + 3 * 24 * 4
+    )
+    # with groups of 16384 rows (split: a group's column needs all its rows, read again from device memory): two reads
+    assert F.quantize_fp8_rowwise_k_groups_cost(131072, 24, 8, torch.bfloat16) == Cost(
+        2 * 131072 * 24 * 2, 131072 * 24 + 8 * 24 * 4
     )
 
 
@@ -358,3 +366,78 @@ def test_gpu_quantizers_bit_exact_at_deepseek_shapes():
     q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
     assert_same_bytes(q, q_ref)
     assert torch.equal(scale, scale_ref)
+
+
+# ---- the holding kernel at fine-grained widths (issue 32) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("R", [2880, 40])
+def test_k_groups_default_holds_tiny_and_empty_groups_at_odd_widths(device, R, poisoned_empty):
+    """The default (holding) launch at widths no power-of-two strip of 128+ divides (2880 = 45 x 64; 40), with empty
+    groups first, inside and last, groups on 16-row boundaries (held: 16, 32, 48 rows), a 1-row group off them
+    (walked), and rows past offs[-1]."""
+    gen = torch.Generator().manual_seed(7)
+    sizes = [0, 16, 0, 32, 48, 1, 0]
+    x = (torch.randn(112, R, generator=gen) * torch.logspace(-12, 12, R, base=2.0)).to(device).bfloat16()
+    offs = offsets(sizes, device)
+    assert isinstance(H.k_groups_config(112, len(sizes)), H.HoldConfig)
+    q, scale = F.quantize_fp8_rowwise_k_groups(x, offs)
+    q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+    assert_same_bytes(q[:, : sum(sizes)], q_ref[:, : sum(sizes)])
+    assert torch.equal(scale, scale_ref)
+
+
+def test_hold_defaults_pick_by_rows():
+    """Holding where a strip of 16+ columns of the rows fits 16 warps x 64 elements; else the old launches."""
+    assert H.along_n_config(1536) == H.HoldConfig(16, 2048, num_warps=16, programs_per_sm=1)
+    assert H.along_n_config(768) == H.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1)
+    assert H.along_n_config(40) == H.HoldConfig(64, 64, num_warps=4, programs_per_sm=2)
+    assert H.along_n_config(2880) is C.ALONG_N_CONFIG and H.along_n_config(7168) is C.ALONG_N_CONFIG
+    assert isinstance(H.k_groups_config(131072, 128), H.HoldConfig)  # 1024 rows a group, 1280 with room: 2048
+    assert H.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG  # 16384 rows a group: split strips
+    with pytest.raises(ValueError, match="hold_rows"):
+        H.HoldConfig(16, 1000)
+
+
+# In the kernel's parameter order: ``aligned`` names are placed by their index in this dict.
+_HOLD_SIG = {"x_ptr": "*bf16", "offs_ptr": "*i32", "q_ptr": "*u8", "scale_ptr": "*fp32",
+             **{a: "i32" for a in ("rows", "cols", "G", "PROGRAMS", "stride_xg", "stride_xm")}, "stride_xc": "constexpr",
+             "stride_qg": "i32", "stride_qc": "i32",
+             **{c: "constexpr" for c in ("HAS_OFFS", "STRIP", "HOLD", "STEP", "EXACT")}}  # fmt: skip
+
+
+@pytest.mark.parametrize("has_offs", [True, False], ids=["k_groups", "3d"])
+def test_hold_kernel_compiles_to_16_byte_loads_and_stores(has_offs):
+    """The holding kernel at the Qwen3-30B-A3B default (16 x 2048, 16 warps) for sm_90: the held strip is loaded in
+    16-byte vectors (no 2-byte loads) and stored transposed in 16-byte vectors, with the e4m3 hardware cast."""
+    constexprs = {"HAS_OFFS": has_offs, "STRIP": 16, "HOLD": 2048, "STEP": 256, "EXACT": False, "stride_xc": 1}
+    aligned = ("x_ptr", "q_ptr", "scale_ptr", "rows", "cols", "stride_xg", "stride_xm", "stride_qg", "stride_qc")
+    ptx = compile_ptx("mxkernels.quant.fp8_hold", "_hold_kernel", _HOLD_SIG, constexprs, 90, aligned,
+                      {"num_warps": 16})  # fmt: skip
+    assert "ld.global.v4.b32" in ptx and "ld.global.b16" not in ptx
+    assert "st.global.v4.b32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+@pytest.mark.gpu
+def test_gpu_hold_defaults_bit_exact_at_fine_grained_shapes(poisoned_empty):
+    """The holding defaults at Qwen3-30B-A3B's weights and groups (128 experts; 1024-row groups, ragged ones with
+    empty, tiny, unaligned and over-long groups that walk) and gpt-oss-120b's odd width (2880), poisoned outputs."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for shape in ((128, 1536, 2048), (128, 2048, 768)):
+        w = (torch.randn(shape, device="cuda", generator=gen) * shape[2] ** -0.5).bfloat16()
+        assert isinstance(H.along_n_config(shape[1]), H.HoldConfig)
+        q, scale = F.quantize_fp8_rowwise_3d(w, along="N")
+        q_ref, scale_ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
+        assert_same_bytes(q, q_ref)
+        assert torch.equal(scale, scale_ref)
+    ragged = [1024] * 120 + [0, 1, 16, 37, 2000, 4096, 0, 1024]  # 128 groups; the 2000 and 4096 walk
+    for R, sizes in ((2880, [1024] * 128), (768, ragged)):
+        M = max(sum(sizes), 131072)
+        x = torch.randn(M, R, device="cuda", generator=gen).bfloat16()
+        offs = offsets(sizes, "cuda")
+        assert isinstance(H.k_groups_config(M, len(sizes)), H.HoldConfig)
+        q, scale = F.quantize_fp8_rowwise_k_groups(x, offs)
+        q_ref, scale_ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
+        end = sum(sizes)
+        assert_same_bytes(q[:, :end], q_ref[:, :end])
+        assert torch.equal(scale, scale_ref)

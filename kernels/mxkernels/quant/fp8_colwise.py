@@ -46,7 +46,7 @@ _UNALIGNED_STEP: tl.constexpr = tl.constexpr(64)
 
 
 @triton.jit
-def _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg, stride_qc,
+def group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg, stride_qc,
                    HAS_OFFS: tl.constexpr):  # fmt: skip
     """Rows [start, end) of group g (from ``offs``, or all ``rows`` of the g-th matrix) and the pointers of its
     columns c in x and, transposed, in q (add a row index m: x_cols + m * stride_xm, q_cols + m)."""
@@ -78,7 +78,7 @@ def _colwise_kernel(
     g = tl.program_id(1)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = c < cols
-    start, end, x_cols, q_cols = _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg,
+    start, end, x_cols, q_cols = group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg,
                                                 stride_qc, HAS_OFFS)  # fmt: skip
 
     amax = tl.zeros((BLOCK_C,), tl.float32)
@@ -114,11 +114,11 @@ def _strip_scale_pass(
         amax_bits = tl.load(amax_ptr, mask=col_ok, other=0)
     scale, recip = fp8_scale_and_reciprocal(amax_bits.to(tl.float32, bitcast=True))
     tl.store(scale_ptr, scale, mask=c < scale_limit)
-    _strip_scale_rows(x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP, STAGES, PREFETCH, EXACT)
+    strip_scale_rows(x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP, STAGES, PREFETCH, EXACT)
 
 
 @triton.jit
-def _strip_scale_rows(
+def strip_scale_rows(
     x_cols, q_cols, recip, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr,
     PREFETCH: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
@@ -223,7 +223,7 @@ def _strips_kernel(
 
 
 @triton.jit
-def _strip_amax(x_cols, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr):
+def strip_amax(x_cols, col_ok, lo, hi, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr):
     """amax bits (int32) of rows [lo, hi) of a strip's columns, STEP rows at a time, with the loads kept in flight as
     in ``_strip_scale_steps`` (PREFETCH: the next step's load issued first; else STAGES-deep pipelining)."""
     amax = tl.zeros((x_cols.shape[1],), tl.int32)
@@ -259,15 +259,34 @@ def _walk_kernel(
     neighbouring strips of one group, which share their rows' sectors."""
     n_strips = tl.cdiv(cols, STRIP)
     for item in range(tl.program_id(0), G * n_strips, PROGRAMS):
-        g = item // n_strips
-        c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
-        col_ok = c < cols
-        start, end, x_cols, q_cols = _group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc,
-                                                    stride_qg, stride_qc, HAS_OFFS)  # fmt: skip
-        amax = _strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
-        scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
-        tl.store(scale_ptr + g * cols + c, scale, mask=col_ok)
-        _strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH, EXACT)
+        g, c, col_ok, start, end, x_cols, q_cols = strip_of(item, n_strips, x_ptr, q_ptr, offs_ptr, rows, cols,
+                                                            stride_xg, stride_xc, stride_qg, stride_qc, STRIP,
+                                                            HAS_OFFS)  # fmt: skip
+        walk_strip(x_cols, q_cols, scale_ptr + g * cols + c, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH,
+                   EXACT)  # fmt: skip
+
+
+@triton.jit
+def strip_of(item, n_strips, x_ptr, q_ptr, offs_ptr, rows, cols, stride_xg, stride_xc, stride_qg, stride_qc,
+             STRIP: tl.constexpr, HAS_OFFS: tl.constexpr):  # fmt: skip
+    """The strip a persistent program takes as work item ``item`` (n_strips strips a group, groups one after the
+    other): its group g, columns c (col_ok: those that exist), rows [start, end) and pointers (``group_columns``)."""
+    g = item // n_strips
+    c = (item % n_strips) * STRIP + tl.arange(0, STRIP)
+    start, end, x_cols, q_cols = group_columns(x_ptr, q_ptr, offs_ptr, g, c, rows, stride_xg, stride_xc, stride_qg,
+                                               stride_qc, HAS_OFFS)  # fmt: skip
+    return g, c, c < cols, start, end, x_cols, q_cols
+
+
+@triton.jit
+def walk_strip(x_cols, q_cols, scale_ptr, col_ok, start, end, stride_xm, STEP: tl.constexpr, STAGES: tl.constexpr,
+               PREFETCH: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    """Both passes of the walking kernel over a strip's rows [start, end): the amax, the scale (to scale_ptr, one a
+    column), then the scale and cast stored transposed."""
+    amax = strip_amax(x_cols, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH)
+    scale, recip = fp8_scale_and_reciprocal(amax.to(tl.float32, bitcast=True))
+    tl.store(scale_ptr, scale, mask=col_ok)
+    strip_scale_rows(x_cols, q_cols, recip, col_ok, start, end, stride_xm, STEP, STAGES, PREFETCH, EXACT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -376,10 +395,11 @@ K_GROUPS_CONFIG = ColwiseConfig(strip_cols=64, chunk_rows=512, step_rows=128, gr
 TWO_PASS_COLWISE_CONFIG = TwoPassColwiseConfig(64, 64, num_warps=4)
 
 
-def reads_twice(config: ColwiseConfig | WalkConfig | TwoPassColwiseConfig) -> bool:
+def reads_twice(config) -> bool:
     """Whether a launch of ``config`` reads its input twice from device memory (what the costs count): the two-pass
     colwise kernel and the split strips launch do; the one-launch strips kernel and the walking kernel take their
-    second read from L2."""
+    second read from L2, and so does ``fp8_hold``'s holding kernel (strips of up to ``hold_rows`` rows read once,
+    longer ones walking)."""
     return isinstance(config, TwoPassColwiseConfig) or (isinstance(config, ColwiseConfig) and config.split)
 
 

@@ -30,11 +30,13 @@ Kernels, each launched from a frozen config passed as ``config=`` (None: the def
   (``next_pow2(K) <= block_cols``) is loaded once, held in registers while its amax is reduced, then scaled and
   cast: one read. Longer rows take two passes (amax, then scale and cast) in steps of ``block_cols``; the second
   read is real traffic, and ``quantize_fp8_rowwise_cost`` counts it.
-* for the last two, whose scale spans a whole column of a group, the column-direction kernels of ``fp8_colwise``
-  with their configs: strips (``ColwiseConfig``; split, the k_groups default ``K_GROUPS_CONFIG``), walking
-  (``WalkConfig``, the 3D-along-N default ``ALONG_N_CONFIG``) and the two-pass colwise kernel
-  (``TwoPassColwiseConfig``). The wrappers here check the inputs and call ``fp8_colwise.launch_colwise``; the costs
-  here count a second read where ``fp8_colwise.reads_twice`` says the launch rereads from device memory.
+* for the last two, whose scale spans a whole column of a group, the column-direction kernels with their configs:
+  ``fp8_hold``'s holding kernel (``HoldConfig``: a strip of a group's rows read once and held in registers; the
+  default where a strip fits, ``fp8_hold.along_n_config`` / ``k_groups_config``) and ``fp8_colwise``'s strips
+  (``ColwiseConfig``; split, the k_groups default for long groups ``K_GROUPS_CONFIG``), walking (``WalkConfig``, the
+  3D-along-N default for long columns ``ALONG_N_CONFIG``) and two-pass colwise (``TwoPassColwiseConfig``) kernels.
+  The wrappers here check the inputs and launch the kernel the config names; the costs here count a second read
+  where ``fp8_colwise.reads_twice`` says the launch rereads from device memory.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import fp8_colwise
+from . import fp8_colwise, fp8_hold
 from ..core.block_math import (
     AMAX_FLOOR,
     abs_max_bits,
@@ -71,7 +73,12 @@ from ..core.runtime import (
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
 # The column-direction kernels' configs (3D along N, k_groups). Used through the module, not imported by name, so
 # that this module's namespace holds none of fp8_colwise's names.
-_COLWISE_CONFIGS = (fp8_colwise.ColwiseConfig, fp8_colwise.WalkConfig, fp8_colwise.TwoPassColwiseConfig)
+_COLWISE_CONFIGS = (
+    fp8_hold.HoldConfig,
+    fp8_colwise.ColwiseConfig,
+    fp8_colwise.WalkConfig,
+    fp8_colwise.TwoPassColwiseConfig,
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -263,6 +270,7 @@ def quantize_fp8_rowwise_3d(
     along: str = "K",
     *,
     config: Fp8RowwiseConfig
+    | fp8_hold.HoldConfig
     | fp8_colwise.ColwiseConfig
     | fp8_colwise.WalkConfig
     | fp8_colwise.TwoPassColwiseConfig
@@ -273,7 +281,8 @@ def quantize_fp8_rowwise_3d(
     along="K" (forward, out = x @ w_g.T): q (G, N, K), scale (G, N), amax over k.
     along="N" (backward input, dx = dy @ w_g): q (G, K, N) with N contiguous, scale (G, K), amax over n.
     ``config``: the launch. Along K a ``Fp8RowwiseConfig`` (None: ``default_rowwise_config(K)``); along N one of
-    ``fp8_colwise``'s: a ``WalkConfig`` (the walking kernel; None: ``ALONG_N_CONFIG``), a ``ColwiseConfig`` (the
+    ``fp8_colwise``'s: a ``HoldConfig`` (the holding kernel), a ``WalkConfig`` (the walking kernel; None:
+    ``fp8_hold.along_n_config(N)``, holding where a strip of N rows fits, else walking), a ``ColwiseConfig`` (the
     strips kernel) or a ``TwoPassColwiseConfig`` (the two-pass colwise kernel).
     """
     check_tensor("w", w, dtypes=INPUT_DTYPES, ndim=3)
@@ -290,8 +299,8 @@ def quantize_fp8_rowwise_3d(
     q = torch.empty(G, K, N, dtype=DATA_DTYPE, device=w.device)
     scale = torch.empty(G, K, dtype=torch.float32, device=w.device)
     if q.numel():
-        fp8_colwise.launch_colwise(w, None, q, scale, G, rows=N, cols=K, x_strides=w.stride(), q_strides=(K * N, N),
-                                   config=config or fp8_colwise.ALONG_N_CONFIG)  # fmt: skip
+        _launch_columns(w, None, q, scale, G, rows=N, cols=K, x_strides=w.stride(), q_strides=(K * N, N),
+                        config=config or fp8_hold.along_n_config(N))  # fmt: skip
     return q, scale
 
 
@@ -299,7 +308,11 @@ def quantize_fp8_rowwise_k_groups(
     x: torch.Tensor,
     offs: torch.Tensor,
     *,
-    config: fp8_colwise.ColwiseConfig | fp8_colwise.WalkConfig | fp8_colwise.TwoPassColwiseConfig | None = None,
+    config: fp8_hold.HoldConfig
+    | fp8_colwise.ColwiseConfig
+    | fp8_colwise.WalkConfig
+    | fp8_colwise.TwoPassColwiseConfig
+    | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-group scales for the 2D x 2D weight-gradient GEMM, which contracts over the token dim M.
 
@@ -308,22 +321,29 @@ def quantize_fp8_rowwise_k_groups(
     Returns q (R, M) e4m3 row-major (M contiguous: pass ``q`` as ``_scaled_grouped_mm``'s row-major mat_a or
     ``q.t()`` as its column-major mat_b) and scale (G, R) fp32, scale[g, r] = amax over group g's rows of
     |x[:, r]| / 448 (floored as above; an empty group counts as all zero). Columns of q past ``offs[-1]`` are not
-    written. ``config``: one of ``fp8_colwise``'s, a ``ColwiseConfig`` (the strips kernel; None: ``K_GROUPS_CONFIG``),
+    written. ``config``: one of ``fp8_colwise``'s (None: ``fp8_hold.k_groups_config(M, G)``, holding for groups
+    of up to ~3300 rows on average, else the split strips ``K_GROUPS_CONFIG``), a ``HoldConfig`` (the holding
+    kernel), a ``ColwiseConfig`` (the strips kernel),
     a ``WalkConfig`` (the walking kernel) or a ``TwoPassColwiseConfig`` (the two-pass colwise kernel).
     """
     check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2, contiguous=False)
     check_group_offsets(offs, x, x.shape[0])
     check_config("config", config, _COLWISE_CONFIGS)
-    config = config or fp8_colwise.K_GROUPS_CONFIG
     M, R = x.shape
     G = offs.numel()
+    config = config or fp8_hold.k_groups_config(M, G)
     q = torch.empty(R, M, dtype=DATA_DTYPE, device=x.device)
     scale = torch.empty(G, R, dtype=torch.float32, device=x.device)
     if R:
-        fp8_colwise.launch_colwise(
-            x, offs, q, scale, G, rows=M, cols=R, x_strides=(0, *x.stride()), q_strides=(0, M), config=config
-        )
+        _launch_columns(x, offs, q, scale, G, rows=M, cols=R, x_strides=(0, *x.stride()), q_strides=(0, M),
+                        config=config)  # fmt: skip
     return q, scale
+
+
+def _launch_columns(x, offs, q, scale, groups, *, config, **geometry) -> None:
+    """The column kernel ``config`` names: ``fp8_hold``'s holding kernel or one of ``fp8_colwise``'s."""
+    launch = fp8_hold.launch_hold if isinstance(config, fp8_hold.HoldConfig) else fp8_colwise.launch_colwise
+    launch(x, offs, q, scale, groups, config=config, **geometry)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -345,7 +365,7 @@ def quantize_fp8_rowwise_3d_cost(G: int, N: int, K: int, in_dtype: torch.dtype, 
     from device memory (see ``quantize_fp8_rowwise_cost``, ``quantize_fp8_rowwise_k_groups_cost``) counts twice."""
     if along == "K":
         return quantize_fp8_rowwise_cost(G * N, K, in_dtype, config)
-    return _colwise_cost(G * N, K, G, in_dtype, config or fp8_colwise.ALONG_N_CONFIG)
+    return _colwise_cost(G * N, K, G, in_dtype, config or fp8_hold.along_n_config(N))
 
 
 def quantize_fp8_rowwise_k_groups_cost(M: int, R: int, G: int, in_dtype: torch.dtype, config=None) -> Cost:
@@ -356,7 +376,7 @@ def quantize_fp8_rowwise_k_groups_cost(M: int, R: int, G: int, in_dtype: torch.d
     ``WalkConfig`` take the second read from L2 when the strips in flight fit there, and the cost counts one read;
     the split ``ColwiseConfig`` (two launches) and the two-pass ``TwoPassColwiseConfig`` kernel reread from device
     memory, and the cost counts both (``fp8_colwise.reads_twice``)."""
-    return _colwise_cost(M, R, G, in_dtype, config or fp8_colwise.K_GROUPS_CONFIG)
+    return _colwise_cost(M, R, G, in_dtype, config or fp8_hold.k_groups_config(M, G))
 
 
 def _colwise_cost(rows: int, cols: int, G: int, in_dtype: torch.dtype, config) -> Cost:

@@ -63,6 +63,11 @@ class Stage:
         return self.spec.pass_
 
     @property
+    def weights_only(self) -> bool:
+        """Whether the stage reads weights alone (``StageSpec.weights_only``): once per optimizer step."""
+        return self.spec.weights_only
+
+    @property
     def category(self) -> Category:
         return self.spec.category
 

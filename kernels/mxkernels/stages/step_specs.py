@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -89,6 +89,11 @@ class StageSpec:
     """True where the contract holds for finite inputs only (no NaN / Inf among the checks' adversarial blocks)."""
     locate: Callable[[str, tuple[int, ...]], tuple[int, tuple]] | None = None
     """(output name, output index) -> (input position, index or slices of that input) that produced it."""
+    weights_only: bool = False
+    """True where every input is an expert weight or made from weights alone (``WEIGHT_ONLY_STAGES``): the outputs
+    change only when the weights do, once per optimizer step, so a trainer accumulating gradients over microbatches
+    computes them once and reuses them (Transformer Engine's first-microbatch caching; ``mxbench layer
+    --microbatches``)."""
 
     @property
     def key(self) -> tuple[Recipe, str]:
@@ -483,11 +488,21 @@ def _bf16() -> list[StageSpec]:
     return [*specs, *_pads(R)]
 
 
+# The stages that read the expert weights and nothing made from tokens: the weights' quantized copies (along K for
+# the forward, along N for dgrad), their scale rearranges, and the fused-scale pair (the column amax it folds is
+# the weights' own). Declared once here, carried by each spec as ``weights_only``.
+WEIGHT_ONLY_STAGES = frozenset({
+    "quantize_w", "rearrange_w", "quantize_w_t", "rearrange_w_t", "quantize_w_blocked", "quantize_w_t_blocked",
+    "quantize_w_amax", "quantize_w_t_from_amax",
+})  # fmt: skip
+
+
 @functools.cache
 def all_specs() -> dict[tuple[Recipe, str], StageSpec]:
     """Every stage spec of the single-GPU step by (recipe, name). The expert-parallel stages are declared the same
     way in ``ep_stages.ep_specs()``, kept apart: their collectives run only inside a process group."""
-    return {s.key: s for s in (*_mxfp8(), *_fp8_rowwise(), *_bf16())}
+    specs = (*_mxfp8(), *_fp8_rowwise(), *_bf16())
+    return {s.key: replace(s, weights_only=True) if s.name in WEIGHT_ONLY_STAGES else s for s in specs}
 
 
 def get_spec(recipe: str, name: str) -> StageSpec:

@@ -87,6 +87,9 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
 @click.option("--backend", help="MXFP8 GEMM backend. [default: the device's best]")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Inputs and routing.")
 @click.option("--samples", type=click.IntRange(min=1), default=25, show_default=True, help="Samples per stage.")
+@click.option("--microbatches", type=click.IntRange(min=1, max=4096), default=1, show_default=True,
+              help="Gradient-accumulation microbatches per optimizer step: also report the step with the "
+              "weight-only stages (the weights' quantizers) counted once per this many.")
 @click.option("--hardware", help=f"Spec of the analytic model without a GPU. [default: {DEFAULT_CARD}]")
 @click.option("--denominator", type=click.Choice(DENOMINATORS), default="datasheet", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
@@ -98,8 +101,8 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
               help="Time another implementation of a layer stage (`mxbench check --layer` passes it first).")
 @force_option
 def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_func, score_after, separate, recipes,
-          routing, fuse, mode, backend, seed, samples, hardware, denominator, out, plot_file, project, impl_texts,
-          force) -> None:  # fmt: skip
+          routing, fuse, mode, backend, seed, samples, microbatches, hardware, denominator, out, plot_file, project,
+          impl_texts, force) -> None:  # fmt: skip
     """Time the MoE layer forward + backward per stage and as one graph, with each recipe's accuracy (SQNR against
     an fp32 run); without a GPU, print and save the analytic model."""
     from mxkernels.stages.layer import check_fuse, layer_stages
@@ -146,13 +149,15 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
 
         options = SweepOptions(samples=samples, out=out, results_dir=RESULTS_DIR, hardware=hardware, backend=backend,
                                denominator=denominator, command=command_line(), impls=impls)  # fmt: skip
-        run = run_layer(shape, points, options, Instruments.real(0, RESULTS_DIR), label=label)
+        run = run_layer(shape, points, options, Instruments.real(0, RESULTS_DIR), label=label,
+                        microbatches=microbatches)
     else:
         from ...storage.results import save_run
         from .measure import model_layer_run
 
         click.echo(f"no CUDA GPU found: showing the analytic model over the {hardware} spec (model, not measured)")
-        run = model_layer_run(shape, points, spec=spec, hardware=hardware, command=command_line(), label=label)
+        run = model_layer_run(shape, points, spec=spec, hardware=hardware, command=command_line(), label=label,
+                              microbatches=microbatches)
         save_run(run, out)
     from .tables import layer_table
 

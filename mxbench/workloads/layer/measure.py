@@ -20,6 +20,7 @@ from ...measuring.loop import measure_points
 from ...measuring.metadata import common_metadata, run_metadata
 from ...measuring.stages import EndToEnd, StageTimer, SweepOptions, end_to_end_stage, error_message, stage_record
 from ...storage.results import Point, Record, Run
+from .amortize import amortized_us
 
 
 class LayerStep(EndToEnd):
@@ -52,9 +53,12 @@ def layer_points(shape: LayerShape, recipes: Sequence[str], *, mode: str, seed: 
     return points
 
 
-def layer_meta(shape: LayerShape, label: str = "") -> dict:
+def layer_meta(shape: LayerShape, label: str = "", microbatches: int = 1) -> dict:
+    """The layer's metadata; ``microbatches`` (gradient accumulation: weight-only stages once per that many steps,
+    ``amortize``) is stored only when above 1, so runs without it read as before."""
     s = shape
-    return {"kind": "layer", "layer": {"label": label or f"{s.K}x{s.N}", "tokens": s.T, "K": s.K, "N": s.N, "experts": s.E, "top_k": s.top_k,
+    extra = {"microbatches": microbatches} if microbatches > 1 else {}
+    return {"kind": "layer", "layer": {**extra, "label": label or f"{s.K}x{s.N}", "tokens": s.T, "K": s.K, "N": s.N, "experts": s.E, "top_k": s.top_k,
             "shared_experts": s.shared, "score_func": s.score_func.value, "score_before_experts": s.score_before,
             "routing": s.routing.value, "fused_gate_up": s.fuse_up, "shared_in_recipe": s.shared_in_recipe,
             "precision": "router gate in bf16; every grouped GEMM in the point's recipe; shared experts "
@@ -71,9 +75,9 @@ def shape_of(meta: dict) -> LayerShape:
 class LayerTimer(StageTimer):
     """``StageTimer`` for the layer: its stages, its one-graph forward + backward, its accuracy."""
 
-    def __init__(self, options: SweepOptions, ins, shape: LayerShape):
+    def __init__(self, options: SweepOptions, ins, shape: LayerShape, microbatches: int = 1):
         super().__init__(options, ins)
-        self.shape, self._reference = shape, None
+        self.shape, self._reference, self.microbatches = shape, None, microbatches
 
     def _stages(self, point: Point):
         backend = None if point.recipe == Recipe.BF16 else self.options.backend
@@ -101,6 +105,9 @@ class LayerTimer(StageTimer):
         step = layer_step(point, self.shape, stages)
         record = self.time(point, step, self._step_call(inputs, stages))
         record.telemetry["sqnr_db"] = self._sqnr(point, inputs, stages)
+        if self.microbatches > 1:
+            record.telemetry["amortized_step_us"] = amortized_us(record.median_us if record.ok else None, records,
+                                                                 self.microbatches)  # fmt: skip
         records.append(record)
         return records
 
@@ -129,13 +136,14 @@ class LayerTimer(StageTimer):
 
 
 def run_layer(shape: LayerShape, points: Sequence[Point], options: SweepOptions, ins, *, label: str = "",
-              progress=True) -> Run:
+              progress=True, microbatches: int = 1) -> Run:
     """Measure every point (``loop.measure_points``: saved after each to ``options.out``; Ctrl-C keeps what was
-    measured)."""
+    measured). ``microbatches`` > 1: each fwd+bwd record also holds the step amortized over them (``amortize``)."""
     meta_points = [replace(p, groups="balanced") for p in points]  # the layer's groups come from its router
-    run = Run(meta={**run_metadata(meta_points, options, ins), **layer_meta(shape, label)})
+    run = Run(meta={**run_metadata(meta_points, options, ins), **layer_meta(shape, label, microbatches)})
     _drop_group_sizes(run.meta)
-    return measure_points(run, points, LayerTimer(options, ins, shape), ins, options.out, progress)
+    timer = LayerTimer(options, ins, shape, microbatches)
+    return measure_points(run, points, timer, ins, options.out, progress)
 
 
 def remeasure(baseline: Run, options: SweepOptions, instruments):
@@ -159,13 +167,13 @@ def _drop_group_sizes(meta: dict) -> None:
 
 
 def model_layer_run(shape: LayerShape, points: Sequence[Point], *, spec, hardware: str, command: str,
-                    label: str = "") -> Run:
+                    label: str = "", microbatches: int = 1) -> Run:
     """The analytic model of every point: each stage's declared cost over ``spec`` ("model, not measured")."""
     from ...instruments.roofline import MODEL_ASSUMPTION, model_records
 
     meta_points = [replace(p, groups="balanced") for p in points]
     run = Run(meta={**common_metadata(meta_points, command), "hardware": hardware, "measured": False,
-                    "label": "model, not measured", "model": MODEL_ASSUMPTION, **layer_meta(shape, label)})  # fmt: skip
+                    "label": "model, not measured", "model": MODEL_ASSUMPTION, **layer_meta(shape, label, microbatches)})  # fmt: skip
     _drop_group_sizes(run.meta)
     for p in points:
         try:

@@ -1,7 +1,7 @@
 """Tables of a stored layer run, from its Records only.
 
 ``--kind layer``: the seed's form, one row per recipe (and fused twin): Model | total_M | N | K | bf16 (ms) | recipe
-(ms) | speedup, then the stage sum beside the one-graph time and the SQNR (dB) of the output and every gradient
+(ms) | speedup (with ``--microbatches N``: the amortized step and speedup beside, ``amortize``), then the stage sum beside the one-graph time and the SQNR (dB) of the output and every gradient
 against the fp32 run; the seed's own B200 rows follow, labelled as the seed's. With a projection, each recipe's
 stages carried to the target card (``projection.project``) give its projected layer time and speedup.
 ``--kind layer-stages``: every stage of every point with its category, time and efficiency against a named peak.
@@ -17,6 +17,7 @@ from ...instruments.roofline import efficiency, peaks_for_run
 from ...storage.results import Record, Run
 from ...views.render import Row, header_block, render
 from . import SEED_ROWS, SEED_SOURCE
+from .amortize import amortized_us
 
 SQNR_COLUMNS = ("y", "grad_x", "grad_w1", "grad_w3", "grad_w2", "grad_wr")
 
@@ -54,6 +55,9 @@ def layer_rows(run: Run, project: str | None = None) -> list[Row]:
     groups = _by_point(run)
     times = _projected(run, project) if project else {k: _step_us(v) for k, v in groups.items()}
     base = times.get((Recipe.BF16.value, False))
+    # Gradient accumulation (``--microbatches``): the step with the weight-only stages once per N, beside it. bf16
+    # has none, so its amortized step is its step.
+    microbatches = int(meta.get("microbatches", 1))
     rows = []
     for (recipe, fused), records in groups.items():
         if recipe == Recipe.BF16:
@@ -63,6 +67,11 @@ def layer_rows(run: Run, project: str | None = None) -> list[Row]:
         row: Row = {"Model": meta.get("label"), "total_M": p.M, "N": p.N, "K": p.K, "Recipe": recipe,
                     "Fused": fused, "bf16 (ms)": _ms(base), "recipe (ms)": _ms(us),
                     "speedup": f"{base / us:.3f}x" if base and us else None}  # fmt: skip
+        if microbatches > 1 and not project:  # the weight-only stages' times are the measured ones
+            amortized = amortized_us(us, records, microbatches)
+            row["microbatches"] = microbatches
+            row["amortized bf16 (ms)"], row["amortized recipe (ms)"] = _ms(base), _ms(amortized)
+            row["amortized speedup"] = f"{base / amortized:.3f}x" if base and amortized else None
         if not project and run.meta.get("measured") is not False:  # a model has no graph time nor accuracy
             total = _stage_sum(records)
             row["stage sum (ms)"] = _ms(total)

@@ -1,0 +1,42 @@
+"""The layer step amortized over gradient-accumulation microbatches, from a run's records.
+
+A trainer that accumulates gradients over N microbatches per optimizer step changes its weights once per N
+forward + backward passes, so the stages that read weights alone (``StageSpec.weights_only``: the weights'
+quantized copies and their scale rearranges) need to run once per N (Transformer Engine's first-microbatch
+caching). The amortized step is the one-graph step less (N - 1) / N of those stages' times, each as timed alone:
+
+    amortized = step - (1 - 1/N) * sum(weight-only stages)
+
+bf16 has no such stages: its amortized step is its step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mxkernels.core.names import END_TO_END_STAGE, Recipe
+from mxkernels.stages.step_specs import all_specs
+
+from ...storage.results import Record
+
+
+def is_weights_only(record: Record) -> bool:
+    """Whether the record's stage is declared weights-only (a projection's stage, named ``role.stage``)."""
+    spec = all_specs().get((Recipe(record.point.recipe), record.stage.rsplit(".", 1)[-1]))
+    return spec is not None and spec.weights_only
+
+
+def weight_only_us(records: Sequence[Record]) -> float | None:
+    """Sum of one point's weight-only stage times; None where one of them was not measured."""
+    stages = [r for r in records if r.stage != END_TO_END_STAGE and is_weights_only(r)]
+    if not all(r.ok and r.median_us is not None for r in stages):
+        return None
+    return sum(r.median_us for r in stages)
+
+
+def amortized_us(step_us: float | None, records: Sequence[Record], microbatches: int) -> float | None:
+    """The step amortized over ``microbatches`` (module doc); None where the step or a weight-only stage is missing."""
+    weights = weight_only_us(records)
+    if step_us is None or weights is None:
+        return None
+    return step_us - (1 - 1 / microbatches) * weights
