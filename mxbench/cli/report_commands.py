@@ -17,6 +17,7 @@ from ..clikit.common import (
     gate_help,
     hardware_spec,
     project_option,
+    replace_option,
     threshold_options,
     unique_paths,
 )
@@ -100,14 +101,15 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="A .png file, or a folder for all figures.")
 @click.option("--hardware", help="Spec of the roofs and the model. [default: the run's]")
 @project_option
-def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: str | None) -> None:
+@replace_option
+def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: str | None, force: bool) -> None:
     """Draw the figures of stored results (a peers run: the peers figure; an EP run: its figure; several EP runs of
     one layer at different EP degrees: the EP-degree scaling figure)."""
     from ..reporting.plots import plot_all, plot_several
     from ..storage.outputs import IMAGE_SUFFIXES, check_figure_target
     from ..storage.results import load_run
 
-    check_figure_target(out, "--out", IMAGE_SUFFIXES)
+    check_figure_target(out, "--out", IMAGE_SUFFIXES, force)
     if len(results) > 1:
         click.echo(str(plot_several(results, out, hardware=hardware, project=project)))
         return
