@@ -113,12 +113,16 @@ class Int64(click.IntRange):
     """An integer option within int64 (and its own range): a 20-digit integer is refused with one line, not passed
     on to overflow in numpy."""
 
+    def convert(self, value, param, ctx):
+        rv = click.INT.convert(value, param, ctx)  # a 5000-digit integer: click's "not a valid integer"
+        if not INT64[0] <= rv <= INT64[1]:
+            self.fail(f"{str(value)[:20]}{'...' if len(str(value)) > 20 else ''} is past int64 (2**63): no size, "
+                      "count or seed is that large", param, ctx)  # fmt: skip
+        return super().convert(rv, param, ctx)
+
     def _describe_range(self) -> str:
-        lo, hi = self.min, self.max
-        if (lo is None or lo == INT64[0]) and hi == INT64[1]:
-            return "x<2**63" if lo is None or lo == INT64[0] else f"{lo}<=x<2**63"
-        if hi == INT64[1]:
-            return f"{lo}{'<' if self.min_open else '<='}x<2**63"
+        if self.max == INT64[1] and self.min is not None and self.min != INT64[0]:
+            return f"x{'>' if self.min_open else '>='}{self.min}"
         return super()._describe_range()
 
 
@@ -132,8 +136,8 @@ def harden(param: click.Parameter) -> None:
         param.type = FiniteFloat(**bounds)
     elif isinstance(kind, click.types.IntParamType) and not isinstance(kind, Int64):
         if isinstance(kind, click.IntRange):
-            if kind.min is not None and kind.max is not None and INT64[0] <= kind.min and kind.max <= INT64[1]:
-                return  # bounded already (a seed's range says it in words)
+            if kind.min is not None and kind.max is not None:
+                return  # bounded already by its command (a seed's range, 0 <= x < 2**63, says it in words)
             lo = INT64[0] if kind.min is None else max(kind.min, INT64[0])
             hi = INT64[1] if kind.max is None else min(kind.max, INT64[1])
             param.type = Int64(lo, hi, min_open=kind.min_open, max_open=kind.max_open and kind.max is not None)
@@ -161,7 +165,8 @@ class CommaList(click.ParamType):
         if isinstance(value, float) and not math.isfinite(value):
             self.fail(f"{text!r} is not a finite number", param, ctx)
         if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
-            self.fail(f"{text[:20]}{'...' if len(text) > 20 else ''} is past int64 (2**63)", param, ctx)
+            self.fail(f"{text[:20]}{'...' if len(text) > 20 else ''} is past int64 (2**63): no size, count or seed is "
+                      "that large", param, ctx)  # fmt: skip
         return value
 
     def convert(self, value, param, ctx):

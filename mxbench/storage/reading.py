@@ -28,6 +28,10 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n >= 2**20 else f"{n} bytes"
+
+
 def _refuse(path: Path, what: str, why: str) -> InputError:
     return InputError(f"{path}: not an {what} ({why})")
 
@@ -43,7 +47,7 @@ def read_input(path: str | Path, what: str = "mxbench file", limit: int = MAX_BY
     if not stat.S_ISREG(info.st_mode):
         raise _refuse(path, what, f"it is {_kind(info.st_mode)}; give a regular file")
     if info.st_size > limit:
-        raise _refuse(path, what, f"{info.st_size} bytes, past the {limit // 2**20} MiB an input may have")
+        raise _refuse(path, what, f"{info.st_size} bytes, past the {_size(limit)} an input may have")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
@@ -57,7 +61,7 @@ def read_input(path: str | Path, what: str = "mxbench file", limit: int = MAX_BY
         except OSError as e:
             raise _refuse(path, what, e.strerror or str(e)) from None
     if len(data) > limit:  # grew since the stat
-        raise _refuse(path, what, f"past the {limit // 2**20} MiB an input may have")
+        raise _refuse(path, what, f"past the {_size(limit)} an input may have")
     return data
 
 
