@@ -177,3 +177,16 @@ def test_a_finite_float_still_converts():
             lo = param.type.min if getattr(param.type, "min", None) is not None else 0.0
             value = param.type.convert(str(lo + 1.0), param, None)
             assert math.isfinite(value)
+
+
+LAYER_RUN = "results/nvidia-h100-80gb-hbm3/layer-qwen3-30b-a3b.json"
+
+
+@pytest.mark.parametrize("run, kind", [(EP_RUN, "ep"), (LAYER_RUN, "layer"), (LAYER_RUN, "layer-stages")])
+@pytest.mark.parametrize("args, wanted", [
+    (["--M", "5"], "no records with M=5"),
+    (["--recipe", "nope"], "no records with recipe=nope"),
+    (["--card", "nope"], "no records with card=nope"),
+])  # fmt: skip
+def test_every_table_kind_refuses_a_filter_that_selects_nothing(run, kind, args, wanted):
+    one_line_exit_2(["table", run, "--kind", kind, *args], wanted)

@@ -91,6 +91,13 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
         runs.append((path, run))
     if not runs:
         raise click.BadParameter(f"no run in {', '.join(map(str, results))} has a {kind} table", param_hint="--kind")
+    if any(f is not None for f in (passes, Ms, recipes, card)):
+        # every kind's filters, checked on the records whatever the kind renders: a value that selects nothing is
+        # refused naming what the files hold (an EP or layer table drew every row, or none, and exited 0)
+        from ..views.frame import frame_of, select
+
+        select(frame_of([run for _, run in runs], files=[str(p) for p, _ in runs]), passes=passes, M=Ms,
+               recipe=recipes, card=card)  # fmt: skip
     request = TableRequest(fmt, passes, Ms, recipes, card, columns, denominator, project)
     click.echo(table_kind(kind).render(runs, request), nl=False)
 
