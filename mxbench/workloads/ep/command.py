@@ -190,6 +190,8 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, score_func, score_after
     if check:
         refuse_ignored(("plot_file", "samples", "timing", "results_dir"),
                        "--check checks correctness: nothing is timed or drawn")  # fmt: skip
+        if out is None:  # --force lets the check's record replace a file that is not one: only with --out
+            refuse_ignored(("force",), "--check without --out writes nothing to replace")
         if out is not None:  # the check's topology record
             from ...storage.outputs import check_output_file
 
