@@ -12,7 +12,8 @@ from mxbench.cli import cli
 @pytest.mark.parametrize("args, message", [
     (["--K", str(2**40), "--N", "2048"], "K must be at most 1048576"),
     (["--K", "7168", "--N", str(2**21)], "N must be at most 1048576"),
-    (["--K", "7168", "--N", "2048", "--M", "99999999999999999999"], "group ends are int32"),
+    (["--K", "7168", "--N", "2048", "--M", str(2**40)], "group ends are int32"),
+    (["--K", "7168", "--N", "2048", "--M", "99999999999999999999"], "past int64 (2**63)"),  # refused as it is parsed
 ])  # fmt: skip
 def test_roofline_refuses_sizes_past_the_kernels_bounds(args, message, tmp_path):
     out = tmp_path / "run.json"
@@ -68,17 +69,19 @@ TINY_EP = ["--K", "64", "--N", "64", "--experts", "2", "--tokens", "32"]
     (["check", "--K", "0"], "K must be a positive multiple of 32, got 0"),
     (["check", "--N", "0"], "N must be a positive multiple of 32, got 0"),
     (["check", "--K", "1099511627776"], "K must be at most 1048576"),
-    (["check", "--K", str(2**63)], "K must be at most 1048576"),
+    (["check", "--K", str(2**62)], "K must be at most 1048576"),
+    (["check", "--K", str(2**63)], "'--K': 9223372036854775808 is past int64 (2**63)"),
     (["ep", "--check", "--K", "1099511627776", "--N", "64"], "K must be at most 1048576"),
-    (["ep", "--check", "--K", "64", "--N", "64", "--tokens", "99999999999999999999"], "tokens x top-k"),
+    (["ep", "--check", "--K", "64", "--N", "64", "--tokens", str(2**62)], "tokens x top-k"),
+    (["ep", "--check", "--K", "64", "--N", "64", "--tokens", "99999999999999999999"], "past int64"),
     (["ep", "--check", "--K", str(2**20), "--N", str(2**20), "--experts", "512", "--tokens", "32"],
      "one rank's tensors"),
     (["layer", "--K", str(2**20), "--N", str(2**20), "--experts", "512", "--tokens", "32"], "the layer's bf16"),
     (["roofline", "--K", str(2**20), "--N", "128", "--M", str(2**30)], "past the 288 GB"),
-    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "nan"], "positive and finite"),
-    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "inf"], "positive and finite"),
+    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "nan"], "'nan' is not a finite number"),
+    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "inf"], "'inf' is not a finite number"),
     (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit", "-5"], "positive and finite"),
-    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit-watts", "nan"], "positive and finite"),
+    (["roofline", "--K", "256", "--N", "128", "--M", "1024", "--power-limit-watts", "nan"], "not a finite number"),
 ])  # fmt: skip
 def test_numbers_past_what_the_kernels_and_devices_honour_exit_2_before_any_work(args, message, tmp_path, monkeypatch):
     from mxbench.workloads.ep import launch, worker

@@ -208,8 +208,11 @@ def test_our_checker_agrees_with_jsonschema(bases):
 
 # ------------------------------------------------------------------------------------------ numeric options
 
+NUMBER_EDGES = ["9" * 5000, "-" + "9" * 5000, "nan", "inf", "-inf", "1e400", "", ",,", str(2**63)]
+"""What every number option is fed, each with each option (``test_every_number_option_...``): a 5000-digit integer
+(past Python's 4300-digit conversion limit), the non-finite floats, empty lists, past int64."""
 EDGES = ["0", "-1", "1", str(2**31), str(2**63), str(2**64), "1e400", "nan", "inf", "-inf", "1.5", "", " ", "x" * 10000,
-         "99999999999999999999", "0x10", "1,1,1", "1,", "-0"]  # fmt: skip
+         "99999999999999999999", "0x10", "1,1,1", "1,", "-0", *NUMBER_EDGES]  # fmt: skip
 OPTIONS = {
     # roofline on a CPU is the analytic model: fast, and what a new user runs first
     "roofline": (["--K", "7168", "--N", "2048", "--M", "16384"],
@@ -242,3 +245,44 @@ def test_numeric_options_at_their_edges_exit_0_or_2(tmp_path):
     check()
     print(f"numeric options: {len(ran)} cases")
     assert len({c for c, *_ in ran}) == len(OPTIONS)
+
+
+RUN_FILE = REPO / RUNS["v2"]
+EP_FILE = REPO / RUNS["ep"]
+NUMBER_OPTIONS = {
+    **OPTIONS,
+    "compare": ([str(RUN_FILE), str(RUN_FILE)], ["--floor-us"]),
+    "ep-project": ([str(EP_FILE)], ["--ep", "--gpus-per-node", "--intra-gbps", "--inter-gbps", "--latency-us",
+                                    "--top-k", "--max-nodes-per-token"]),
+    "table": ([str(RUN_FILE)], ["--M", "--pass", "--recipe", "--columns"]),
+    "history": ([str(RUN_FILE)], ["--M", "--pass", "--recipe"]),
+    "layer": (["--K", "64", "--N", "64"], ["--K", "--N", "--tokens", "--experts", "--top-k", "--seed", "--samples",
+                                          "--recipe"]),
+}  # fmt: skip
+"""Every number (and list) option of the commands that read or model without a GPU, with the arguments it needs."""
+
+
+def test_every_number_option_takes_every_edge_with_exit_2_and_no_traceback(tmp_path):
+    """Each option of ``NUMBER_OPTIONS`` with each of ``NUMBER_EDGES``, every pair (not drawn: a fault in parsing
+    one kind of number shows whichever option it is in). None of these values is valid (each is refused, exit 2)
+    but 2**63 where a float option takes it (a finite floor or rate: compare may then give its verdict)."""
+    cases = 0
+    for command, (base, options) in sorted(NUMBER_OPTIONS.items()):
+        for option in options:
+            args = list(base)
+            if option in args:
+                i = args.index(option)
+                args = args[:i] + args[i + 2:]
+            out = ["--out", tmp_path / "run.json"] if command in ("roofline", "layer") else []
+            for value in NUMBER_EDGES:
+                result = CliRunner().invoke(cli, [str(a) for a in [command, *args, option, value, *out]])
+                codes = (0, 1, 2) if value == str(2**63) else (2,)
+                assert result.exit_code in codes, (command, option, value[:20], result.exit_code,
+                                                   result.output[-800:])  # fmt: skip
+                assert result.exception is None or isinstance(result.exception, SystemExit), (
+                    command, option, value[:20], repr(result.exception))  # fmt: skip
+                assert "Traceback" not in result.output
+                (tmp_path / "run.json").unlink(missing_ok=True)
+                cases += 1
+    print(f"number options x edges: {cases} cases")
+    assert cases >= 40 * len(NUMBER_EDGES)

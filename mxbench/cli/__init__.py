@@ -15,6 +15,7 @@ declarations, ``mxbench.workloads.registered``); the harness's are here: ``measu
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import click
@@ -47,5 +48,10 @@ for _command in (
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point."""
-    cli.main(args=argv, prog_name="mxbench")
+    """Console-script entry point. Ctrl-C anywhere exits 130 (``Group`` says what was kept; here, outside any
+    command, nothing was written)."""
+    try:
+        cli.main(args=argv, prog_name="mxbench")
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C): no file was written", file=sys.stderr)
+        sys.exit(130)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..clikit.common import FORMATS, filter_options, refuse_ignored, unique_paths
+from ..clikit.common import FORMATS, filter_options, refuse_ignored, replace_option, unique_paths
 
 
 @click.command()
@@ -29,7 +29,8 @@ from ..clikit.common import FORMATS, filter_options, refuse_ignored, unique_path
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the trends: median and IQR band per stage over commits, a panel per category.")  # fmt: skip
 @click.option("--fail-on-latest", is_flag=True, help="Exit 1 when the newest step is SLOWER than the one before.")
-def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot_file, fail_on_latest) -> None:
+@replace_option
+def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot_file, fail_on_latest, force) -> None:
     """Per-stage medians over commits of the runs in RESULTS (files or folders) of one card.
 
     Runs are ordered by the commit's time (recorded by the run, else from git, else the run's date: the steps
@@ -48,7 +49,7 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
     if plot_file is not None:  # checked before any work: a figure path that cannot be written is bad input
         from ..storage.outputs import IMAGE_SUFFIXES, check_figure_target
 
-        check_figure_target(plot_file, "--plot", IMAGE_SUFFIXES)
+        check_figure_target(plot_file, "--plot", IMAGE_SUFFIXES, force)
     h = build(load_runs(results), by=by, card=card, checkout=checkout)
     filters = {"passes": passes, "M": Ms, "recipe": recipes}
     rows = history_rows(h, changed_only=changed, **filters)
@@ -68,6 +69,6 @@ def history(results, by, checkout, fmt, passes, Ms, recipes, card, changed, plot
         from ..reporting.history_figure import history_figure
         from ..workloads.step.plots import save
 
-        click.echo(f"figure: {save(history_figure(h, **filters), plot_file)}", err=fmt == "csv")
+        click.echo(f"figure: {save(history_figure(h, **filters), plot_file, '--plot')}", err=fmt == "csv")
     if fail_on_latest and h.latest_failed:
         sys.exit(1)

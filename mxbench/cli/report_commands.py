@@ -17,6 +17,7 @@ from ..clikit.common import (
     gate_help,
     hardware_spec,
     project_option,
+    replace_option,
     threshold_options,
     unique_paths,
 )
@@ -90,6 +91,13 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
         runs.append((path, run))
     if not runs:
         raise click.BadParameter(f"no run in {', '.join(map(str, results))} has a {kind} table", param_hint="--kind")
+    if any(f is not None for f in (passes, Ms, recipes, card)):
+        # every kind's filters, checked on the records whatever the kind renders: a value that selects nothing is
+        # refused naming what the files hold (an EP or layer table drew every row, or none, and exited 0)
+        from ..views.frame import frame_of, select
+
+        select(frame_of([run for _, run in runs], files=[str(p) for p, _ in runs]), passes=passes, M=Ms,
+               recipe=recipes, card=card)  # fmt: skip
     request = TableRequest(fmt, passes, Ms, recipes, card, columns, denominator, project)
     click.echo(table_kind(kind).render(runs, request), nl=False)
 
@@ -100,14 +108,15 @@ def table_cmd(results, fmt, kind, passes, Ms, recipes, card, columns, denominato
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="A .png file, or a folder for all figures.")
 @click.option("--hardware", help="Spec of the roofs and the model. [default: the run's]")
 @project_option
-def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: str | None) -> None:
+@replace_option
+def plot(results: tuple[Path, ...], out: Path, hardware: str | None, project: str | None, force: bool) -> None:
     """Draw the figures of stored results (a peers run: the peers figure; an EP run: its figure; several EP runs of
     one layer at different EP degrees: the EP-degree scaling figure)."""
     from ..reporting.plots import plot_all, plot_several
     from ..storage.outputs import IMAGE_SUFFIXES, check_figure_target
     from ..storage.results import load_run
 
-    check_figure_target(out, "--out", IMAGE_SUFFIXES)
+    check_figure_target(out, "--out", IMAGE_SUFFIXES, force)
     if len(results) > 1:
         click.echo(str(plot_several(results, out, hardware=hardware, project=project)))
         return

@@ -9,6 +9,7 @@ so a test that stands in for a GPU replaces them in one place.
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from collections.abc import Callable
@@ -40,11 +41,33 @@ class BadInput(click.ClickException):
 
 class Group(click.Group):
     """The command group: ``InputError`` raised anywhere below a command exits with code 2 and its message on one
-    line; any other exception is a bug and propagates with its traceback (exit 1)."""
+    line; any other exception is a bug and propagates with its traceback (exit 1). Ctrl-C exits 130 with one line
+    naming the files this process wrote (``storage.writing.written``), from any command (``interrupted``).
+
+    Every command added is hardened (``harden``): its float options finite, its integer options within int64, so a
+    command added later (a new workload's) inherits the rules without a word in it."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        for param in cmd.params:
+            harden(param)
+        super().add_command(cmd, name)
+
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        try:  # Ctrl-C while the group's own options are parsed
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except KeyboardInterrupt:
+            interrupted()
 
     def invoke(self, ctx: click.Context):
+        from ..storage.writing import writes
+
+        start = writes()
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted(start)
+        except click.exceptions.Abort:  # click's own Ctrl-C (a prompt): the same exit
+            interrupted(start)
         except ValueError as e:
             # imported here, not at the top: mxkernels loads torch and every kernel, and `--help` must stay fast
             from mxkernels.core.errors import InputError
@@ -54,21 +77,110 @@ class Group(click.Group):
             raise BadInput(str(e)) from None
 
 
+INTERRUPTED = 130
+"""The exit code of every command stopped by Ctrl-C (128 + SIGINT), never 1 (1 means a stage SLOWER or a failed
+check)."""
+
+
+def interrupted(since: int = 0) -> None:
+    """Say what Ctrl-C left (the files written since the command's first ``since`` writes, each complete: every
+    write is atomic) and exit 130."""
+    from ..storage.writing import written
+
+    kept = written(since)
+    what = f"kept {', '.join(map(str, kept))}" if kept else "no file was written"
+    click.echo(f"interrupted (Ctrl-C): {what}", err=True)
+    raise click.exceptions.Exit(INTERRUPTED)
+
+
+INT64 = (-(2**63), 2**63 - 1)
+"""The widest integer any option takes: past it numpy, torch and the file formats overflow (``harden``)."""
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option that is a finite number in its range: nan, inf and 1e400 (inf) are refused. A NaN floor
+    passes every comparison (``compare --floor-us nan`` passed a run 1.5x slower) and an infinite rate prints
+    nonsense, so no float option takes them."""
+
+    def convert(self, value, param, ctx):
+        rv = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(rv, param, ctx)
+
+
+class Int64(click.IntRange):
+    """An integer option within int64 (and its own range): a 20-digit integer is refused with one line, not passed
+    on to overflow in numpy."""
+
+    def convert(self, value, param, ctx):
+        rv = click.INT.convert(value, param, ctx)  # a 5000-digit integer: click's "not a valid integer"
+        if not INT64[0] <= rv <= INT64[1]:
+            self.fail(f"{str(value)[:20]}{'...' if len(str(value)) > 20 else ''} is past int64 (2**63): no size, "
+                      "count or seed is that large", param, ctx)  # fmt: skip
+        return super().convert(rv, param, ctx)
+
+    def _describe_range(self) -> str:
+        if self.max == INT64[1] and self.min is not None and self.min != INT64[0]:
+            return f"x{'>' if self.min_open else '>='}{self.min}"
+        return super()._describe_range()
+
+
+def harden(param: click.Parameter) -> None:
+    """Make ``param``'s type one that cannot lie: a float finite (``FiniteFloat``, its range kept), an integer
+    within int64 (``Int64``, its range kept where narrower). Types already bounded are left as they are."""
+    kind = param.type
+    if isinstance(kind, click.types.FloatParamType) and not isinstance(kind, FiniteFloat):
+        bounds = ({"min": kind.min, "max": kind.max, "min_open": kind.min_open, "max_open": kind.max_open,
+                   "clamp": kind.clamp} if isinstance(kind, click.FloatRange) else {})  # fmt: skip
+        param.type = FiniteFloat(**bounds)
+    elif isinstance(kind, click.types.IntParamType) and not isinstance(kind, Int64):
+        if isinstance(kind, click.IntRange):
+            if kind.min is not None and kind.max is not None:
+                return  # bounded already by its command (a seed's range, 0 <= x < 2**63, says it in words)
+            lo = INT64[0] if kind.min is None else max(kind.min, INT64[0])
+            hi = INT64[1] if kind.max is None else min(kind.max, INT64[1])
+            param.type = Int64(lo, hi, min_open=kind.min_open, max_open=kind.max_open and kind.max is not None)
+        else:
+            param.type = Int64(*INT64)
+
+
 class CommaList(click.ParamType):
-    """A comma-separated list of ``item`` values ("16384,32768")."""
+    """A comma-separated list of ``item`` values ("16384,32768"): never empty (a filter of nothing selects
+    nothing, and a check of no strategy passes), each integer within int64, each float finite. ``item``: a
+    callable (``int``, ``float``, ``str``) or a click type (its range then holds for each value)."""
 
     name = "list"
 
-    def __init__(self, item: Callable[[str], Any]):
+    def __init__(self, item: Callable[[str], Any] | click.ParamType):
         self.item = item
+
+    def _what(self) -> str:
+        return getattr(self.item, "__name__", None) or getattr(self.item, "name", "")
+
+    def _one(self, text: str, param, ctx) -> Any:
+        if isinstance(self.item, click.ParamType):
+            return self.item.convert(text, param, ctx)
+        value = self.item(text)
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(f"{text!r} is not a finite number", param, ctx)
+        if isinstance(value, int) and not INT64[0] <= value <= INT64[1]:
+            self.fail(f"{text[:20]}{'...' if len(text) > 20 else ''} is past int64 (2**63): no size, count or seed is "
+                      "that large", param, ctx)  # fmt: skip
+        return value
 
     def convert(self, value, param, ctx):
         if isinstance(value, (list, tuple)):
-            return list(value)
-        try:
-            items = [self.item(v.strip()) for v in str(value).split(",") if v.strip()]
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of {self.item.__name__} values", param, ctx)
+            items = list(value)
+        else:
+            try:
+                items = [self._one(v.strip(), param, ctx) for v in str(value).split(",") if v.strip()]
+            except ValueError:
+                shown = f"{str(value)[:40]}..." if len(str(value)) > 40 else str(value)
+                self.fail(f"{shown!r} is not a comma-separated list of {self._what()} values", param, ctx)
+        if not items:
+            self.fail(f"{value!r}: give at least one value (a comma-separated list of {self._what()} values)", param,
+                      ctx)  # fmt: skip
         unique = list(dict.fromkeys(items))
         if len(unique) < len(items):  # a point or a recipe is measured once: say so rather than fold it silently
             repeated = ", ".join(str(v) for v in unique if items.count(v) > 1)
@@ -139,8 +251,15 @@ def filter_options(command: Callable) -> Callable:
 def force_option(command):
     """--force: replace a measured run with a model run, or with a run of another card or shape (``replacing``)."""
     return click.option("--force", is_flag=True, help="Replace the measured run --out holds with this run even when "
-                        "it is the model, or of another card or shape (the old copy is kept in .replaced/ beside it). "
-                        "A file that is not an mxbench run is never replaced.")(command)  # fmt: skip
+                        "it is the model, or of another card or shape, and a figure path's file that is not a figure "
+                        "of mxbench's (the old copy is kept in .replaced/ beside it). A file that is not an mxbench "
+                        "run is never replaced by a run.")(command)  # fmt: skip
+
+
+def replace_option(command):
+    """--force of a command whose outputs are figures or tables (``plot``, ``history``, ``ep-project``)."""
+    return click.option("--force", is_flag=True, help="Replace an output file that is not one mxbench wrote of its "
+                        "kind (a figure, a table); the old copy is kept in .replaced/ beside it.")(command)  # fmt: skip
 
 
 def project_option(command: Callable) -> Callable:
@@ -357,10 +476,11 @@ def check_replace(out: Path, measured: bool, card: str, points, force: bool | No
     check(out, option, RunIdentity(measured, card, shapes), force)
 
 
-def check_outputs(out: Path, plot_file: Path | None) -> None:
-    """Where results and figures go, checked before anything is measured (bad input, exit 2)."""
+def check_outputs(out: Path, plot_file: Path | None, force: bool = False) -> None:
+    """Where results and figures go, checked before anything is measured (bad input, exit 2); ``force``: the
+    figure may replace a file that is not one of mxbench's figures."""
     from ..storage.outputs import IMAGE_SUFFIXES, check_figure_target, check_results_file
 
     check_results_file(out, "--out")
     if plot_file is not None:
-        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)
+        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES, force)

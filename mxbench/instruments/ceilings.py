@@ -414,11 +414,11 @@ def read_entries(path: Path, kind: Published) -> list[dict[str, Any]]:
 
 
 def write_entries(path: Path, schema: int, card: str, entries: list[dict[str, Any]]) -> Path:
-    """Write a ceilings file atomically (a temporary file renamed over it); returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"schema": schema, "card": card, "entries": entries}, indent=1))
-    tmp.replace(path)
+    """Write a ceilings file through the one write path (``storage.writing``: atomic, the file it replaces kept in
+    .replaced/; the caller read it first as ceilings, so it never replaces another kind of file); returns ``path``."""
+    from ..storage.writing import write_files
+
+    write_files({path: json.dumps({"schema": schema, "card": card, "entries": entries}, indent=1)})
     return path
 
 

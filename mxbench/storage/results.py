@@ -20,6 +20,7 @@ from mxkernels.core.names import OURS, format_shapes
 
 from .schema import check_payload
 from .validation import Published, parse, schema_file
+from .reading import read_text
 from .writing import write_files
 
 PROVENANCE_FIELDS = ("module", "distribution", "version", "commit", "dirty", "git_commit_time")
@@ -237,9 +238,8 @@ def save_run(run: Run, path: str | Path) -> tuple[Path, Path]:
 def load_run(path: str | Path) -> Run:
     """The Run stored at ``path``; a file that is not one raises ``InputError`` naming it."""
     path = Path(path)
+    text = read_text(path, "mxbench results file")  # a regular file, capped, read once (``reading``)
     try:
-        return run_from_json(path.read_text())
+        return run_from_json(text)
     except InputError as e:  # not JSON, another schema, or a field of the wrong type or range
         raise InputError(f"{path}: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not an mxbench results file ({e})") from None

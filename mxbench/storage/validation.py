@@ -264,10 +264,9 @@ def parse(text: str, what: str = "mxbench file") -> Any:
 
 def read_json(path: Path, what: str = "mxbench file") -> Any:
     """The parsed JSON of the file at ``path``; ``InputError`` naming it when it cannot be read as JSON."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not an {what} ({e})") from None
+    from .reading import read_text
+
+    text = read_text(path, what)  # a regular file, capped, read once
     try:
         return parse(text, what)
     except InputError as e:

@@ -359,6 +359,8 @@ def select(
         wanted = _wanted(values)
         if wanted is None:
             continue
+        if not wanted:  # an empty list selects nothing: refused, never an empty table that reads as a pass
+            raise InputError(f"the {name} filter is an empty list: it selects nothing; give at least one {name}")
         held = df[column].str.lower() if name == "card" else df[column]
         keys = [str(w).lower() for w in wanted] if name == "card" else wanted
         missing = [w for w, k in zip(wanted, keys, strict=True) if not (held == k).any()]

@@ -166,8 +166,15 @@ def panel_figure(panels: Sequence[Callable[[Axes, Context], bool]], ctx: Context
     return fig
 
 
-def save(fig: Figure, path: str | Path) -> Path:
+def save(fig: Figure, path: str | Path, option: str = "--out") -> Path:
+    """Write ``fig`` to ``path`` (.png, .svg or .pdf) through the one write path (``storage.writing``): atomic, marked
+    as mxbench's (``storage.marks``), replacing only a figure mxbench wrote unless --force allowed it."""
+    import io
+
+    from ..storage.marks import Output, figure_metadata
+    from ..storage.writing import write_output
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lstrip(".").lower() or "png", dpi=120, metadata=figure_metadata())
+    return write_output(path, buffer.getvalue(), Output.FIGURE, option)

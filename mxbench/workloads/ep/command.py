@@ -126,7 +126,7 @@ def _check_outputs(out: Path | None, plot_file: Path | None, results_dir: Path, 
         check_results_file(out, "--out")
         common.check_replace(out, True, common.card_name() if has_gpu else "unknown", None, force)
     if plot_file is not None:
-        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)
+        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES, force)
 
 
 GLOO_MIN_WORKERS = 8
@@ -232,12 +232,14 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, shared, shared_in_recip
     check_layer(tokens, K, N, experts, top_k if world else 1, world or 1)
     _check_bounds(K, N, experts, tokens, top_k, world or 1)
     if check:
-        refuse_ignored(("plot_file", "samples", "timing", "results_dir", "force"),
+        refuse_ignored(("plot_file", "samples", "timing", "results_dir"),
                        "--check checks correctness: nothing is timed or drawn")  # fmt: skip
+        if out is None:  # --force lets the check's record replace a file that is not one: only with --out
+            refuse_ignored(("force",), "--check without --out writes nothing to replace")
         if out is not None:  # the check's topology record
             from ...storage.outputs import check_output_file
 
-            check_output_file(out, "--out")
+            check_output_file(out, "--out", force)  # the check's record replaces only a record, unless --force
     else:
         _check_outputs(out, plot_file, results_dir, force, has_gpu)
     if not check and not has_gpu:

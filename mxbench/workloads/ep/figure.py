@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from ...instruments.roofline import achieved_tbps
 from ...storage.results import Run
+from ...views.panels import save
 from .tables import A2A, STEP, ep_part, ep_peaks, in_step
 
 CATEGORIES = {"all_to_all": ("all-to-all", "tab:purple"), "permute": ("permute", "tab:brown"),
@@ -38,10 +39,7 @@ def plot_ep(run: Run, path: str | Path) -> Path:
                  f"{layer.get('experts_per_rank')} experts x {layer.get('tokens_per_rank')} tokens per rank, "
                  f"top-k {layer.get('top_k')}, {m.get('routing', {}).get('groups')} routing\n{ep_part(run)}",
                  fontsize=11)  # fmt: skip
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return save(fig, path)
 
 
 def _draw_breakdown(ax, run: Run, strategies: list[str]) -> None:

@@ -48,6 +48,8 @@ DEFAULT_INTER_GBPS = round((43.0 + 58.0 + 51.0 + 43.0 + 57.0 + 50.0) / 6, 1)
 their mean (50.3 GB/s)."""
 DEEPSEEK_V3_MAX_NODES = 4
 DEFAULT_EPS = (8, 16, 32, 64, 128, 256)
+MAX_DEGREE = 65536
+"""The largest EP degree projected: the skewed routing's shares are an array of degree x experts per rank."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ def check_degree(ep: int, gpus_per_node: int) -> None:
 
     if ep < 2:
         raise InputError(f"--ep: every degree must be at least 2 (at 1 nothing crosses a link), got {ep}")
+    if ep > MAX_DEGREE:
+        raise InputError(f"--ep: every degree must be at most {MAX_DEGREE} (past any cluster the model places), "
+                         f"got {ep}")  # fmt: skip
     if ep > gpus_per_node and ep % gpus_per_node:
         raise InputError(f"--ep: {ep} spans more than one node of --gpus-per-node {gpus_per_node} but is not a "
                          "multiple of it (the model places whole nodes)")  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ...clikit.common import FORMATS, CommaList
+from ...clikit.common import FORMATS, CommaList, replace_option
 from .project import DEEPSEEK_V3_MAX_NODES, DEFAULT_EPS, DEFAULT_INTER_GBPS, DEFAULT_INTRA_GBPS, LinkModel, Measured
 
 POSITIVE = click.FloatRange(min=0.0, min_open=True)
@@ -73,8 +73,9 @@ def _check_same_layer(a: Measured, b: Measured) -> None:
 @click.option("--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="markdown", show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Also write the output here.")
 @click.option("--plot-file", type=click.Path(dir_okay=False, path_type=Path), help="Draw the figure (.png/.svg/.pdf).")
+@replace_option
 def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run, max_nodes, top_k, latency_us,
-               validate, fmt, out, plot_file) -> None:  # fmt: skip
+               validate, fmt, out, plot_file, force) -> None:  # fmt: skip
     """Project measured EP runs to EP degrees 8-256 per strategy with a link model.
 
     Default rates: DeepEP's published H800 measurements (normal kernels; NVLink 153 / 158 GB/s dispatch / combine,
@@ -93,9 +94,9 @@ def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run,
     elif len(runs) != 1 or top_k is not None:
         raise click.UsageError("--validate predicts one run from one run as measured: give one RUN, and no --top-k")
     if out is not None:
-        check_output_file(out)
+        check_output_file(out, "--out", force)  # a run given as --out is not a projection: refused without --force
     if plot_file is not None:
-        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES)
+        check_figure_target(plot_file, "--plot-file", IMAGE_SUFFIXES, force)
     measured = [m if top_k is None else with_top_k(m, top_k) for m in _read(runs)]
     base = LinkModel(gpus_per_node, intra_gbps or DEFAULT_INTRA_GBPS, inter_gbps or DEFAULT_INTER_GBPS, max_nodes,
                      latency_us)  # fmt: skip
@@ -129,8 +130,9 @@ def ep_project(runs, eps, gpus_per_node, intra_gbps, inter_gbps, intra_from_run,
         text = text_output(rows, notes, fmt, title)
     click.echo(text, nl=False)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-        click.echo(f"wrote {out}", err=True)
+        from ...storage.marks import Output, marked_text
+        from ...storage.writing import write_output
+
+        click.echo(f"wrote {write_output(out, marked_text(text, fmt, 'ep-project'), Output.TEXT)}", err=True)
     if plot_file is not None:
         click.echo(f"wrote {plot_projection(lines, shown, plot_file)}", err=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from ...views.panels import save
 from ...views.render import Row, render
 from .project import DEEPEP_SOURCE, LinkModel, Measured, Prediction
 from .scaling import degree_axes
@@ -141,7 +142,4 @@ def plot_projection(preds: Sequence[Prediction], measured: Sequence[Measured], p
                  (share_ax, "all-to-all share of the stage sum (%)", "Where the step goes")], degrees)  # fmt: skip
     step_ax.legend(fontsize=7)
     fig.suptitle(f"mxbench ep-project: lines projected, points measured\n{describe(measured[0])}", fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return save(fig, path)

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from ...instruments.roofline import achieved_tbps
 from ...storage.results import Run
+from ...views.panels import save
 from ...views.render import Row, render
 from .tables import A2A, STEP, ep_part, ep_peaks, in_step, summary_rows
 
@@ -109,10 +110,7 @@ def plot_scaling(runs: Sequence[Run], path: str | Path) -> Path:
     step_ax.legend(fontsize=8)
     rate_ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     fig.suptitle(f"mxbench ep, EP-degree scaling: {runs[0].card}, {_describe(runs[0], card=False, part=False)}", fontsize=11)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return save(fig, path)
 
 
 def degree_axes(panels, degrees: Sequence[int]) -> None:

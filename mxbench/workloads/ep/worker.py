@@ -177,9 +177,11 @@ def _record_check_topology(ctx: Context, strategies, o: EPOptions, out: Path | N
     record = check_record(topo, counts, strategies, o)
     echo(render(link_rows(record), "plain"))
     if out is not None:
-        from ...storage.writing import write_files
+        from ...storage.marks import Output
+        from ...storage.writing import write_output
 
-        write_files({out: json.dumps(record, indent=1) + "\n"})  # atomic; a file that was there is kept, and named
+        # the one write path: atomic, a record's predecessor kept and named, anything else refused without --force
+        write_output(out, json.dumps(record, indent=1) + "\n", Output.TEXT)
         echo(f"wrote {out}")
 
 

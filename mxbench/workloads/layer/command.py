@@ -134,7 +134,7 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
         refuse_ignored(("samples", "backend"), "without a GPU the analytic model is shown, which is not timed")
     folder = common.card_dir() if gpu else f"model-{spec.key}"
     out = out or RESULTS_DIR / folder / f"layer-{label}-{common.stamp()}.json"
-    common.check_outputs(out, plot_file)
+    common.check_outputs(out, plot_file, force)
     from .measure import layer_points
 
     points = layer_points(shape, recipes, mode=mode, seed=seed, fuse=fuse)

@@ -185,7 +185,7 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
         refuse_ignored(("samples", "warm_l2"), "without a GPU the analytic model is shown, which is not timed")
     folder = common.card_dir() if gpu else f"model-{spec.key}"
     out = out or RESULTS_DIR / folder / f"roofline-{label}-{common.stamp()}.json"
-    common.check_outputs(out, plot_file)
+    common.check_outputs(out, plot_file, force)
     limits, controller = _power_limits(power_percent, power_watts, gpu)
     points = plan_points(Ms, N, K, G, recipes, mode, groups, seed, limits, fuse_scales)
     common.check_replace(out, gpu, common.card_name() if gpu else spec.name, points, force)
