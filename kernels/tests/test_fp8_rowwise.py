@@ -388,12 +388,13 @@ def test_k_groups_default_holds_tiny_and_empty_groups_at_odd_widths(device, R, p
 
 
 def test_hold_defaults_pick_by_rows():
-    """Holding where a strip of 16+ columns of the rows fits 16 warps x 64 elements; else the old launches."""
-    assert H.along_n_config(1536) == H.HoldConfig(16, 2048, num_warps=16, programs_per_sm=1)
+    """Holding where a strip of 32+ columns of the rows fits 16 warps x 64 elements; else the old launches."""
+    assert H.along_n_config(1536) is C.ALONG_N_CONFIG and H.along_n_config(2048) is C.ALONG_N_CONFIG
     assert H.along_n_config(768) == H.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1)
     assert H.along_n_config(40) == H.HoldConfig(64, 64, num_warps=4, programs_per_sm=2)
     assert H.along_n_config(2880) is C.ALONG_N_CONFIG and H.along_n_config(7168) is C.ALONG_N_CONFIG
-    assert isinstance(H.k_groups_config(131072, 128), H.HoldConfig)  # 1024 rows a group, 1280 with room: 2048
+    assert H.k_groups_config(131072, 128) == H.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1)  # 1024 a group
+    assert H.k_groups_config(131072, 64) is C.K_GROUPS_CONFIG  # 2048 rows a group: 16-column strips, not held
     assert H.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG  # 16384 rows a group: split strips
     with pytest.raises(ValueError, match="hold_rows"):
         H.HoldConfig(16, 1000)
@@ -423,10 +424,11 @@ def test_gpu_hold_defaults_bit_exact_at_fine_grained_shapes(poisoned_empty):
     """The holding defaults at Qwen3-30B-A3B's weights and groups (128 experts; 1024-row groups, ragged ones with
     empty, tiny, unaligned and over-long groups that walk) and gpt-oss-120b's odd width (2880), poisoned outputs."""
     gen = torch.Generator(device="cuda").manual_seed(3)
-    for shape in ((128, 1536, 2048), (128, 2048, 768)):
+    for shape in ((128, 1536, 2048), (128, 2048, 768), (128, 768, 2048)):
         w = (torch.randn(shape, device="cuda", generator=gen) * shape[2] ** -0.5).bfloat16()
-        assert isinstance(H.along_n_config(shape[1]), H.HoldConfig)
-        q, scale = F.quantize_fp8_rowwise_3d(w, along="N")
+        held = H.HoldConfig(16, 2048, num_warps=16, programs_per_sm=1) if shape[1] > 1024 else None
+        assert held is not None or isinstance(H.along_n_config(shape[1]), H.HoldConfig)
+        q, scale = F.quantize_fp8_rowwise_3d(w, along="N", config=held)
         q_ref, scale_ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
         assert_same_bytes(q, q_ref)
         assert torch.equal(scale, scale_ref)

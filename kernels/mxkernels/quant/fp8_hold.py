@@ -99,16 +99,18 @@ class HoldConfig:
 # The holding kernel's defaults: each thread holds HOLD_PER_THREAD elements, a program up to HOLD_MAX_WARPS warps
 # (32768 elements, 64 KiB of bf16); strips of 64 columns (whole 128-byte lines of each bf16 row) down to 16 (one
 # 32-byte sector). At 64 a thread, 16 warps compile to 126-128 registers (sm_90, triton 3.9: 0-56 bytes of stack);
-# at 128 a thread, 384 bytes of stack. Predictions in docs/perf-log.md (2026-11-29), not measured yet.
+# at 128 a thread, 384 bytes of stack. Strips narrower than 32 columns are not held: a 16-column strip reads one
+# 32-byte sector of each row, and those launches streamed below the walking kernels they would replace, while
+# 32-column strips (64 bytes a row) were the fastest launch measured (docs/perf-log.md).
 HOLD_PER_THREAD = 64
 HOLD_MAX_WARPS = 16
-_HOLD_STRIP_MAX, _HOLD_STRIP_MIN = 64, 16
+_HOLD_STRIP_MAX, _HOLD_STRIP_MIN = 64, 32
 
 
 def hold_config(rows: int) -> HoldConfig | None:
     """The holding launch for strips of up to ``rows`` rows: the widest strip (64 columns down to 16) whose
     next_pow2(rows) x strip elements fit HOLD_MAX_WARPS warps of HOLD_PER_THREAD each, as many warps as it takes
-    (4 at least), two programs per SM up to 8 warps. None where even 16 columns do not fit."""
+    (4 at least), two programs per SM up to 8 warps. None where even 32 columns do not fit."""
     hold = max(triton.next_power_of_2(max(rows, 1)), 16)
     most = HOLD_MAX_WARPS * 32 * HOLD_PER_THREAD
     strip = min(_HOLD_STRIP_MAX, most // hold)
@@ -124,8 +126,10 @@ def along_n_config(rows: int) -> HoldConfig | WalkConfig:
     return hold_config(rows) or ALONG_N_CONFIG
 
 
-# Room the k_groups default leaves over the average group (rows / groups): routing is rarely balanced.
-K_GROUPS_HOLD_ROOM = 1.25
+# Room the k_groups default leaves over the average group (rows / groups). None: sized for the average, since the
+# launch sized for 1.25x it (the next power of two up, narrower strips) was slower at every balanced shape measured
+# than holding the average and walking the larger groups of a skewed routing in two passes (docs/perf-log.md).
+K_GROUPS_HOLD_ROOM = 1.0
 
 
 def k_groups_config(rows: int, groups: int) -> HoldConfig | ColwiseConfig:
