@@ -152,7 +152,7 @@ def test_gpu_layer_shapes_at_least_as_close_as_addmm_exact_on_integers_and_graph
     ref = g.double() @ wr.double() + x_in.double()
     ours = GR.token_grad(g, wr, x_in)
     assert _sqnr(ours, ref) >= _sqnr(torch.addmm(x_in, g, wr), ref) - 0.05
-    gi, wi, xi = _operands(T if T <= 16384 else 16384, E, K, seed=4, device="cuda")
+    gi, wi, xi = _operands(min(T, 16384), E, K, seed=4, device="cuda")
     assert torch.equal(GR.token_grad(gi, wi, xi), GR.token_grad_reference(gi, wi, xi))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -22,9 +22,9 @@ from enum import StrEnum
 
 import torch
 
-from .gate_grad import token_grad
 from ..core.cost import Cost, ceil_to
 from ..core.runtime import InputError, check_tensor
+from .gate_grad import token_grad
 
 INDEX_DTYPE = torch.int32
 
