@@ -78,9 +78,11 @@ class TokenGradConfig:
     # Output columns a program; its (E, block_k) slice of wr is loaded once (E = 128: 32 KiB).
     block_k: int = 128
     num_warps: int = 4
-    # Row blocks in flight a program: two tiles of 16 KiB each, three deep, hide the memory latency of one SM's share.
+    # The row-block loop's pipelining depth (``tl.range``); the SM90 cross-compile shows no asynchronous copies for it,
+    # so what is in flight is one row block's tiles a program (16 KiB of grad_x_in at 64 x 128).
     num_stages: int = 3
-    # Programs an SM: the column slices x programs along T ~ SMs x this.
+    # Programs an SM: the column slices x programs along T ~ SMs x this (two: ~32 KiB of reads in flight an SM, near
+    # the ~36 KiB that 4.8 TB/s needs at ~1 us latency; shared memory 14 KiB a program at E <= 16, 56 KiB at 128).
     programs_per_sm: int = 2
 
     def __post_init__(self):
