@@ -1,8 +1,8 @@
 """Specification of the FP8 rowwise grouped GEMM's shape classes (kernels/mxkernels/gemm/shape_classes.py) and of
 the dispatch that runs them (``grouped_gemm.choose``, ``backend=None`` calls, the GEMM stages of a step and a layer).
 
-The classes are checked against shapes worked by hand (the boundary ``G > 4.22 x steps + 22.5`` from the table's
-fitted constants; rows per expert; the 256-column tail); the dispatch under the interpreter with the device's
+The classes are checked against shapes worked by hand (the case; the 256-column tail against the narrow tile's
+12.7%); the dispatch under the interpreter with the device's
 capability patched to SM90 (the class's backend and launch reach the kernel, and the result equals the oracle on
 integer operands); on the GPU (marker ``gpu``) every class's kernel and launch with ragged, empty and tiny groups at
 a 2880-wide output, bit for bit against torch's ``_scaled_grouped_mm`` and against the oracle, and the dispatch
@@ -28,24 +28,25 @@ C = ShapeClass
 
 # (case, M, N, K, G) in the kernel's terms: 2d3d a (M, K) x b (G, N, K); 2d2d a (N, M) x b (K, M).
 HAND_WORKED = {
-    # DeepSeek-V3 (K 7168, N 2048, 8 experts of 16384 rows): 56 / 16 steps, bounds 259 / 90 > 8: its defaults.
-    "deepseek-v3 fwd": (("2d3d", 131072, 2048, 7168, 8), C.FEW_GROUPS),
-    "deepseek-v3 dgrad": (("2d3d", 131072, 7168, 2048, 8), C.FEW_GROUPS),
+    "deepseek-v3 fwd": (("2d3d", 131072, 2048, 7168, 8), C.GROUPED),
+    "deepseek-v3 dgrad": (("2d3d", 131072, 7168, 2048, 8), C.GROUPED),
     "deepseek-v3 wgrad": (("2d2d", 131072, 2048, 7168, 8), C.WGRAD),
-    "llama4-scout fwd": (("2d3d", 131072, 8192, 5120, 8), C.FEW_GROUPS),
-    "llama4-scout dgrad": (("2d3d", 131072, 5120, 8192, 8), C.FEW_GROUPS),
-    # Qwen3-30B-A3B's layer: down fwd contracts 768 (6 steps, bound 47.9 < 128), 1024 rows an expert.
-    "qwen3 down fwd": (("2d3d", 131072, 2048, 768, 128), C.MANY_GROUPS),
-    "qwen3 up fwd": (("2d3d", 131072, 1536, 2048, 128), C.MANY_GROUPS),  # 16 steps, bound 90.0
+    "llama4-scout fwd": (("2d3d", 131072, 8192, 5120, 8), C.GROUPED),
+    "llama4-scout dgrad": (("2d3d", 131072, 5120, 8192, 8), C.GROUPED),
+    # Qwen3-30B-A3B's layer at 128 experts: the warp-specialized kernel since its walk resumes (measured, H200).
+    "qwen3 down fwd": (("2d3d", 131072, 2048, 768, 128), C.GROUPED),
+    "qwen3 up fwd": (("2d3d", 131072, 1536, 2048, 128), C.GROUPED),
     "qwen3 wgrad": (("2d2d", 131072, 768, 2048, 128), C.WGRAD),
-    # gpt-oss-120b: 2880 = 22.5 steps -> 23, bound 0.232 x 23 + 1.24 = 6.576 / 0.055 = 119.6 < 128.
-    "gpt-oss fwd": (("2d3d", 131072, 2880, 2880, 128), C.MANY_GROUPS),
-    # 128 experts of 128 rows: 256-row tiles would compute twice the rows.
-    "tiny groups": (("2d3d", 16384, 768, 2048, 128), C.MANY_SMALL_GROUPS),
+    "gpt-oss fwd": (("2d3d", 131072, 2880, 2880, 128), C.GROUPED),
+    # 128 experts of 128 rows: no class of their own (ws 3% ahead of 64-row tiles over fwd + dgrad).
+    "tiny groups": (("2d3d", 16384, 768, 2048, 128), C.GROUPED),
     # 8 experts, N 384: 256-column tiles compute 512 (33% waste), 128-column ones 384 (none): 0.33 > 0.127.
-    "narrow tail": (("2d3d", 65536, 384, 7168, 8), C.FEW_GROUPS_NARROW_TAIL),
-    # 2880 wide with few experts: 6.7% - 2.2% < 12.7%, the wide tile stays.
-    "2880 few groups": (("2d3d", 65536, 2880, 2880, 8), C.FEW_GROUPS),
+    "narrow tail": (("2d3d", 65536, 384, 7168, 8), C.GROUPED_NARROW_TAIL),
+    # N 640: 768 computed at 256 (20% waste), 640 at 128 (none): 0.20 > 0.127; at 128 experts too.
+    "narrow tail, many experts": (("2d3d", 65536, 640, 2048, 128), C.GROUPED_NARROW_TAIL),
+    # 2880 wide: 6.7% - 2.2% < 12.7%, the wide tile stays; N 1152: 12.5% - 0 < 12.7%, just.
+    "2880": (("2d3d", 65536, 2880, 2880, 8), C.GROUPED),
+    "1152": (("2d3d", 65536, 1152, 2880, 8), C.GROUPED),
 }
 
 
@@ -55,33 +56,15 @@ def test_hand_worked_shapes_get_their_class(name):
     assert TABLE.classify(GemmShape(*shape)) == expected
 
 
-def test_deepseek_v3_and_scout_keep_the_defaults_they_were_chosen_on():
-    """The classes of the coarse models run exactly the launches chosen on an H100 (docs/perf-log.md): 128 x 256 x
-    128 tiles, three slots and bands of 8 in 2D x 3D, four slots and bands of 16 in 2D x 2D."""
-    few, wgrad = TABLE.choices[C.FEW_GROUPS], TABLE.choices[C.WGRAD]
-    assert (few.backend, few.config) == ("triton_ws", W.WsConfig(128, 256, 128, num_stages=3, group_m=8))
+def test_grouped_and_wgrad_run_the_ws_defaults_chosen_on_the_h100():
+    """2D x 3D at every expert count and 2D x 2D run exactly the launches chosen on an H100 (docs/perf-log.md):
+    128 x 256 x 128 tiles, three slots and bands of 8 in 2D x 3D, four slots and bands of 16 in 2D x 2D."""
+    grouped, wgrad = TABLE.choices[C.GROUPED], TABLE.choices[C.WGRAD]
+    assert (grouped.backend, grouped.config) == ("triton_ws", W.WsConfig(128, 256, 128, num_stages=3, group_m=8))
     assert (wgrad.backend, wgrad.config) == ("triton_ws", W.WsConfig(128, 256, 128, num_stages=4, group_m=16))
-    assert few.config == W.default_config("2d3d") and wgrad.config == W.default_config("2d2d")
-
-
-def test_fine_grained_classes_run_the_measured_single_warpgroup_launches():
-    many = TABLE.choices[C.MANY_GROUPS]
-    assert many.backend == "triton"
-    assert (many.config.block_m, many.config.block_n, many.config.block_k) == (256, 128, 128)
-    assert (many.config.num_warps, many.config.num_stages, many.config.promote) == (8, 3, 128)  # torch's sums
-    small = TABLE.choices[C.MANY_SMALL_GROUPS]
-    assert (small.backend, small.config.block_m, small.config.programs_per_sm, small.config.promote) == (
-        "triton", 64, 2, 128)  # fmt: skip
-
-
-def test_the_walk_bound_is_the_fit_worked_by_hand():
-    # (1.016 - 0.784) x steps + (4.24 - 3.0), over 0.055 us a group
-    assert TABLE.walk_bound(6) == pytest.approx(47.85, abs=0.01)
-    assert TABLE.walk_bound(16) == pytest.approx(90.04, abs=0.01)
-    edge = lambda G: TABLE.classify(GemmShape("2d3d", 1024 * G, 1536, 2048, G))
-    assert edge(90) == C.FEW_GROUPS and edge(91) == C.MANY_GROUPS
-    rows = lambda r: TABLE.classify(GemmShape("2d3d", r * 128, 768, 768, 128))
-    assert rows(383) == C.MANY_SMALL_GROUPS and rows(384) == C.MANY_GROUPS
+    assert grouped.config == W.default_config("2d3d") and wgrad.config == W.default_config("2d2d")
+    narrow = TABLE.choices[C.GROUPED_NARROW_TAIL]
+    assert (narrow.backend, narrow.config.block_n) == ("triton_ws", 128)
 
 
 def test_every_class_has_a_launch_its_backend_takes():
@@ -89,7 +72,7 @@ def test_every_class_has_a_launch_its_backend_takes():
         assert choice.why
         assert isinstance(choice.config, GG.CONFIG_TYPES["fp8_rowwise"][choice.backend]), cls
     with pytest.raises(InputError, match="no choice"):
-        SC.ClassTable(1, 1, 1, 1, 1, 1, 0.1, choices={C.WGRAD: TABLE.choices[C.WGRAD]})
+        SC.ClassTable(0.1, choices={C.WGRAD: TABLE.choices[C.WGRAD]})
     with pytest.raises(InputError, match="case"):
         GemmShape("3d3d", 1, 1, 1, 1)
 
@@ -103,7 +86,7 @@ def test_only_sm90_fp8_rowwise_has_classes(monkeypatch):
     assert GG.choose("fp8_rowwise", "2d3d", 131072, 2048, 768, 128, "cuda") == SC.Choice(
         GG.default_backend("fp8_rowwise", "cuda"), None, GG.choose("fp8_rowwise", "2d3d", 1, 1, 1, 1, "cuda").why)
     monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
-    assert GG.choose("fp8_rowwise", "2d3d", 131072, 2048, 768, 128, "cuda") is TABLE.choices[C.MANY_GROUPS]
+    assert GG.choose("fp8_rowwise", "2d3d", 131072, 2048, 768, 128, "cuda") is TABLE.choices[C.GROUPED]
     assert GG.choose("mxfp8", "2d3d", 131072, 2048, 768, 128, "cuda").config is None
 
 
@@ -129,39 +112,39 @@ def sm90_spies(monkeypatch):
 
 
 def test_backend_none_runs_the_class_kernel_and_launch(sm90_spies):
-    # 40 experts of ~3 rows, K 32 (one step: bound 26.8 < 40), under 384 rows each: the 64-row tiles.
+    # 40 experts of ~3 rows, 256 columns (no tail): the warp-specialized kernel with its default launch.
     sizes = [0, 5, 1, 0, 7] * 8
-    ops = case_2d3d(sizes, N=48, K=32, extra_rows=3)
+    ops = case_2d3d(sizes, N=256, K=32, extra_rows=3)
     out = GG.fp8_rowwise_scaled_grouped_mm(*ops, out_dtype=torch.float32)
-    assert sm90_spies == [("triton", TABLE.choices[C.MANY_SMALL_GROUPS].config)]
+    assert sm90_spies == [("triton_ws", TABLE.choices[C.GROUPED].config)]
     assert_matches(out, ops, rows=sum(sizes))
-    # 3 experts: the walk is cheap, the warp-specialized kernel with its default launch (256 columns: no tail);
-    # 48 columns would waste 81% of a 256-column tile and 62% of a 128-column one: the narrow tile.
+    # 3 experts, the same; 48 columns would waste 81% of a 256-column tile and 62% of a 128-column one: the narrow
+    # tile.
     ops = case_2d3d([40, 0, 24], N=256, K=32)
     GG.fp8_rowwise_scaled_grouped_mm(*ops, out_dtype=torch.float32)
     ops = case_2d3d([40, 0, 24], N=48, K=32)
     GG.fp8_rowwise_scaled_grouped_mm(*ops, out_dtype=torch.float32)
     ops = case_2d2d([48, 0, 32], N=32, K=48)
     GG.fp8_rowwise_scaled_grouped_mm(*ops, out_dtype=torch.float32)
-    assert sm90_spies[1:] == [("triton_ws", TABLE.choices[C.FEW_GROUPS].config),
-                              ("triton_ws", TABLE.choices[C.FEW_GROUPS_NARROW_TAIL].config),
+    assert sm90_spies[1:] == [("triton_ws", TABLE.choices[C.GROUPED].config),
+                              ("triton_ws", TABLE.choices[C.GROUPED_NARROW_TAIL].config),
                               ("triton_ws", TABLE.choices[C.WGRAD].config)]  # fmt: skip
 
 
 def test_a_backend_or_launch_given_is_kept(sm90_spies):
     ops = case_2d3d([0, 5, 1, 0, 7] * 8, N=48, K=32)
-    mine = F.default_config("2d3d")
+    mine = W.WsConfig(num_stages=5)  # the class (narrow tail) would run 128 columns, 4 slots
     GG.fp8_rowwise_scaled_grouped_mm(*ops, config=mine, out_dtype=torch.float32)
-    GG.fp8_rowwise_scaled_grouped_mm(*ops, backend="triton_ws", out_dtype=torch.float32)
-    assert sm90_spies == [("triton", mine), ("triton_ws", None)]
+    GG.fp8_rowwise_scaled_grouped_mm(*ops, backend="triton", out_dtype=torch.float32)
+    assert sm90_spies == [("triton_ws", mine), ("triton", None)]
 
 
 def test_grouped_mm_front_door_dispatches_by_class_and_names_the_backend(sm90_spies):
     sizes = [0, 5, 1, 0, 7] * 8
     a = torch.randn(sum(sizes), 32)
-    b = torch.randn(len(sizes), 32, 48)
+    b = torch.randn(len(sizes), 32, 256)
     result = GG.grouped_mm(a, b, offsets(sizes), "fp8_rowwise")
-    assert result.backend == "triton" and sm90_spies == [("triton", TABLE.choices[C.MANY_SMALL_GROUPS].config)]
+    assert result.backend == "triton_ws" and sm90_spies == [("triton_ws", TABLE.choices[C.GROUPED].config)]
 
 
 def test_the_step_and_layer_stages_name_each_gemms_class(monkeypatch):
@@ -170,20 +153,17 @@ def test_the_step_and_layer_stages_name_each_gemms_class(monkeypatch):
 
     monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
     gemms = lambda stages: {s.name: (s.backend, s.fn.keywords.get("config")) for s in stages if s.backend}
-    # Qwen3's expert shape (K 2048, N 768, 128 x 512 rows): fwd and dgrad many groups, wgrad ws.
-    got = gemms(step_stages("fp8_rowwise", 65536, 768, 2048, 128))
-    many, wgrad = TABLE.choices[C.MANY_GROUPS], TABLE.choices[C.WGRAD]
-    assert got == {"gemm_fwd": ("triton", many.config), "gemm_dgrad": ("triton", many.config),
-                   "gemm_wgrad": ("triton_ws", wgrad.config)}  # fmt: skip
-    few = TABLE.choices[C.FEW_GROUPS]
-    got = gemms(step_stages("fp8_rowwise", 131072, 2048, 7168, 8))  # DeepSeek-V3: unchanged
-    assert got == {"gemm_fwd": ("triton_ws", few.config), "gemm_dgrad": ("triton_ws", few.config),
-                   "gemm_wgrad": ("triton_ws", wgrad.config)}  # fmt: skip
+    # Qwen3's expert shape (K 2048, N 768, 128 x 512 rows) and DeepSeek-V3's: the same launches.
+    grouped, wgrad = TABLE.choices[C.GROUPED], TABLE.choices[C.WGRAD]
+    for shape in ((65536, 768, 2048, 128), (131072, 2048, 7168, 8)):
+        got = gemms(step_stages("fp8_rowwise", *shape))
+        assert got == {"gemm_fwd": ("triton_ws", grouped.config), "gemm_dgrad": ("triton_ws", grouped.config),
+                       "gemm_wgrad": ("triton_ws", wgrad.config)}, shape  # fmt: skip
     given = gemms(step_stages("fp8_rowwise", 65536, 768, 2048, 128, backend="triton_ws"))
     assert set(given.values()) == {("triton_ws", None)}  # a backend given runs everywhere, with its own launch
     # Qwen3-30B-A3B's layer (16384 tokens, top-8: 131072 rows; down contracts 768 into 2048 columns)
     got = gemms(layer_stages("fp8_rowwise", LayerShape(T=16384, K=2048, N=768, E=128, top_k=8)))
-    assert got["down.gemm_fwd"] == ("triton", many.config) and got["down.gemm_wgrad"] == ("triton_ws", wgrad.config)
+    assert got["down.gemm_fwd"] == ("triton_ws", grouped.config) and got["down.gemm_wgrad"] == ("triton_ws", wgrad.config)
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------------------------

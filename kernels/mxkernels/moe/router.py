@@ -22,9 +22,9 @@ from enum import StrEnum
 
 import torch
 
-from .gate_grad import gate_weight_grad
 from ..core.cost import Cost, ceil_to
 from ..core.runtime import InputError, check_tensor
+from .gate_grad import token_grad
 
 INDEX_DTYPE = torch.int32
 
@@ -178,13 +178,14 @@ def router_grad_reference(grad_top, scores, experts, *, score_func):
 
 def router_gate_grad(grad_logits: torch.Tensor, x: torch.Tensor, wr: torch.Tensor, *others: torch.Tensor):
     """(grad_x (T, K) bf16, grad_wr (E, K) bf16): the gate linear's backward, grad_x summed (fp32, one rounding)
-    with ``others``, the token gradients of the layer's other paths (routed experts, shared experts). grad_x is a
-    library GEMM (its T x K output fills the GPU); grad_wr, whose T-long contraction leaves a library GEMM a few
-    tiles, is split along the tokens (``gate_grad.gate_weight_grad``)."""
-    total = torch.mm(grad_logits, wr) if not others else torch.addmm(others[0], grad_logits, wr)
+    with ``others[0]``, then each further other path's token gradient added (a rounding each). grad_x is a stream of
+    T x K with an E-long contraction (``gate_grad.token_grad``: 2.4 ms as ``torch.addmm`` at DeepSeek-V3's layer, 39%
+    of the copy roof); grad_wr is ``torch.mm`` (our split-T kernel lost to it at all four layers measured on an H200:
+    docs/perf-log.md 2026-11-29)."""
+    total = token_grad(grad_logits, wr, others[0] if others else None)
     for o in others[1:]:
         total = torch.add(total, o)
-    return total, gate_weight_grad(grad_logits, x)
+    return total, torch.mm(grad_logits.t(), x)
 
 
 def router_gate_grad_reference(grad_logits, x, wr, *others):

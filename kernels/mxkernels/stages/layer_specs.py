@@ -258,7 +258,7 @@ def _common() -> list[StageSpec]:
         _spec(B, "router_gate_grad", DW, G, "Router gate backward; grad_x summed with the experts' paths",
               (_p("grad_logits", "bf16 (T, E)"), _X, _p("wr", "bf16 (E, K)"), _p("grad_x_in", "bf16 (T, K)")),
               (_p("grad_x", "bf16 (T, K)"), _p("grad_wr", "bf16 (E, K)")), moe_router.router_gate_grad_reference,
-              gemm, moe_router.router_gate_grad, "torch.addmm + split-T gate_weight_grad"),
+              gemm, moe_router.router_gate_grad, "Triton token_grad + torch.mm"),
         _spec(B, "shared_down_grad", DI, G, "Shared experts: down projection backward",
               (_p("dy", "bf16 (T, K)"), _p("acts", "bf16 (T, Ns)"), _p("ws2", "bf16 (1, K, Ns)")),
               (_p("grad_acts", "bf16 (T, Ns)"), _p("grad_ws2", "bf16 (1, K, Ns)")), _shared_down_grad_reference, gemm,
