@@ -42,13 +42,10 @@ for step in "${@:-env tests tune}"; do
     tune)
       # shellcheck disable=SC2086  # TUNE_ARGS is a list of options
       run tune 540 python scripts/tune_fp8_gemm.py --out "$OUT/tune_fp8_gemm.json" --budget-s 420 $TUNE_ARGS ;;
-    step)
+    step)  # every backend in one invocation against one bf16 baseline (scripts/step_backends.py)
       for preset in deepseek-v3 llama4-scout; do
-        for backend in $STEP_BACKENDS; do
-          run "step-$preset-$backend" 300 mxbench roofline --preset "$preset" --M 131072 --recipe fp8_rowwise \
-            --fuse-scales --backend "$backend" --denominator measured --samples 10 \
-            --out "$OUT/results/roofline-$preset-fp8_rowwise-$backend.json"
-        done
+        run "step-$preset" 600 python scripts/step_backends.py --preset "$preset" --M 131072 --recipe fp8_rowwise \
+          --backends "${STEP_BACKENDS// /,}" --fuse-scales --denominator measured --samples 10 --out-dir "$OUT/results"
       done ;;
     deepgemm)
       run deepgemm-lib 60 bash scripts/peers/build_deepgemm.sh --check || continue

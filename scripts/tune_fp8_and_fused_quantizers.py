@@ -505,7 +505,8 @@ def main() -> None:
     bad = [c["check"] for c in checks if not c["ok"]] + [f"{r['case']} / {r['config']}" for r in rows if not r["ok"]]
     print(f"not ok: {'; '.join(bad)}" if bad else "every launch and check bit-exact")
     session.finish(
-        SCRIPT, rows, skipped, {"roofs_tbps": roofs, "checks": checks, "sizes": {"M": M, "K": K, "N": N, "G": G}}
+        SCRIPT, rows, skipped, {"roofs_tbps": roofs, "checks": checks, "sizes": {"M": M, "K": K, "N": N, "G": G}},
+        timing={"target_replay_ms": 5.0},
     )
 
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
 import traceback
+
+# tuning first: it makes mxkernels and mxbench importable from a checkout where they are not installed.
+# isort: off
+from tuning import measured_metadata, tuning_run, write_run
 
 import torch
 import triton
@@ -30,6 +33,8 @@ from mxkernels.gemm.dequant import dequantize_blocked
 from mxkernels.gemm.mx_triton import TileConfig
 
 from mxbench.instruments.timing import time_fn
+
+# isort: on
 
 K, N, G = 7168, 2048, 8
 MIN_SQNR_DB = 40.0
@@ -57,6 +62,8 @@ VARIANTS = [
     Variant("triton_fp8", TileConfig(64, 64, num_warps=4, num_stages=4, group_m=8), cases=("2d2d",)),
 ]
 
+
+_TIMING = {"samples": 10, "warmup": 2}  # every timing of this script (stored with its runs)
 
 def offsets(sizes: list[int]) -> torch.Tensor:
     return torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
@@ -94,7 +101,7 @@ def small_check(case: str, variant: Variant) -> float:
 
 def timed(fn) -> tuple[float, float]:
     """(median, interquartile range) in microseconds per call: cold-L2 graph replays after warm-up calls."""
-    t = time_fn(fn, samples=10, warmup=2)
+    t = time_fn(fn, **_TIMING)
     return t.median_us, t.iqr_us
 
 
@@ -172,6 +179,7 @@ def main() -> int:
         print("tune_gemm.py needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the emulated reference multiplies in fp32
+    meta = measured_metadata(" ".join(sys.argv), _TIMING)  # before any timing: the clocks the run started under
     device = torch.cuda.get_device_name()
     print(f"# {device} cc={torch.cuda.get_device_capability()} torch {torch.__version__} triton {triton.__version__}")
     rows, t0 = [], time.time()
@@ -182,11 +190,10 @@ def main() -> int:
             torch.cuda.empty_cache()
             print(f"# [{time.time() - t0:4.0f}s] done {case} M={M}")
     if os.environ.get("OUT"):
-        path = os.path.join(os.environ["OUT"], "tune_gemm.json")
-        with open(path, "w") as f:
-            meta = {"device": device, "torch": torch.__version__, "triton": triton.__version__}
-            json.dump({**meta, "rows": rows}, f, indent=1)
-        print(f"# wrote {path}")
+        from mxbench.measuring.metadata import now
+
+        run = tuning_run("tune_gemm", {**meta, "finished": now()}, rows, [], {}, None)
+        write_run(os.path.join(os.environ["OUT"], "tune_gemm.json"), run)
     return 0
 
 

@@ -182,7 +182,8 @@ def main() -> None:
         print(f"  {f['quantizer']:5s} {tuple(f['shape'])}: rceil {rceil} us, floor {f['us']:.2f} us")
     keys = ("quantizer", "shape", "config", "us", "tbps")
     best = [{k: r[k] for k in keys} for r in best_case.values()]
-    session.finish("tune_quantize", rows, skipped, {"best_per_case": best, "best_per_quantizer": best_kind})
+    summary = {"best_per_case": best, "best_per_quantizer": best_kind}
+    session.finish("tune_quantize", rows, skipped, summary, timing={"target_replay_ms": 5.0})
 
 
 if __name__ == "__main__":

@@ -29,6 +29,43 @@ _importable_from_checkout()
 # Imported after the path set-up above.
 from mxbench.instruments.ceilings import stream_convert
 from mxbench.instruments.timing import time_fn
+from mxbench.measuring.metadata import now
+from mxbench.storage.validation import Published, validate
+
+SCHEMA = 1
+"""The version of ``mxbench/data/tuning.schema.json`` written."""
+TIME_FN = {"function": "mxbench.instruments.timing.time_fn", "cold_l2": True, "use_graph": True, "warmup": 3,
+           "target_replay_ms": 10.0}  # fmt: skip
+"""``time_fn``'s defaults: a script's ``timing`` names what it changes (samples always)."""
+
+
+def measured_metadata(command: str, timing: dict) -> dict:
+    """The run metadata a measured mxbench run carries (card, driver, clocks and power limits as found, versions,
+    commits, date, command line), with ``timing``: ``mxbench.measuring.metadata.tuning_metadata``."""
+    from mxbench.instruments.kit import Instruments
+    from mxbench.measuring.metadata import tuning_metadata
+
+    return tuning_metadata(Instruments.real(), command, {**TIME_FN, **timing})
+
+
+def tuning_run(script: str, meta: dict, rows: list, skipped: list, summary: dict, copy_roof: float | None) -> dict:
+    """A tuning run as ``tuning.schema.json`` publishes it; the fields files before the schema had stay where they
+    were (``--table`` and the other readers read them)."""
+    run = {"schema": SCHEMA, "kind": "tuning", "script": script, "meta": meta, "device": meta["card"],
+           "torch": meta["torch"], "triton": meta["triton"], "copy_tbps": copy_roof, "rows": rows,
+           "skipped": skipped, **summary}  # fmt: skip
+    validate(run, Published.TUNING)  # the metadata held to the schema; rows are each script's own
+    return run
+
+
+def write_run(path: str, run: dict) -> None:
+    """Write ``run`` to ``path`` (its folder made), whole or not at all."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(run, f, indent=1, default=str)
+    os.replace(tmp, path)
+    print(f"wrote {path}")
 
 
 def copy_tbps(rows: int, cols: int, samples: int, dtype: torch.dtype = torch.bfloat16) -> float:
@@ -49,16 +86,20 @@ def copy_tbps(rows: int, cols: int, samples: int, dtype: torch.dtype = torch.bfl
 
 @dataclass(frozen=True)
 class Session:
-    """A tuning run: its parsed options, its start time, the card, and the copy roof (TB/s) measured first."""
+    """A tuning run: its parsed options, its start time, the card, the copy roof (TB/s) measured first, and the run
+    metadata taken before any timing (``measured_metadata``: the clocks and limits the run started under)."""
 
     args: argparse.Namespace
     t0: float
     device: str
     roof: float
+    meta: dict
 
-    def finish(self, script: str, rows: list, skipped: list, summary: dict) -> None:
-        """Say what the time budget skipped and how long the run took; write every number to ``--out`` where the
-        script has that option and it is given, else to ``$OUT/<script>.json`` when ``$OUT`` is set."""
+    def finish(self, script: str, rows: list, skipped: list, summary: dict, timing: dict | None = None) -> None:
+        """Say what the time budget skipped and how long the run took; write every number with the run's metadata
+        (``tuning.schema.json``) to ``--out`` where the script has that option and it is given, else to
+        ``$OUT/<script>.json`` when ``$OUT`` is set. ``timing``: the script's ``time_fn`` settings beyond
+        ``TIME_FN`` (default: ``--samples``)."""
         if skipped:
             print(f"{len(skipped)} configs skipped: time budget of {self.args.budget_s:.0f} s spent")
         print(f"done in {time.monotonic() - self.t0:.0f} s")
@@ -66,12 +107,8 @@ class Session:
         if path is None and os.environ.get("OUT"):
             path = os.path.join(os.environ["OUT"], f"{script}.json")
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            meta = {"device": self.device, "torch": torch.__version__, "triton": triton.__version__,
-                    "copy_tbps": self.roof}  # fmt: skip
-            with open(path, "w") as f:
-                json.dump({**meta, "rows": rows, "skipped": skipped, **summary}, f, indent=1, default=str)
-            print(f"wrote {path}")
+            meta = {**self.meta, "timing": {**self.meta["timing"], **(timing or {})}, "finished": now()}
+            write_run(path, tuning_run(script, meta, rows, skipped, summary, self.roof))
 
 
 def start(
@@ -98,4 +135,5 @@ def start(
     t0 = time.monotonic()
     device = torch.cuda.get_device_name()
     print(f"{device}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
-    return Session(args, t0, device, copy_tbps(rows, cols, args.samples))
+    meta = measured_metadata(" ".join(sys.argv), {"samples": args.samples})
+    return Session(args, t0, device, copy_tbps(rows, cols, args.samples), meta)

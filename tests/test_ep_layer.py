@@ -196,6 +196,44 @@ def test_planted_faults_fail_their_stage_and_the_layer(world_of_one, impl, score
     assert not any(c.ok for c in layer_checks if c.output == "y")
 
 
+@pytest.mark.parametrize("score_before", [True, False])
+@pytest.mark.parametrize("stage", ["sort_tokens", "unsort_combine", "sort_grad", "unsort_grad"])
+def test_a_stage_table_that_flips_a_scored_stages_weighting_fails_that_stage(world_of_one, monkeypatch, stage,
+                                                                               score_before):  # fmt: skip
+    # the kernel is told the wrong ``weighted``; its oracle follows the layer's score placement, not that flag
+    from types import MappingProxyType
+
+    real = ep_layer.ep_layer_stages
+
+    def flipped(*args, **kwargs):
+        return [replace(st, params=MappingProxyType({**st.params, "weighted": not st.params["weighted"]}))
+                if st.name == stage else st for st in real(*args, **kwargs)]  # fmt: skip
+
+    monkeypatch.setattr(ep_layer, "ep_layer_stages", flipped)
+    stage_checks, _ = ep_check.check_strategy(world_of_one, "bf16", options(score_before))
+    assert [c.stage for c in stage_checks if c.verdict != "PASS"] == [stage]
+
+
+def test_scored_stage_oracles_follow_the_layers_formulas_by_hand():
+    from mxkernels.reference.ep_layer_stages import scored_oracle
+
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.bfloat16)  # 2 tokens, top-2: copies 0..3
+    token_of = torch.tensor([1, 0, 0, 1], dtype=torch.int32)  # sorted copies' tokens
+    row_w = torch.tensor([0.5, 2.0, 0.25, 1.0])
+    assert scored_oracle("sort_tokens", True)(x, token_of, row_w, weighted=False)[0].tolist() == \
+        [[1.5, 2.0], [2.0, 4.0], [0.25, 0.5], [3.0, 4.0]]  # fmt: skip
+    assert scored_oracle("sort_grad", True)(x, token_of, row_w, weighted=True)[0].tolist() == \
+        [[3.0, 4.0], [1.0, 2.0], [1.0, 2.0], [3.0, 4.0]]  # fmt: skip
+    ys = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [4.0, 8.0]], dtype=torch.bfloat16)
+    pos = torch.tensor([2, 0, 3, 1], dtype=torch.int32)  # copy c sits at sorted row pos[c]
+    top = torch.tensor([[0.5, 0.25], [1.0, 2.0]])  # copy-order scores
+    # token 0: ys[2], ys[0]; token 1: ys[3], ys[1]
+    assert scored_oracle("unsort_combine", True)(ys, pos, top, weighted=True)[0].tolist() == [[3.0, 2.0], [4.0, 9.0]]
+    assert scored_oracle("unsort_combine", False)(ys, pos, top, weighted=False)[0].tolist() == \
+        [[1.25, 1.0], [4.0, 10.0]]  # fmt: skip
+    assert scored_oracle("unsort_grad", True)(ys, pos, top, weighted=False)[0].tolist() == [[1.25, 1.0], [4.0, 10.0]]
+
+
 def test_two_processes_check_every_strategy_with_the_mxfp8_wgrad_skewed_top_2():
     done = mxbench_ep("--nproc", "2", "--check", *TINY, "--top-k", "2", "--groups", "skewed", "--seed", "1",
                       "--wgrad", "recipe", timeout=600)  # fmt: skip

@@ -172,6 +172,16 @@ def test_costs_are_the_chain_less_the_reread():
         assert fused == Cost(chain.bytes_read - reread[kind], chain.bytes_written)
 
 
+def test_fused_gather_costs_keep_the_gathers_dram_rule():
+    """The fused gathers read each of ``sources`` token rows once (the rest re-reads), as the plain gather."""
+    R, D, G, copies, T = 4096, 7168, 8, 2048, 512
+    for fused, quantizer in ((mf.gather_quantize_mxfp8_cost, quantize_blocked.quantize_dim0_blocked_cost),
+                             (mf.gather_quantize_fp8_cost, fp8_amax.with_amax_cost)):  # fmt: skip
+        cost = fused(R, D, G, copies, True, sources=T)
+        assert cost == Cost(T * D * 2 + R * 8, R * D * 2 + quantizer(R, D, G, torch.bfloat16).bytes_written,
+                            bytes_reread=(copies - T) * D * 2)  # fmt: skip
+
+
 # ---- no FMA contraction: the interpreter cannot show one (numpy rounds a * b + c twice), so check the launches ----
 
 

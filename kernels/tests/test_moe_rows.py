@@ -117,3 +117,14 @@ def test_costs():
     assert mr.gather_weighted_cost(10, 64, 8, weighted=True) == Cost(8 * 64 * 2 + 10 * 8, 10 * 64 * 2)
     assert mr.combine_rows_cost(4, 64, 2, weighted=False) == Cost(4 * 2 * (128 + 4), 4 * 128)
     assert mr.row_dot_cost(5, 64) == Cost(5 * (256 + 8), 20)
+
+
+def test_costs_count_a_source_row_once_from_dram():
+    """8 copies of 4 tokens (top-2) into 10 padded rows of 64: each token's row is read once from DRAM (4 * 128
+    bytes), its second copy is a re-read (4 * 128); the index and weights of all 10 rows; 10 rows written."""
+    assert mr.gather_weighted_cost(10, 64, 8, weighted=True, sources=4) == Cost(
+        4 * 128 + 10 * (4 + 4), 10 * 128, bytes_reread=4 * 128)
+    # more sources than copies (tokens some copy skips): never more rows than the copies read
+    assert mr.gather_weighted_cost(10, 64, 8, weighted=False, sources=20) == Cost(8 * 128 + 10 * 4, 10 * 128)
+    # row_dot of 8 pairs (a copy's own row, its token's row among 4): 8 a rows, 4 b rows, 2 indices a pair
+    assert mr.row_dot_cost(8, 64, b_sources=4) == Cost(8 * 128 + 4 * 128 + 8 * 8, 8 * 4, bytes_reread=4 * 128)

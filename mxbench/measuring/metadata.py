@@ -74,16 +74,36 @@ def points_metadata(points: Sequence[Point]) -> dict[str, Any]:
     }
 
 
+def card_metadata(ins: Instruments) -> dict[str, Any]:
+    """The card a measurement ran on: name, uuid, driver, its properties, and NVML's snapshot (clocks, power limits,
+    temperature, performance state) as found."""
+    props = dict(ins.device_properties())
+    nvml = dict(ins.snapshot())
+    return {"card": str(props.get("name") or "unknown"), "uuid": props.get("uuid"),
+            "driver": nvml.get("driver_version"), "device_properties": props, "nvml": nvml}  # fmt: skip
+
+
+def tuning_metadata(ins: Instruments, command: str, timing: Mapping[str, Any]) -> dict[str, Any]:
+    """Metadata of a tuning run (``scripts/tune_*.py``; ``tuning.schema.json``): what a measured run records
+    of the card, the software and the code, and ``timing``, the settings its ``time_fn`` calls used."""
+    return {
+        **card_metadata(ins),
+        "date": now(),
+        "command": command or " ".join(sys.argv),
+        **versions(),
+        "implementations": implementations_meta(implementation_modules()),
+        "timing": dict(timing),
+        "measured": True,
+        "kind": "tuning",
+    }
+
+
 def run_metadata(points: Sequence[Point], options: SweepOptions, ins: Instruments) -> dict[str, Any]:
     """Metadata of a measured run: the common part plus the card, its clocks and limits, and the options."""
-    props = dict(ins.device_properties())
-    card = str(props.get("name") or "unknown")
-    nvml = dict(ins.snapshot())
+    card = card_metadata(ins)
+    nvml = card.pop("nvml")
     return {
-        "card": card,
-        "uuid": props.get("uuid"),
-        "driver": nvml.get("driver_version"),
-        "device_properties": props,
+        **card,
         **common_metadata(points, options.command, implementation_modules(options.impls)),
         "nvml": nvml,
         "timing": options.timing(),

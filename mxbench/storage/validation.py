@@ -50,6 +50,7 @@ class Published(Enum):
     RUN = "run"
     CEILINGS = "ceilings"
     ALLTOALL_CEILINGS = "alltoall-ceilings"
+    TUNING = "tuning"
 
     @property
     def path(self):

@@ -138,14 +138,18 @@ def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.Ama
 
 
 def _fused(producer: Cost, quantizer: Cost) -> Cost:
-    """The producer's reads and both writes: the chain's bytes less the quantizer's read of the bf16 tensor."""
-    return Cost(producer.bytes_read, producer.bytes_written + quantizer.bytes_written)
+    """The producer's reads (and re-reads) and both writes: the chain's bytes less the quantizer's read of the bf16
+    tensor."""
+    return Cost(producer.bytes_read, producer.bytes_written + quantizer.bytes_written,
+                bytes_reread=producer.bytes_reread)  # fmt: skip
 
 
-def gather_quantize_mxfp8_cost(R: int, D: int, G: int, tokens_rows: int, weighted: bool) -> Cost:
-    """``gather_quantize_mxfp8`` of R rows of D (``tokens_rows`` distinct source rows read) in G groups. Saves
-    R * D * 2 bytes (the quantizer's read of xs) against the chain."""
-    return _fused(gather_weighted_cost(R, D, tokens_rows, weighted),
+def gather_quantize_mxfp8_cost(
+    R: int, D: int, G: int, tokens_rows: int, weighted: bool, *, sources: int | None = None
+) -> Cost:
+    """``gather_quantize_mxfp8`` of R rows of D (``tokens_rows`` copies gathered from ``sources`` distinct rows, as
+    ``gather_weighted_cost``) in G groups. Saves R * D * 2 bytes (the quantizer's read of xs) against the chain."""
+    return _fused(gather_weighted_cost(R, D, tokens_rows, weighted, sources=sources),
                   quantize_blocked.quantize_dim0_blocked_cost(R, D, G, _BF16))  # fmt: skip
 
 
@@ -162,10 +166,12 @@ def swiglu_backward_quantize_mxfp8_cost(M: int, N: int, G: int) -> Cost:
     return _fused(swiglu.swiglu_backward_cost(M, N), quantize_blocked.quantize_dim0_blocked_cost(M, 2 * N, G, _BF16))
 
 
-def gather_quantize_fp8_cost(R: int, D: int, G: int, tokens_rows: int, weighted: bool) -> Cost:
+def gather_quantize_fp8_cost(
+    R: int, D: int, G: int, tokens_rows: int, weighted: bool, *, sources: int | None = None
+) -> Cost:
     """``gather_quantize_fp8``: the gather's reads, xs, its e4m3, R fp32 scales and the (G, D) amax table. Saves
     R * D * 2 bytes."""
-    return _fused(gather_weighted_cost(R, D, tokens_rows, weighted), fp8_amax.with_amax_cost(R, D, G, _BF16))
+    return _fused(gather_weighted_cost(R, D, tokens_rows, weighted, sources=sources), fp8_amax.with_amax_cost(R, D, G, _BF16))
 
 
 def swiglu_quantize_fp8_cost(M: int, N: int, G: int) -> Cost:

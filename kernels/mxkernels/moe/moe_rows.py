@@ -198,10 +198,20 @@ def gather_weighted_reference(x, src, weight=None):
     return torch.where(valid, rows, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def gather_weighted_cost(rows: int, D: int, tokens_rows: int, weighted: bool) -> Cost:
-    """Read the ``tokens_rows`` source rows that are gathered, the index (and weights); write every output row."""
+def _distinct(copies: int, sources: int | None) -> int:
+    """How many distinct rows ``copies`` row reads touch: ``sources`` (the rows they are gathered from), at most
+    ``copies``; None: every read a row of its own."""
+    return copies if sources is None else min(copies, sources)
+
+
+def gather_weighted_cost(rows: int, D: int, tokens_rows: int, weighted: bool, *, sources: int | None = None) -> Cost:
+    """Gather ``tokens_rows`` rows (the padding rows read nothing) into ``rows`` output rows: read the index (and
+    weights) of every output row, write every output row, and read each distinct source row once (``sources`` of
+    them, e.g. T tokens for T * top_k copies; None: each copy from a row of its own). The other copies of a source
+    row are ``bytes_reread`` (``core.cost``: DRAM bytes only in ``bytes_read``)."""
     extra = rows * (_INDEX_BYTES + (_WEIGHT_BYTES if weighted else 0))
-    return Cost(tokens_rows * D * 2 + extra, rows * D * 2)
+    distinct = _distinct(tokens_rows, sources)
+    return Cost(distinct * D * 2 + extra, rows * D * 2, bytes_reread=(tokens_rows - distinct) * D * 2)
 
 
 def combine_rows(
@@ -235,7 +245,8 @@ def combine_rows_reference(y, dest, weight=None, top_k=1):
 
 
 def combine_rows_cost(tokens: int, D: int, top_k: int, weighted: bool) -> Cost:
-    """Read every gathered row (and its index and weight), write one row per token."""
+    """Read every gathered row (and its index and weight), write one row per token. Each of the tokens * top_k
+    copies is a row of its own (``dest`` is one-to-one), so no row is read twice."""
     per_copy = D * 2 + _INDEX_BYTES + (_WEIGHT_BYTES if weighted else 0)
     return Cost(tokens * top_k * per_copy, tokens * D * 2)
 
@@ -276,6 +287,10 @@ def row_dot_reference(a, a_rows, b, b_rows):
     return (a.index_select(0, a_rows.long()).float() * b.index_select(0, b_rows.long()).float()).sum(1)
 
 
-def row_dot_cost(copies: int, D: int) -> Cost:
-    """Read both rows of every pair and the two indices, write one fp32 per pair."""
-    return Cost(copies * (2 * D * 2 + 2 * _INDEX_BYTES), copies * 4)
+def row_dot_cost(copies: int, D: int, *, b_sources: int | None = None) -> Cost:
+    """Read the two indices of every pair, each pair's ``a`` row (a row of its own), and each distinct ``b`` row
+    once (``b_sources`` of them, e.g. T token rows for T * top_k copies; None: a row of its own per pair); write one
+    fp32 per pair. The other reads of a ``b`` row are ``bytes_reread``."""
+    distinct = _distinct(copies, b_sources)
+    reads = copies * (D * 2 + 2 * _INDEX_BYTES) + distinct * D * 2
+    return Cost(reads, copies * 4, bytes_reread=(copies - distinct) * D * 2)

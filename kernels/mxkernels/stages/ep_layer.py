@@ -62,6 +62,7 @@ from .pipeline import Stage, bind_stage, needs_padding, with_impls
 from ..core.runtime import InputError
 from .step_specs import Port, StageImpl, StageSpec, get_spec, padding_alignment
 from ..moe.token_permute import gather_rows, gather_rows_cost, gather_rows_reference
+from ..reference.ep_layer_stages import SCORED_STAGES, scored_oracle
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,18 @@ def get_ep_layer_spec(recipe: str, name: str) -> StageSpec:
 
 
 class _LayerBuilder(_Builder):
+    """The EP step's builder with the layer's specs; the scored row movements get the oracle of the layer's score
+    placement (``reference.ep_layer_stages``), written apart from the ``weighted`` flag their kernels are given."""
+
+    def __init__(self, *args, score_before: bool):
+        super().__init__(*args)
+        self.score_before = score_before
+
     def add(self, recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> None:
-        self.stages.append(bind_stage(get_ep_layer_spec(recipe, name), shapes, cost, inputs, outputs, params, backend))
+        spec = get_ep_layer_spec(recipe, name)
+        if name in SCORED_STAGES:
+            spec = replace(spec, oracle=scored_oracle(name, self.score_before))
+        self.stages.append(bind_stage(spec, shapes, cost, inputs, outputs, params, backend))
 
 
 # ---- the stage list ---------------------------------------------------------------------------------------------
@@ -174,7 +185,7 @@ def ep_layer_stages(
         from ..gemm.grouped_gemm import default_backend
 
         backend = default_backend(recipe)
-    b = _LayerBuilder(s, group, mode, backend)
+    b = _LayerBuilder(s, group, mode, backend, score_before=L.score_before)
     a2a = decl.quantized_a2a
     rows = _Rows(recipe, s)
     payload = decl.payload  # what the dispatch and the combine's gradient carry

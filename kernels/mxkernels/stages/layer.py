@@ -224,9 +224,14 @@ def layer_stages(
 
     # Forward.
     perm_w = {"weighted": s.score_before}
-    perm_cost = moe_rows.gather_weighted_cost(rows, K, S, s.score_before)
+    # Every gather of token rows reads each of the T rows once from DRAM; its other top_k - 1 copies are re-reads
+    # (``Cost.bytes_reread``, which L2 may serve), not DRAM bytes.
+    gather_cost = lambda weighted: moe_rows.gather_weighted_cost(rows, K, S, weighted, sources=T)
+    fused_gather_cost = lambda weighted: _fused_cost(recipe, "gather", rows, K, E, S, weighted, sources=T)
+    score_grad_cost = moe_rows.row_dot_cost(S, K, b_sources=T)  # a copy's own row, and its token's row
+    perm_cost = gather_cost(s.score_before)
     if fuse:
-        b.add("permute_quantize", [(T, K), (rows,)], _fused_cost(recipe, "gather", rows, K, E, S, s.score_before),
+        b.add("permute_quantize", [(T, K), (rows,)], fused_gather_cost(s.score_before),
               ("x", "row_src", "row_w", "offs"), ("xs", *quantized["xs"][:_q(recipe)]), {**perm_w, **_mode(recipe, mode)},
               recipe)  # fmt: skip
     else:
@@ -260,14 +265,14 @@ def layer_stages(
 
     # Backward: combine, down projection, SwiGLU, gate/up projection, permute, shared experts, router.
     if fuse:
-        b.add("combine_grad_quantize", [(T, K), (rows,)], _fused_cost(recipe, "gather", rows, K, E, S, not s.score_before),
+        b.add("combine_grad_quantize", [(T, K), (rows,)], fused_gather_cost(not s.score_before),
               ("dy", "row_src", "row_w", "offs"),
               ("grad_out", *quantized["grad_out"][:_q(recipe)]), {**comb_w, **_mode(recipe, mode)}, recipe)  # fmt: skip
     else:
-        b.add("combine_grad", [(T, K), (rows,)], moe_rows.gather_weighted_cost(rows, K, S, not s.score_before),
+        b.add("combine_grad", [(T, K), (rows,)], gather_cost(not s.score_before),
               ("dy", "row_src", "row_w"), ("grad_out",), comb_w)  # fmt: skip
     if not s.score_before:
-        b.add("combine_score_grad", [(rows, K), (T, K)], moe_rows.row_dot_cost(S, K), ("out", "dest", "dy", "copy_token"),
+        b.add("combine_score_grad", [(rows, K), (T, K)], score_grad_cost, ("out", "dest", "dy", "copy_token"),
               ("grad_top",))  # fmt: skip
     b.stages += down[bwd]
     grad_cost = swiglu.swiglu_backward_cost(rows, N)
@@ -287,7 +292,7 @@ def layer_stages(
     b.add("permute_grad", [(rows, K), (S,)], moe_rows.combine_rows_cost(T, K, k, s.score_before),
           ("grad_xs", "dest", "top"), ("grad_x_routed",), perm_w)  # fmt: skip
     if s.score_before:
-        b.add("permute_score_grad", [(rows, K), (T, K)], moe_rows.row_dot_cost(S, K), ("grad_xs", "dest", "x", "copy_token"),
+        b.add("permute_score_grad", [(rows, K), (T, K)], score_grad_cost, ("grad_xs", "dest", "x", "copy_token"),
               ("grad_top",))  # fmt: skip
     grad_x_in = "grad_x_routed"
     if shared is not None:
@@ -355,12 +360,12 @@ def _mode(recipe: Recipe, mode: str) -> dict:
     return {"mode": mode} if recipe == Recipe.MXFP8 else {}
 
 
-def _fused_cost(recipe: Recipe, producer: str, *args) -> Cost:
+def _fused_cost(recipe: Recipe, producer: str, *args, **kwargs) -> Cost:
     """The cost ``moe_fused`` declares for its fused call of ``producer`` in ``recipe``."""
     from ..moe import moe_fused
 
     suffix = "mxfp8" if recipe == Recipe.MXFP8 else "fp8"
-    return getattr(moe_fused, f"{producer}_quantize_{suffix}_cost")(*args)
+    return getattr(moe_fused, f"{producer}_quantize_{suffix}_cost")(*args, **kwargs)
 
 
 def _dense_cost(M: int, N: int, K: int) -> Cost:
