@@ -36,7 +36,7 @@ from .check_inputs import Scenario, check_group_sizes, check_inputs, scenarios
 from .registry import Deviation, Implementation
 
 __all__ = ["CheckResult", "Scenario", "Verdict", "check_group_sizes", "check_inputs", "check_stage", "check_stages",
-           "check_step", "exit_code", "json_report", "merged", "native_line", "scenarios",
+           "check_step", "exit_code", "json_report", "judge", "merged", "native_line", "scenarios",
            "stages_checked"]  # fmt: skip
 
 
@@ -151,20 +151,28 @@ def check_stage(stage: Stage, impl: Implementation, inputs: Sequence[torch.Tenso
         return result(Verdict.ERROR, wrote)
     got = ran.value
     # Comparing touches what the implementation returned (a tensor subclass, a lazy view): guarded as well.
-    compared = guarded.call(lambda: tuple(stage.spec.mismatches(got, expected, inputs)), timeout_s, device)
+    compared = guarded.call(lambda: judge(stage, impl.deviation, got, expected, inputs), timeout_s, device)
     if compared.error is not None:
         return result(Verdict.ERROR, f"its outputs could not be compared: {compared.error}", trace=compared.trace)
-    mismatches = compared.value
-    if not mismatches:
-        return result(Verdict.PASS, _pass_detail(stage, got, expected, inputs))
+    verdict, detail, mismatches = compared.value
     texts = tuple(_input_text(stage, m, inputs) for m in mismatches)
-    if impl.deviation is not None:
-        excused = _excuse(impl.deviation, got, expected)
+    return result(verdict, detail, mismatches=mismatches, input_texts=texts)
+
+
+def judge(stage: Stage, deviation: Deviation | None, got: tuple, expected: tuple,
+          inputs: Sequence[torch.Tensor]) -> tuple[Verdict, str, tuple[Mismatch, ...]]:  # fmt: skip
+    """(verdict, detail, mismatches) of outputs ``got`` against the oracle's ``expected`` on ``inputs``, by the
+    stage's rule: PASS, DEVIATES (differing only inside the blocks of the declared ``deviation``) or FAIL. What
+    ``check`` reports, and what timing holds the outputs of a stage's last timed call to."""
+    mismatches = tuple(stage.spec.mismatches(got, expected, inputs))
+    if not mismatches:
+        return Verdict.PASS, _pass_detail(stage, got, expected, inputs), ()
+    if deviation is not None:
+        excused = _excuse(deviation, got, expected)
         if excused is not None and not stage.spec.mismatches(excused, expected, inputs):
-            return result(Verdict.DEVIATES, f"known deviation ({impl.deviation.name}); elsewhere "
-                          f"{_pass_detail(stage, got, expected, inputs)}", mismatches=mismatches,
-                          input_texts=texts)  # fmt: skip
-    return result(Verdict.FAIL, "; ".join(m.describe() for m in mismatches), mismatches=mismatches, input_texts=texts)
+            return (Verdict.DEVIATES, f"known deviation ({deviation.name}); elsewhere "
+                    f"{_pass_detail(stage, got, expected, inputs)}", mismatches)  # fmt: skip
+    return Verdict.FAIL, "; ".join(m.describe() for m in mismatches), mismatches
 
 
 def _excuse(deviation: Deviation, got: tuple, expected: tuple) -> tuple | None:
