@@ -4,14 +4,13 @@ rows still run, and this process (its CUDA context on a GPU) is untouched. mxker
 
 from __future__ import annotations
 
-import os
 import time
 
+import hostile_impls
 import pytest
 import torch
 from click.testing import CliRunner
 
-import hostile_impls
 from mxbench.cli import cli
 from mxbench.implementations import apart
 from mxbench.implementations.check import Verdict, check_step, merged

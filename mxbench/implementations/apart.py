@@ -70,7 +70,7 @@ def _child(conn, target: Callable[..., None], args: tuple) -> None:
     except BaseException as e:  # noqa: BLE001 -- the target's own failure is reported, whatever it is
         try:
             conn.send(("failed", f"{one_line(e)}\n{traceback.format_exc()}"))
-        except Exception:  # noqa: BLE001 -- the pipe is gone: the exit code says the rest
+        except Exception:  # noqa: BLE001, S110 -- the pipe is gone: the exit code says the rest
             pass
     finally:
         conn.close()

@@ -171,8 +171,8 @@ def judge(stage: Stage, deviation: Deviation | None, got: tuple, expected: tuple
     if deviation is not None:
         excused = _excuse(deviation, got, expected)
         if excused is not None and not stage.spec.mismatches(excused, expected, inputs):
-            return (Verdict.DEVIATES, f"known deviation ({deviation.name}); elsewhere "
-                    f"{_pass_detail(stage, got, expected, inputs)}", mismatches)  # fmt: skip
+            detail = f"known deviation ({deviation.name}); elsewhere {_pass_detail(stage, got, expected, inputs)}"
+            return Verdict.DEVIATES, detail, mismatches
     return Verdict.FAIL, "; ".join(m.describe() for m in mismatches), mismatches
 
 

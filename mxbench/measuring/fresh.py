@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -40,7 +40,7 @@ class FreshInputs:
     deviation: Any = None
     _first: tuple | None = field(default=None, repr=False)
 
-    def __enter__(self) -> FreshInputs:
+    def __enter__(self) -> Self:
         self._first = tuple(b.clone() if isinstance(b, torch.Tensor) else b for b in self.buffers)
         return self
 
