@@ -142,6 +142,20 @@ def test_without_fresh_inputs_a_caching_cheat_is_timed_as_before():
     assert record.ok, record.failure
 
 
+@pytest.mark.parametrize("name, caught", [("caching", True), ("honest", False)])
+def test_peers_times_each_implementation_on_fresh_inputs_too(name, caught):
+    from mxbench.workloads.peers.measure import _time_one
+
+    stage, fresh = quantize_stage()
+    impl = Implementation("mxfp8", "quantize_a", name, getattr(cheats, name))
+    cheats.forget()
+    timer = StageTimer(SweepOptions(samples=4, hardware="h200-sxm"),
+                       mock.Mock(time_fn=GraphDouble(50.0).time_fn, telemetry=FakeTelemetry))  # fmt: skip
+    record = _time_one(timer, Point(M, N, K, G), stage, impl, list(stage.run.args), "cpu", fresh.second)
+    assert record.impl == name
+    assert (record.error or "").startswith("StaleOutput") == caught, record.failure
+
+
 # ------------------------------------------------------------------------------------------------ the floor
 
 
