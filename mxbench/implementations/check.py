@@ -275,7 +275,8 @@ def check_step(
 
 
 def _check_here(recipe: str, M: int, N: int, K: int, G: int, modes: Sequence[str], device: str, seed: int, pad: bool,
-                impls: Mapping[str, Sequence[Implementation]], timeout_s: float | None) -> Iterable[CheckResult]:  # fmt: skip
+                impls: Mapping[str, Sequence[Implementation]],
+                timeout_s: float | None) -> Iterable[CheckResult]:  # fmt: skip
     """``check_step``'s walk in this process, each scenario's results as soon as they are known."""
     by_key = {(Recipe(recipe), stage): list(found) for stage, found in impls.items() if found}
     if not by_key:

@@ -246,7 +246,8 @@ def time_fn(
     that every process captures and replays the same number of collective calls. ``fresh``: new input values before
     every timed call and the check of the last one's outputs (see the module). Raises
     ``TimingError`` without a CUDA device, when ``fn`` cannot be captured, or when the graph holds none of its work;
-    ``StaleOutput`` when ``fresh`` finds the last timed outputs wrong; warns (``TimingWarning``) when ``fn``'s graph holds memcpy or memset nodes.
+    ``StaleOutput`` when ``fresh`` finds the last timed outputs wrong; warns (``TimingWarning``) when ``fn``'s graph
+    holds memcpy or memset nodes.
     """
     _check_options(cold_l2, use_graph, samples, target_replay_ms, warmup)
     if not torch.cuda.is_available():

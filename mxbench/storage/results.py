@@ -220,7 +220,8 @@ def run_from_json(text: str) -> Run:
 CSV_COLUMNS = [
     "M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w", "fuse_scales",
     "pass_name", "stage", "impl", "kernel", "category", "purpose", "shape", "backend", "method", "measured",
-    "median_us", "iqr_us", "samples", "bytes_read", "bytes_written", "flops", "precision", "error", "skipped", "impossible",
+    "median_us", "iqr_us", "samples", "bytes_read", "bytes_written", "flops", "precision", "error", "skipped",
+    "impossible",
 ]  # fmt: skip
 
 
