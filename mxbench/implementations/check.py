@@ -293,7 +293,7 @@ def _check_in_child(send, recipe, M, N, K, G, modes, device, seed, pad, stage: s
     """``check_step`` of one outside implementation, in its own process (``apart.run_apart``): each result sent as
     it is known, and the parent told when the implementation is called and when it returns (its time limit runs
     only then; a hang is ended by the parent killing this process)."""
-    if torch.device(device).type == "cuda":
+    if torch.device(device).type == "cuda" and torch.device(device).index is not None:
         torch.cuda.set_device(torch.device(device))
     fn = impl.fn
 
