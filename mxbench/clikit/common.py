@@ -466,6 +466,16 @@ def exit_if_partial(run) -> None:
         sys.exit(1)
 
 
+def exit_if_fooled(run) -> None:
+    """Exit 1 when a stage's time was refused (the run is saved, and shows why): IMPOSSIBLE, below the stage's
+    roofline floor, or outputs of the last timed call that did not follow its inputs (``timing.StaleOutput``)."""
+    fooled = [r for r in run.records if r.impossible is not None or (r.error or "").startswith("StaleOutput")]
+    for r in fooled:
+        click.echo(f"refused time: {r.point.label()} {r.stage} [{r.impl}]: {r.failure}", err=True)
+    if fooled:
+        sys.exit(1)
+
+
 def check_replace(out: Path, measured: bool, card: str, points, force: bool | None, option: str = "--out") -> None:
     """Before any work: may this run (measured or the model, on ``card``, of ``points``' shapes; ``points`` None:
     not known yet) replace what ``out`` holds? (``replacing.check_replace``)"""

@@ -12,7 +12,7 @@ import numpy as np
 from mxkernels.core.errors import InputError
 
 from ..instruments.provenance import CodeChange, code_changes
-from ..storage.results import Point, Record, Run
+from ..storage.results import IMPOSSIBLE, Point, Record, Run
 from ..views.frame import PASS_TITLES, SM_CLOCK_KEY
 from ..views.render import Row, card_label
 from .rules import CLOCK_RULE_CATEGORIES, DEFAULT_DELTAS, DEFAULT_FLOOR_US, MIN_SAMPLES, VERDICTS
@@ -123,14 +123,16 @@ class Comparison:
     code: list[CodeChange] = field(default_factory=list)
     errors: dict[MatchKey, str] = field(default_factory=dict)
     """The error of each broken stage in new (its first record's)."""
+    impossible: dict[MatchKey, str] = field(default_factory=dict)
+    """The stages of new whose time is IMPOSSIBLE (below the roofline floor), with why (their first record's)."""
 
     def by_verdict(self, verdict: str) -> list[Match]:
         return [m for m in self.matches if m.verdict == verdict]
 
     @property
     def exit_code(self) -> int:
-        """1 if any stage is SLOWER or broke (ran in base, errors now), else 0."""
-        return 1 if self.by_verdict("SLOWER") or self.broken else 0
+        """1 if any stage is SLOWER, broke (ran in base, errors now) or timed IMPOSSIBLE in new, else 0."""
+        return 1 if self.by_verdict("SLOWER") or self.broken or self.impossible else 0
 
     @property
     def model_note(self) -> str | None:
@@ -149,7 +151,8 @@ class Comparison:
         text = f"{cards}: {counts}; geomean new/base {geo:.3f} over {len(self.matches)} stages"
         extra = [
             f"{len(xs)} {what}"
-            for xs, what in ((self.broken, "broken"), (self.only_base, "only in base"), (self.only_new, "only in new"))
+            for xs, what in ((self.impossible, IMPOSSIBLE), (self.broken, "broken"), (self.only_base, "only in base"),
+                             (self.only_new, "only in new"))
             if xs
         ]
         return text + ("; " + ", ".join(extra) if extra else "")
@@ -175,20 +178,24 @@ class _Side:
         return float(np.mean(clocks)) if clocks and all(c for c in clocks) else None
 
 
-def _pool(run: Run) -> tuple[dict[MatchKey, _Side], dict[MatchKey, str]]:
-    """Completed records by key, and the keys that only errored with their first error."""
+def _pool(run: Run) -> tuple[dict[MatchKey, _Side], dict[MatchKey, str], dict[MatchKey, str]]:
+    """Completed records by key, the keys that only errored with their first error, and the keys with an
+    IMPOSSIBLE record (a time below the roofline floor: never pooled with the others' samples) with why."""
     ok: dict[MatchKey, _Side] = {}
     failed: dict[MatchKey, str] = {}
+    impossible: dict[MatchKey, str] = {}
     by_impl = run.meta.get("kind") == "peers"
     for r in run.records:
         if r.skipped:
             continue  # it never ran: neither a result nor a failure
         key = MatchKey.of(r, by_impl)
-        if r.ok:
+        if r.impossible is not None:
+            impossible.setdefault(key, r.impossible)
+        elif r.ok:
             ok.setdefault(key, _Side([])).records.append(r)
         else:
             failed.setdefault(key, r.error or "no samples")
-    return ok, {k: e for k, e in failed.items() if k not in ok}
+    return ok, {k: e for k, e in failed.items() if k not in ok and k not in impossible}, impossible
 
 
 def _resampled_medians(x: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
@@ -298,19 +305,21 @@ def compare_runs(
     if resamples < 100:
         raise InputError(f"resamples must be >= 100, got {resamples}")
     th = thresholds or Thresholds()
-    b_ok, _ = _pool(base)
-    n_ok, n_failed = _pool(new)
+    b_ok, _, _ = _pool(base)
+    n_ok, n_failed, n_impossible = _pool(new)
+    n_ok = {k: side for k, side in n_ok.items() if k not in n_impossible}  # an impossible time is never compared
     matches = [_compare_one(k, side, n_ok[k], th, seed, resamples) for k, side in b_ok.items() if k in n_ok]
     return Comparison(
         base_card=base_card,
         new_card=new_card,
         matches=matches,
-        only_base=[k for k in b_ok if k not in n_ok and k not in n_failed],
+        only_base=[k for k in b_ok if k not in n_ok and k not in n_failed and k not in n_impossible],
         only_new=[k for k in n_ok if k not in b_ok],
         broken=[k for k in b_ok if k in n_failed],
         forced=base_card != new_card,
         code=code_changes(base.meta, new.meta),
         errors={k: e for k, e in n_failed.items() if k in b_ok},
+        impossible=n_impossible,
     )
 
 
@@ -339,6 +348,16 @@ def comparison_rows(cmp: Comparison) -> list[Row]:
             "Why": broken_reason(cmp, k),
         }
         for k in cmp.broken
+    ]
+    rows += [
+        {
+            "Point": k.point_label(),
+            "Pass": PASS_TITLES.get(k.pass_name, k.pass_name),
+            "Stage": k.stage_label(),
+            "Verdict": IMPOSSIBLE,
+            "Why": why,
+        }
+        for k, why in cmp.impossible.items()
     ]
     return rows
 

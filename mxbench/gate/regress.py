@@ -94,4 +94,5 @@ def _settle(first: Comparison, confirmation: Comparison, suspects: set[MatchKey]
         first,
         matches=[settled(m) for m in first.matches],
         broken=first.broken + [k for k in confirmation.broken if k not in first.broken],
+        impossible={**first.impossible, **confirmation.impossible},
     )

@@ -19,12 +19,14 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from ..storage.results import IMPOSSIBLE
 from ..views.render import render
 from .compare import VERDICTS, CompareError, Comparison, MatchKey, broken_reason, comparison_rows
 
-EXIT_CODES = {0: "no stage slower", 1: "a stage SLOWER or broken", 2: "unusable input (nothing compared)"}
+EXIT_CODES = {0: "no stage slower", 1: "a stage SLOWER, broken or IMPOSSIBLE",
+              2: "unusable input (nothing compared)"}  # fmt: skip
 _HOLDING_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w")
-_REPORT_ORDER = ("BROKEN", "SLOWER", "UNSURE", "FASTER", "SAME")
+_REPORT_ORDER = (IMPOSSIBLE, "BROKEN", "SLOWER", "UNSURE", "FASTER", "SAME")
 _LISTED = 12
 """Missing stages named in the one-line refusal; the rest are counted."""
 
@@ -45,7 +47,7 @@ def _holdings(keys: Iterable[MatchKey]) -> str:
 def check_usable(cmp: Comparison, base: str, new: str, *, allow_missing: bool = False) -> None:
     """Raise ``CompareError`` (exit 2) when ``cmp`` cannot gate: nothing comparable, or stages of ``base`` missing
     from ``new`` (unless ``allow_missing``). ``base``/``new`` name the runs in the message."""
-    if not cmp.matches and not cmp.broken:
+    if not cmp.matches and not cmp.broken and not cmp.impossible:
         raise CompareError(
             f"{base} and {new} share no comparable stage: {base} holds {_holdings(cmp.only_base)}; {new} holds "
             f"{_holdings(cmp.only_new)}; compare runs of the same shapes and recipe"
@@ -101,6 +103,7 @@ def stage_objects(cmp: Comparison) -> list[dict[str, Any]]:
         for m in cmp.matches
     ]  # fmt: skip
     stages += [_stage(k, "BROKEN", reason=broken_reason(cmp, k)) for k in cmp.broken]
+    stages += [_stage(k, IMPOSSIBLE, reason=why) for k, why in cmp.impossible.items()]
     stages += [_stage(k, "MISSING", reason="in base, not in new") for k in cmp.only_base]
     stages += [_stage(k, "ADDED", reason="in new, not in base") for k in cmp.only_new]
     return stages
@@ -116,7 +119,8 @@ def json_report(cmp: Comparison, base: str, new: str) -> str:
     ``stage_objects``."""
     payload = {
         "base": base, "new": new, "base_card": cmp.base_card, "new_card": cmp.new_card, "forced": cmp.forced,
-        "exit_code": cmp.exit_code, "counts": {v: len(cmp.by_verdict(v)) for v in VERDICTS} | {"BROKEN": len(cmp.broken)},
+        "exit_code": cmp.exit_code, "counts": {v: len(cmp.by_verdict(v)) for v in VERDICTS}
+        | {"BROKEN": len(cmp.broken), IMPOSSIBLE: len(cmp.impossible)},
         "geomean_ratio": _geomean(cmp), "summary": cmp.summary(), "note": cmp.model_note,
         "code_changes": [{"implementation": c.name, "old": c.old, "new": c.new, "text": c.text()} for c in cmp.code],
         "stages": stage_objects(cmp),
@@ -130,6 +134,7 @@ def verdict_line(cmp: Comparison) -> str:
         return "PASS (no stage slower)"
     failing = [f"{len(cmp.by_verdict('SLOWER'))} SLOWER"] if cmp.by_verdict("SLOWER") else []
     failing += [f"{len(cmp.broken)} broken"] if cmp.broken else []
+    failing += [f"{len(cmp.impossible)} {IMPOSSIBLE} (below the roofline floor)"] if cmp.impossible else []
     return f"FAIL ({', '.join(failing)})"
 
 

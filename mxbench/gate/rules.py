@@ -28,7 +28,9 @@ RULES = (
     "allows is under the floor; UNSURE otherwise, and when either side has fewer than {min} samples. For GEMMs "
     "(compute-bound), a SLOWER or FASTER that the SM clock explains (CI x clock ratio back within the band) is "
     "UNSURE. Runs without samples (the model) compare as MODEL: no interval, no verdict. BROKEN: the stage ran in "
-    "base and only errors in new (its error shown). Bands (--threshold CATEGORY=PCT): {bands}."
+    "base and only errors in new (its error shown). IMPOSSIBLE: new timed the stage below its roofline floor (its "
+    "declared bytes over the card's datasheet bandwidth, FLOPs over its peak): never compared, and it fails the "
+    "gate as BROKEN does. Bands (--threshold CATEGORY=PCT): {bands}."
 )
 
 

@@ -32,11 +32,12 @@ from mxkernels.stages.pipeline import Stage, step_stages
 from mxkernels.stages.step_specs import padding_alignment
 
 from ..instruments import guarded
+from .apart import picklable, run_apart
 from .check_inputs import Scenario, check_group_sizes, check_inputs, scenarios
 from .registry import Deviation, Implementation
 
 __all__ = ["CheckResult", "Scenario", "Verdict", "check_group_sizes", "check_inputs", "check_stage", "check_stages",
-           "check_step", "exit_code", "json_report", "merged", "native_line", "scenarios",
+           "check_step", "exit_code", "json_report", "judge", "merged", "native_line", "scenarios",
            "stages_checked"]  # fmt: skip
 
 
@@ -151,20 +152,28 @@ def check_stage(stage: Stage, impl: Implementation, inputs: Sequence[torch.Tenso
         return result(Verdict.ERROR, wrote)
     got = ran.value
     # Comparing touches what the implementation returned (a tensor subclass, a lazy view): guarded as well.
-    compared = guarded.call(lambda: tuple(stage.spec.mismatches(got, expected, inputs)), timeout_s, device)
+    compared = guarded.call(lambda: judge(stage, impl.deviation, got, expected, inputs), timeout_s, device)
     if compared.error is not None:
         return result(Verdict.ERROR, f"its outputs could not be compared: {compared.error}", trace=compared.trace)
-    mismatches = compared.value
-    if not mismatches:
-        return result(Verdict.PASS, _pass_detail(stage, got, expected, inputs))
+    verdict, detail, mismatches = compared.value
     texts = tuple(_input_text(stage, m, inputs) for m in mismatches)
-    if impl.deviation is not None:
-        excused = _excuse(impl.deviation, got, expected)
+    return result(verdict, detail, mismatches=mismatches, input_texts=texts)
+
+
+def judge(stage: Stage, deviation: Deviation | None, got: tuple, expected: tuple,
+          inputs: Sequence[torch.Tensor]) -> tuple[Verdict, str, tuple[Mismatch, ...]]:  # fmt: skip
+    """(verdict, detail, mismatches) of outputs ``got`` against the oracle's ``expected`` on ``inputs``, by the
+    stage's rule: PASS, DEVIATES (differing only inside the blocks of the declared ``deviation``) or FAIL. What
+    ``check`` reports, and what timing holds the outputs of a stage's last timed call to."""
+    mismatches = tuple(stage.spec.mismatches(got, expected, inputs))
+    if not mismatches:
+        return Verdict.PASS, _pass_detail(stage, got, expected, inputs), ()
+    if deviation is not None:
+        excused = _excuse(deviation, got, expected)
         if excused is not None and not stage.spec.mismatches(excused, expected, inputs):
-            return result(Verdict.DEVIATES, f"known deviation ({impl.deviation.name}); elsewhere "
-                          f"{_pass_detail(stage, got, expected, inputs)}", mismatches=mismatches,
-                          input_texts=texts)  # fmt: skip
-    return result(Verdict.FAIL, "; ".join(m.describe() for m in mismatches), mismatches=mismatches, input_texts=texts)
+            detail = f"known deviation ({deviation.name}); elsewhere {_pass_detail(stage, got, expected, inputs)}"
+            return Verdict.DEVIATES, detail, mismatches
+    return Verdict.FAIL, "; ".join(m.describe() for m in mismatches), mismatches
 
 
 def _excuse(deviation: Deviation, got: tuple, expected: tuple) -> tuple | None:
@@ -235,21 +244,69 @@ def check_step(
     order, at each scale mode of ``modes`` (default ``[mode]``) and each ``scenarios(M, G, pad)``: one result per
     (mode, scenario, stage, implementation), ``where`` saying which (``merged`` makes one row of them). ``pad``:
     the step pads token groups off the alignment; without it the groups are aligned and the step has no pad or
-    unpad stages (an implementation of one is refused as for a stage the recipe lacks)."""
+    unpad stages (an implementation of one is refused as for a stage the recipe lacks).
+
+    mxkernels' own implementations (and the other built-in ones) run in this process, as they are timed. Every
+    outside one (``--impl module:function``, an entry point, one registered through the API) runs in a child
+    process of its own (``apart``), on the same inputs made again there from the same seed: a crash, an exit, a
+    signal, a hang past ``timeout_s`` or a CUDA context it breaks is its ERROR row, and this process goes on.
+    One that cannot be handed to a child (a lambda, a closure) is checked here, in a thread (``guarded``)."""
     modes = list(modes or [mode])
     unknown = sorted(set(impls) - stages_checked(recipe, M, N, K, G, pad))
     if unknown:
         where = "" if pad else " in the step without padding (--no-pad)"
         raise InputError(f"recipe {recipe} has no stage {', '.join(unknown)}{where}")
-    by_key = {(Recipe(recipe), stage): list(found) for stage, found in impls.items()}
-    results = []
+    apart = [(stage, i) for stage, found in impls.items() for i in found
+             if i.origin != "builtin" and picklable(i) is None]  # fmt: skip
+    here = {stage: [i for i in found if (stage, i) not in apart] for stage, found in impls.items()}
+    job = (recipe, M, N, K, G, modes, str(torch.device(device)), seed, pad)
+    results = list(_check_here(*job, here, timeout_s))
+    wheres = [f"{m}, {scenario.label()}" for m in modes for scenario in scenarios(M, G, pad, padding_alignment(recipe))]
+    for stage, impl in apart:
+        ran = run_apart(_check_in_child, (*job, stage, impl), timeout_s=timeout_s)
+        results += ran.results
+        if ran.failure is not None:
+            where = wheres[min(len(ran.results), len(wheres) - 1)]
+            results.append(CheckResult(Recipe(recipe), stage, impl.name, Verdict.ERROR, ran.failure.splitlines()[0],
+                                       trace=ran.failure, where=where))  # fmt: skip
+    order = [s.name for s in step_to_check(recipe, M, N, K, G, modes[0], pad)]
+    names = {(stage, i.name): n for stage, found in impls.items() for n, i in enumerate(found)}
+    return sorted(results, key=lambda r: (wheres.index(r.where), order.index(r.stage), names[r.stage, r.impl]))
+
+
+def _check_here(recipe: str, M: int, N: int, K: int, G: int, modes: Sequence[str], device: str, seed: int, pad: bool,
+                impls: Mapping[str, Sequence[Implementation]],
+                timeout_s: float | None) -> Iterable[CheckResult]:  # fmt: skip
+    """``check_step``'s walk in this process, each scenario's results as soon as they are known."""
+    by_key = {(Recipe(recipe), stage): list(found) for stage, found in impls.items() if found}
+    if not by_key:
+        return
     for m in modes:
         for scenario in scenarios(M, G, pad, padding_alignment(recipe)):
             env, _ = check_inputs(recipe, scenario.M, N, K, scenario.G, device=device, seed=seed, pad=scenario.pad)
             stages = step_to_check(recipe, scenario.M, N, K, scenario.G, m, scenario.pad)
             where = f"{m}, {scenario.label()}"
-            results += check_stages(stages, env, by_key, device=device, timeout_s=timeout_s, where=where)
-    return results
+            yield from check_stages(stages, env, by_key, device=device, timeout_s=timeout_s, where=where)
+
+
+def _check_in_child(send, recipe, M, N, K, G, modes, device, seed, pad, stage: str, impl: Implementation) -> None:
+    """``check_step`` of one outside implementation, in its own process (``apart.run_apart``): each result sent as
+    it is known, and the parent told when the implementation is called and when it returns (its time limit runs
+    only then; a hang is ended by the parent killing this process)."""
+    if torch.device(device).type == "cuda" and torch.device(device).index is not None:
+        torch.cuda.set_device(torch.device(device))
+    fn = impl.fn
+
+    def announced(*args, **kwargs):
+        send(("calling",))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            send(("returned",))
+
+    watched = dataclasses.replace(impl, fn=announced)  # called in this thread, without a limit: the parent keeps it
+    for r in _check_here(recipe, M, N, K, G, modes, device, seed, pad, {stage: [watched]}, None):
+        send(("result", r))
 
 
 def merged(results: Iterable[CheckResult]) -> list[CheckResult]:

@@ -25,6 +25,10 @@ class Instruments:
     release: Callable[[], None]
     power: Any = None
     make_power: Callable[[], Any] | None = None
+    step_env: Callable[..., dict] | None = None
+    """(bound stages, M, N, K, G, group sizes, device=, seed=) -> every tensor of the step by name, the stages run
+    from inputs of that seed: the second input values the timed calls alternate with (``measuring.fresh``). None:
+    the stages are timed on their first values alone (a test's fakes)."""
 
     def controller(self):
         if self.power is None:
@@ -42,6 +46,9 @@ class Instruments:
         from . import power as nvml_power
         from .timing import time_fn
 
+        def step_env(stages, M, N, K, G, group_sizes, *, device, seed):
+            return pipeline.run_stages(stages, pipeline.make_inputs(M, N, K, G, group_sizes, device=device, seed=seed))
+
         def release():
             gc.collect()
             torch.cuda.empty_cache()
@@ -58,4 +65,5 @@ class Instruments:
             release=release,
             power=power,
             make_power=lambda: nvml_power.PowerController(device),
+            step_env=step_env,
         )

@@ -179,15 +179,31 @@ def _compute_tflops(spec: HardwareSpec, precision: str | None) -> float:
     return value
 
 
-def model_time_us(cost: Cost, spec: HardwareSpec) -> float:
-    """Roofline time of one call: max(bytes / HBM bandwidth, FLOPs / peak of its precision) + LAUNCH_FLOOR_US.
-
-    Bandwidth is ``spec.hbm_tbps`` (TB/s), compute ``spec.<precision>_tflops`` (TFLOP/s); 1 TB/s moves 10**6
-    bytes per microsecond.
-    """
+def floor_us(cost: Cost, spec: HardwareSpec) -> float:
+    """The roofline floor of one call: max(bytes / HBM bandwidth, FLOPs / peak of its precision), at the
+    datasheet peaks (the highest the card can reach). Bandwidth is ``spec.hbm_tbps`` (TB/s), compute
+    ``spec.<precision>_tflops`` (TFLOP/s); 1 TB/s moves 10**6 bytes per microsecond."""
     memory_us = cost.bytes / (spec.hbm_tbps * 1e6)
     compute_us = cost.flops / (_compute_tflops(spec, cost.precision) * 1e6) if cost.flops else 0.0
-    return max(memory_us, compute_us) + LAUNCH_FLOOR_US
+    return max(memory_us, compute_us)
+
+
+def model_time_us(cost: Cost, spec: HardwareSpec) -> float:
+    """Roofline time of one call: ``floor_us`` + LAUNCH_FLOOR_US."""
+    return floor_us(cost, spec) + LAUNCH_FLOOR_US
+
+
+def below_floor(median_us: float, cost: Cost, spec: HardwareSpec) -> str | None:
+    """Why a measured ``median_us`` is impossible for a call of ``cost`` on ``spec`` (faster than its roofline
+    floor: the call cannot have moved its declared bytes or done its declared FLOPs), or None."""
+    floor = floor_us(cost, spec)
+    if not median_us < floor:
+        return None
+    roofs = [f"{cost.bytes} B at {spec.hbm_tbps:g} TB/s"]
+    if cost.flops:
+        roofs.append(f"{cost.flops} FLOP at {_compute_tflops(spec, cost.precision):g} TFLOP/s {cost.precision}")
+    return (f"{median_us:.3g} us is below the roofline floor {floor:.3g} us of the stage's declared cost on "
+            f"{spec.name} ({' or '.join(roofs)}, datasheet)")
 
 
 def cost_of(item: Any) -> Cost:

@@ -18,6 +18,16 @@ replays run back to back. ``window`` (e.g. a telemetry sampler) is entered aroun
 calls for "events-cold"), with the device synchronised at both ends, so energy over the window / (replays x calls per
 replay) is the energy of one call (with its flush when cold: ``Timing.window_includes_flush``).
 
+Fresh inputs (``time_fn(fresh=...)``): a timed call must compute its outputs from the values in its input buffers,
+not remember them. Before each timed replay (each eager call for "events-cold") ``fresh.refill(remaining)`` writes
+another set of valid input values into the same buffers, alternating so that the last timed replay
+(``remaining == 0``) runs on values the callable never saw when it was called eagerly or captured; after the timed
+replays ``fresh.verify(outputs)`` checks the outputs of that last replay (those ``fn`` returned during capture,
+which every replay writes again) against the oracle on those values, and a mismatch is a ``StaleOutput`` error, not
+a time. The refill is ordinary copies on the replay stream between one replay's end event and the next replay's
+start event: outside every timed interval (the next replay begins with its flush anyway when cold), never captured;
+its cost is one read and one write of the stage's input bytes per replay, inside the telemetry ``window``.
+
 Sanity: a graph that captured no GPU work (``fn`` launched on another stream, through an API graphs do not
 capture, or returned a cached result) would time as nearly free, so the captured nodes are counted (through the
 driver, when torch exposes the graph) and ``TimingError`` is raised when ``fn`` added none. Without a count the
@@ -43,6 +53,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import astuple, dataclass
+from typing import Protocol
 
 import torch
 from mxkernels.core.errors import InputError
@@ -60,6 +71,22 @@ FALLBACK_FLUSH_BYTES = 2 * 256 * 2**20
 
 class TimingError(RuntimeError):
     """Timing cannot produce a trustworthy number: no CUDA device, or a graph that captured no work."""
+
+
+class StaleOutput(TimingError):
+    """The outputs of the last timed call are not those of its inputs: the callable returned a cached result,
+    skipped work on a repeated call or detected the graph capture. Its time is not reported."""
+
+
+class Fresh(Protocol):
+    """New input values between timed calls and the check of the last call's outputs (see the module)."""
+
+    def refill(self, remaining: int) -> None:
+        """Write the values for the next timed call into the input buffers; ``remaining`` timed calls follow it
+        (0: this is the last, whose outputs ``verify`` checks)."""
+
+    def verify(self, outputs: object) -> str | None:
+        """Why ``outputs`` (of the last timed call) are wrong for the values ``refill(0)`` wrote, or None."""
 
 
 class TimingWarning(UserWarning):
@@ -207,6 +234,7 @@ def time_fn(
     flush_bytes: int | None = None,
     window: Callable[[], AbstractContextManager] | None = None,
     agree: Callable[[float], float] | None = None,
+    fresh: Fresh | None = None,
 ) -> Timing:
     """Time ``fn`` (a zero-argument callable launching GPU work on the current device); see the module docstring.
 
@@ -215,9 +243,11 @@ def time_fn(
     capture or the flush-only replays); the calls inside it are ``len(samples_us) * calls_per_replay``.
     ``agree``: maps this process's eager estimate of one graph body (us) to the estimate that sets the calls per
     replay. Processes timing a collective together pass one that returns the largest estimate of them all, so
-    that every process captures and replays the same number of collective calls. Raises
+    that every process captures and replays the same number of collective calls. ``fresh``: new input values before
+    every timed call and the check of the last one's outputs (see the module). Raises
     ``TimingError`` without a CUDA device, when ``fn`` cannot be captured, or when the graph holds none of its work;
-    warns (``TimingWarning``) when ``fn``'s graph holds memcpy or memset nodes.
+    ``StaleOutput`` when ``fresh`` finds the last timed outputs wrong; warns (``TimingWarning``) when ``fn``'s graph
+    holds memcpy or memset nodes.
     """
     _check_options(cold_l2, use_graph, samples, target_replay_ms, warmup)
     if not torch.cuda.is_available():
@@ -231,8 +261,8 @@ def time_fn(
             for _ in range(warmup):
                 fn()
             if not use_graph:
-                return _time_events(fn, flush, samples, stream, window)
-            return _time_graph(fn, flush, samples, target_replay_ms, stream, window, agree)
+                return _time_events(fn, flush, samples, stream, window, fresh)
+            return _time_graph(fn, flush, samples, target_replay_ms, stream, window, agree, fresh)
     finally:
         torch.cuda.current_stream().wait_stream(stream)
 
@@ -267,39 +297,59 @@ def _windowed(window: Callable[[], AbstractContextManager] | None) -> AbstractCo
     return window()
 
 
-def _time_events(fn, flush: _Flush, samples: int, stream: torch.cuda.Stream, window) -> Timing:
+def _refill(fresh: Fresh | None, remaining: int) -> None:
+    if fresh is not None:
+        fresh.refill(remaining)
+
+
+def _verify(fresh: Fresh | None, outputs: object) -> None:
+    """``StaleOutput`` when ``fresh`` finds the last timed call's ``outputs`` wrong."""
+    problem = None if fresh is None else fresh.verify(outputs)
+    if problem is not None:
+        raise StaleOutput(f"the outputs of the last timed call are not those of the inputs written before it "
+                          f"({problem}): a cached result, work skipped on a repeated call or a detected graph "
+                          f"capture; not timed")  # fmt: skip
+
+
+def _time_events(fn, flush: _Flush, samples: int, stream: torch.cuda.Stream, window, fresh=None) -> Timing:
     pairs = [_event_pair() for _ in range(samples)]
+    outputs = None
     with _windowed(window):
-        for start, end in pairs:
+        for i, (start, end) in enumerate(pairs):
+            _refill(fresh, samples - 1 - i)  # before the flush and the start event: not timed
             flush()
             start.record(stream)
-            fn()
+            outputs = fn()
             end.record(stream)
         torch.cuda.synchronize()
+    _verify(fresh, outputs)
     return Timing(
         [s.elapsed_time(e) * 1000.0 for s, e in pairs], "events-cold", 1,
         window_includes_flush=True if window is not None else None,
     )  # fmt: skip
 
 
-def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float, stream, window, agree=None) -> Timing:
+def _time_graph(fn, flush: _Flush | None, samples: int, target_replay_ms: float, stream, window, agree=None,
+                fresh=None) -> Timing:  # fmt: skip
     if flush is None:
         body = fn
     else:
 
         def body():
             flush()
-            fn()
+            return fn()
 
     eager_body_us = _eager_us(body, stream)
     n = choose_calls_per_replay(eager_body_us if agree is None else agree(eager_body_us), target_replay_ms)
-    main, main_nodes = _capture(body, n, stream)
+    main, main_nodes, outputs = _capture(body, n, stream)
+    refill = None if fresh is None else fresh.refill
     if flush is not None:  # the flush graph: what is subtracted, and the same graph without fn
-        base, base_nodes = _capture(flush, n, stream)
-        main_us, base_us = _time_replays(main, base, samples, stream, window)
+        base, base_nodes, _ = _capture(flush, n, stream)
+        main_us, base_us = _time_replays(main, base, samples, stream, window, refill)
     else:
-        main_us, _ = _time_replays(main, None, samples, stream, window)
+        main_us, _ = _time_replays(main, None, samples, stream, window, refill)
         base_nodes = NodeCount(0, 0, 0)
+    _verify(fresh, outputs)  # every replay wrote the outputs the capture returned: these are the last replay's
 
     if main_nodes is not None and base_nodes is not None:
         per_call = nodes_per_call(main_nodes, base_nodes, n)
@@ -352,23 +402,26 @@ def _eager_us(body: Callable[[], object], stream: torch.cuda.Stream) -> float:
     return start.elapsed_time(end) * 1000.0 / ESTIMATE_CALLS
 
 
-def _capture(body: Callable[[], object] | None, n: int, stream) -> tuple[torch.cuda.CUDAGraph, NodeCount | None]:
-    """A graph of ``n`` calls of ``body`` (an empty graph for None) and its node count (None if unknown)."""
+def _capture(body: Callable[[], object] | None, n: int,
+             stream) -> tuple[torch.cuda.CUDAGraph, NodeCount | None, object]:  # fmt: skip
+    """A graph of ``n`` calls of ``body`` (an empty graph for None), its node count (None if unknown) and what the
+    last call returned (its outputs live in the graph's memory: every replay writes them again)."""
     graph, keeps_template = _new_graph()
     calls = n if body is not None else 0
+    outputs = None
     try:
         with warnings.catch_warnings():
             # an empty graph is intended for the warm baseline; torch warns about it
             warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
             with torch.cuda.graph(graph, stream=stream):
                 for _ in range(calls):
-                    body()
+                    outputs = body()
     except Exception as e:
         raise TimingError(f"fn could not be captured in a CUDA graph ({e}); time it with use_graph=False") from e
     nodes = _count_nodes(graph) if keeps_template else None
     if keeps_template:
         graph.instantiate()
-    return graph, nodes
+    return graph, nodes, outputs
 
 
 def _new_graph() -> tuple[torch.cuda.CUDAGraph, bool]:
@@ -412,17 +465,21 @@ def _count_nodes(graph: torch.cuda.CUDAGraph) -> NodeCount | None:
 
 
 def _time_replays(
-    graph: torch.cuda.CUDAGraph, baseline: torch.cuda.CUDAGraph | None, samples: int, stream, window
+    graph: torch.cuda.CUDAGraph, baseline: torch.cuda.CUDAGraph | None, samples: int, stream, window,
+    refill: Callable[[int], None] | None = None,
 ) -> tuple[list[float], list[float] | None]:
     """Replay times (us) of ``graph`` and ``baseline`` (None: no baseline), ``samples`` each: half the baseline's
-    replays, ``graph``'s back to back (inside ``window``), the baseline's other half (A-B-A, see the module)."""
+    replays, ``graph``'s back to back (inside ``window``), the baseline's other half (A-B-A, see the module).
+    ``refill(remaining)`` runs before each of ``graph``'s timed replays, between the events (never timed)."""
     graphs = [graph] if baseline is None else [graph, baseline]
     for g in graphs:  # the first replay uploads the graph; keep it out of the samples
         g.replay()
 
-    def replays(g: torch.cuda.CUDAGraph, count: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    def replays(g: torch.cuda.CUDAGraph, count: int, refill=None) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
         pairs = [_event_pair() for _ in range(count)]
-        for start, end in pairs:
+        for i, (start, end) in enumerate(pairs):
+            if refill is not None:
+                refill(count - 1 - i)
             start.record(stream)
             g.replay()
             end.record(stream)
@@ -430,7 +487,7 @@ def _time_replays(
 
     before = replays(baseline, samples // 2) if baseline is not None else []
     with _windowed(window):
-        timed = replays(graph, samples)
+        timed = replays(graph, samples, refill)
         torch.cuda.synchronize()
     after = replays(baseline, samples - samples // 2) if baseline is not None else []
     stream.synchronize()

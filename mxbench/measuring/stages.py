@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,10 @@ from mxkernels.core.cost import Cost
 from mxkernels.core.names import END_TO_END_STAGE, Category, Pass, end_to_end_kernel, end_to_end_purpose
 
 from ..instruments.cards import DEFAULT_CARD
+from ..instruments.hardware import get_spec
 from ..instruments.kit import Instruments
+from ..instruments.roofline import below_floor
+from .fresh import SECOND_SEED, fresh_inputs
 from ..plan.points import BASELINE, point_group_sizes
 from ..storage.results import OURS, Point, Record
 
@@ -115,13 +119,24 @@ def end_to_end_stage(point: Point, stages: Sequence) -> EndToEnd:
 
 
 class StageTimer:
-    """Times stages with the options and instruments of one run and turns each into its Record."""
+    """Times stages with the options and instruments of one run and turns each into its Record. A time below the
+    stage's roofline floor on the run's card (``roofline.below_floor``) is recorded as impossible, not as a time."""
 
     def __init__(self, options: SweepOptions, ins: Instruments):
         self.options, self.ins = options, ins
+        try:
+            self.spec = get_spec(options.hardware) if options.hardware else None
+        except ValueError:  # a spec this mxbench does not know: no floor to hold times to
+            self.spec = None
+
+    def _held_to_floor(self, record: Record, stage) -> Record:
+        if self.spec is not None and record.ok and record.measured:
+            record.impossible = below_floor(record.median_us, stage.cost, self.spec)
+        return record
 
     def time(
-        self, point: Point, stage, fn: Callable[[], object], *, use_graph: bool | None = None, eager_fallback=False
+        self, point: Point, stage, fn: Callable[[], object], *, use_graph: bool | None = None, eager_fallback=False,
+        fresh=None,
     ) -> Record:
         """``fn`` timed with a telemetry sampler as the timer's ``window``, so the sampler sees only ``fn``'s timed
         replays (not warm-up, estimate, capture or flush-only replays) and energy per call = energy over the window
@@ -129,16 +144,23 @@ class StageTimer:
 
         ``use_graph`` overrides the options' for callables a CUDA graph cannot capture (host syncs). With
         ``eager_fallback`` a callable that fails under graph timing is timed again with eager events (its
-        ``method`` says so and ``telemetry["graph_error"]`` why).
+        ``method`` says so and ``telemetry["graph_error"]`` why). ``fresh`` (``measuring.fresh.FreshInputs``): new
+        input values between the timed calls and the last call's outputs held to the oracle.
         """
         o = self.options
         graph = o.use_graph if use_graph is None else use_graph
         cold = o.cold_l2 or not graph  # eager event timing flushes before every call: it is always cold
         try:
             sampler = self.ins.telemetry()
-            t = self.ins.time_fn(fn, cold_l2=cold, use_graph=graph, samples=o.samples, window=lambda: sampler)
+            kw = {} if fresh is None else {"fresh": fresh}  # a test's timing double may not take it
+            with fresh if fresh is not None else nullcontext():
+                t = self.ins.time_fn(fn, cold_l2=cold, use_graph=graph, samples=o.samples, window=lambda: sampler,
+                                     **kw)  # fmt: skip
             calls = len(t.samples_us) * t.calls_per_replay
-            return stage_record(point, stage, **_timed_fields(t, dict(sampler.summary(calls))))
+            fields = _timed_fields(t, dict(sampler.summary(calls)))
+            if fresh is not None:
+                fields["telemetry"]["refilled"] = True  # the window holds one copy of the inputs per replay too
+            return self._held_to_floor(stage_record(point, stage, **fields), stage)
         except Exception as e:  # noqa: BLE001 -- a kernel that fails becomes its error row; the point goes on
             if eager_fallback and graph:
                 eager = self.time(point, stage, fn, use_graph=False)
@@ -165,10 +187,14 @@ class StageTimer:
         records = []
         try:
             stages = self.ins.build_step(*args, **kw, **device)
-            records += [self.time(point, s, s.run) for s in stages]
+            fresh = [None] * len(stages)
+            if self.ins.step_env is not None:
+                second = self.ins.step_env(stages, *args[1:], device=device["device"], seed=point.seed + SECOND_SEED)
+                fresh = fresh_inputs(stages, second, impls)
+            records += [self.time(point, s, s.run, fresh=f) for s, f in zip(stages, fresh, strict=True)]
         except Exception as e:  # noqa: BLE001 -- no tensors for the stages: each planned stage says why
             records += [stage_record(point, s, error=error_message(e)) for s in planned]
-        stages = None  # drop the tensors before the end-to-end call allocates its own
+        stages = fresh = second = None  # drop the tensors before the end-to-end call allocates its own
         e2e = end_to_end_stage(point, planned)
         try:
             step = self.ins.end_to_end(*args, **kw, **device)

@@ -23,6 +23,9 @@ from .validation import Published, parse, schema_file
 from .reading import read_text
 from .writing import write_files
 
+IMPOSSIBLE = "IMPOSSIBLE"
+"""The status of a record whose measured time is below its stage's roofline floor (``Record.impossible``)."""
+
 PROVENANCE_FIELDS = ("module", "distribution", "version", "commit", "dirty", "git_commit_time")
 """The fields of an implementation's entry in ``meta["implementations"]`` (``instruments.provenance`` fills them)."""
 
@@ -67,6 +70,8 @@ class Record:
     ``samples_us``: per-call times (each sample = one graph replay / calls per replay). Empty for model rows, error
     rows and skipped rows. ``measured`` False marks the analytic model (``model_us`` set), never a measurement.
     ``skipped``: why the implementation could not run here (not an error: it never ran).
+    ``impossible``: why the measured time cannot be true (below the stage's roofline floor on the run's card): the
+    samples are kept as measured, but the record is no result (``ok`` False) and fails the gate.
     """
 
     point: Point
@@ -89,6 +94,7 @@ class Record:
     error: str | None = None
     impl: str = OURS
     skipped: str | None = None
+    impossible: str | None = None
 
     def __post_init__(self):
         self.shapes = parse_shapes(self.shapes) if isinstance(self.shapes, str) else tuple(
@@ -97,7 +103,15 @@ class Record:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.skipped is None and (bool(self.samples_us) or self.model_us is not None)
+        return (self.error is None and self.skipped is None and self.impossible is None
+                and (bool(self.samples_us) or self.model_us is not None))  # fmt: skip
+
+    @property
+    def failure(self) -> str | None:
+        """What a row that is no result shows in place of its time: its error, or IMPOSSIBLE and why."""
+        if self.impossible is not None:
+            return f"{IMPOSSIBLE}: {self.impossible}"
+        return self.error
 
     @property
     def shape(self) -> str:
@@ -208,6 +222,7 @@ CSV_COLUMNS = [
     "M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w", "fuse_scales",
     "pass_name", "stage", "impl", "kernel", "category", "purpose", "shape", "backend", "method", "measured",
     "median_us", "iqr_us", "samples", "bytes_read", "bytes_written", "flops", "precision", "error", "skipped",
+    "impossible",
 ]  # fmt: skip
 
 

@@ -78,9 +78,10 @@ COLUMNS = {
     "flops": "FLOPs it does (0 for data movement)",
     # how it went
     "measured": "True for a measurement, False for the analytic model (its time is the model's)",
-    "ok": "True when the record has a time (not an error, not skipped)",
+    "ok": "True when the record has a time (not an error, not skipped, not IMPOSSIBLE)",
     "error": "the error message of a failed record, else None",
     "skipped": "why the implementation could not run on this card, else None",
+    "impossible": "why the measured time is below the stage's roofline floor on the card (IMPOSSIBLE), else None",
     # its time
     "samples": "number of timing samples (0 for model, error and skipped rows)",
     "median_us": "median per-call time (us); a model row's model time; NaN when not ok",
@@ -227,7 +228,7 @@ def _run_rows(run: Run, file: str | None) -> list[dict[str, Any]]:
             "purpose": r.purpose, "shape": r.shape, "precision": r.precision, "backend": r.backend, "method": r.method,
             "bytes_read": r.bytes_read, "bytes_written": r.bytes_written, "bytes": r.bytes, "flops": r.flops,
             "measured": r.measured, "ok": ok, "error": r.error,
-            "skipped": r.skipped, "samples": len(r.samples_us),
+            "skipped": r.skipped, "impossible": r.impossible, "samples": len(r.samples_us),
             "median_us": r.median_us if ok else None, "iqr_us": r.iqr_us if ok else None,
             "min_us": min(r.samples_us) if r.samples_us else None,
             "max_us": max(r.samples_us) if r.samples_us else None,

@@ -433,13 +433,24 @@ def build_step(
     return [replace(s, run=_bind(s, env)) for s in stages]
 
 
-def _bind(stage: Stage, env: dict[str, torch.Tensor]) -> Callable[[], object]:
-    args = [env[name] for name in stage.inputs]
-    fn, params = stage.fn, dict(stage.params)
-    return lambda: fn(*args, **params)
+@dataclass(frozen=True)
+class BoundCall:
+    """A stage's call on fixed tensors, ``fn(*args, **params)``; ``args`` are its input buffers (a harness writes
+    other values into them between timed calls, to see that the outputs follow the inputs)."""
+
+    fn: Callable[..., tuple]
+    args: tuple
+    params: Mapping[str, object]
+
+    def __call__(self) -> tuple:
+        return self.fn(*self.args, **self.params)
+
+
+def _bind(stage: Stage, env: dict[str, torch.Tensor]) -> BoundCall:
+    return BoundCall(stage.fn, tuple(env[name] for name in stage.inputs), MappingProxyType(dict(stage.params)))
 
 
 __all__ = [
-    "OURS", "PASSES", "RECIPES", "Stage", "bind_stage", "build_step", "check_recipe", "group_ends", "make_inputs",
+    "OURS", "PASSES", "RECIPES", "BoundCall", "Stage", "bind_stage", "build_step", "check_recipe", "group_ends", "make_inputs",
     "needs_padding", "plan_step", "run_stages", "split_passes", "step_stages", "with_impls",
 ]  # fmt: skip

@@ -112,7 +112,7 @@ def stage_rows(run: Run, peaks: dict | None) -> list[Row]:
             rows.append({"Recipe": recipe, "Fused": fused, "Pass": r.pass_name, "Stage": r.stage,
                          "Category": r.category, "Kernel": r.kernel, "Time (us)": None if r.median_us is None
                          else f"{r.median_us:.1f}", "Efficiency": None if eff is None
-                         else f"{eff[0]:.1f}% of {eff[1].label}", "error": r.error})  # fmt: skip
+                         else f"{eff[0]:.1f}% of {eff[1].label}", "error": r.failure})  # fmt: skip
     return rows
 
 

@@ -25,6 +25,7 @@ from ...implementations.registry import OURS, Registry
 from ...instruments.kit import Instruments
 from ...instruments.provenance import implementations_meta
 from ...measuring.metadata import implementation_modules, run_metadata
+from ...measuring.fresh import SECOND_SEED, FreshInputs
 from ...measuring.stages import StageTimer, SweepOptions, error_message, stage_record
 from ...plan.points import point_group_sizes
 from ...storage.results import Point, Record, Run, save_run
@@ -124,6 +125,10 @@ def _time_step(pipeline, point: Point, step: list, pairs: list[tuple], timer: St
         inputs = pipeline.make_inputs(point.M, point.N, point.K, point.G, point_group_sizes(point), device=device,
                                       seed=point.seed)  # fmt: skip
         env = pipeline.run_stages(step, inputs)
+        second = None
+        if timer.ins.step_env is not None:  # the second input values the timed calls alternate with (fresh.py)
+            second = timer.ins.step_env(step, point.M, point.N, point.K, point.G, point_group_sizes(point),
+                                        device=device, seed=point.seed + SECOND_SEED)  # fmt: skip
     except Exception as e:  # noqa: BLE001 -- no inputs for these stages: every implementation's row says why
         message = f"making the stage inputs failed: {error_message(e)}"
         into += [stage_record(point, replace(s, impl=i.name, kernel=i.kernel), error=message) for s, i in pairs]
@@ -131,11 +136,14 @@ def _time_step(pipeline, point: Point, step: list, pairs: list[tuple], timer: St
     for stage, impl in pairs:
         if progress:
             click.echo(f"[peers] {impl.name}: {stage.pass_name}/{stage.name} {stage.shape}", err=True)
-        into.append(_time_one(timer, point, stage, impl, [env[n] for n in stage.inputs], device))
+        values = None if second is None else tuple(second[n] for n in stage.inputs)
+        into.append(_time_one(timer, point, stage, impl, [env[n] for n in stage.inputs], device, values))
 
 
-def _time_one(timer: StageTimer, point: Point, stage, impl, inputs: list, device: str) -> Record:
-    """One implementation of one stage: timed, skipped (cannot run here) or an error row (cannot be set up)."""
+def _time_one(timer: StageTimer, point: Point, stage, impl, inputs: list, device: str, second=None) -> Record:
+    """One implementation of one stage: timed, skipped (cannot run here) or an error row (cannot be set up).
+    ``second``: other values for ``inputs`` between the timed calls (``measuring.fresh``); not for an
+    implementation with a ``prepare``, which may read copies of its inputs that it made once."""
     tagged = replace(stage, impl=impl.name, kernel=impl.kernel, backend=None)
     reason = impl.unavailable(device)
     if reason is not None:
@@ -144,4 +152,7 @@ def _time_one(timer: StageTimer, point: Point, stage, impl, inputs: list, device
         fn = impl.bind(inputs, stage.params)
     except Exception as e:  # noqa: BLE001 -- an implementation that cannot be set up is its error row
         return stage_record(point, tagged, error=error_message(e))
-    return timer.time(point, tagged, fn, use_graph=None if impl.graph_safe else False)
+    fresh = None
+    if second is not None and impl.prepare is None:
+        fresh = FreshInputs(tagged, tuple(inputs), second, impl.deviation)
+    return timer.time(point, tagged, fn, use_graph=None if impl.graph_safe else False, fresh=fresh)

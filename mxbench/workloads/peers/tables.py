@@ -19,6 +19,8 @@ def _peer_cell(row: Any) -> str | None:
         return None
     if row.ok:
         return f"{row.median_us:.1f}"
+    if present(getattr(row, "impossible", None)):
+        return "IMPOSSIBLE"
     return "skipped" if present(row.skipped) else "error"
 
 

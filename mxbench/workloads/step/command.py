@@ -160,7 +160,8 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
              force):  # fmt: skip
     """Time every stage of every pass over a sweep of M (or, without a GPU, print and save the analytic model).
 
-    Exit codes: 0 done, 1 an --impl failed its check, 2 bad input (nothing ran), 130 interrupted by Ctrl-C (the
+    Exit codes: 0 done, 1 an --impl failed its check or a stage's time was refused (IMPOSSIBLE: below its
+    roofline floor; or its last timed outputs did not follow new inputs), 2 bad input (nothing ran), 130 interrupted by Ctrl-C (the
     points measured so far are saved, and the file says the run is partial).
     """
     from ...plan.points import plan_points
@@ -213,6 +214,7 @@ def roofline(K, N, preset, G, Ms, recipes, mode, groups, seed, power_percent, po
         for path in plot_step(run, plot_file, spec=spec, project=project):
             click.echo(f"figure: {path}")
     common.exit_if_partial(run)
+    common.exit_if_fooled(run)
 
 
 def _model(points, spec, hardware: str, power_requested):

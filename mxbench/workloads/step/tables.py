@@ -17,7 +17,7 @@ import pandas as pd
 from mxkernels.core.names import MEMORY_CATEGORIES, OURS
 
 from ...instruments.roofline import MODEL_AT_PEAK, peaks_for_run
-from ...storage.results import Run
+from ...storage.results import IMPOSSIBLE, Run
 from ...views.frame import PASS_TITLES, POINT_FIELDS, efficiency, frame_of, select
 from ...views.render import MODEL_MARK, Row, header_block, render
 
@@ -115,8 +115,11 @@ def point_text(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _failure_text(error: str | None) -> str:
-    """The first line of an error row's message (an error row shows it in place of its time)."""
+def _failure_text(error: str | None, impossible: str | None = None) -> str:
+    """The first line of an error row's message (an error row shows it in place of its time); an IMPOSSIBLE
+    row's status and why."""
+    if present(impossible):
+        return f"{IMPOSSIBLE}: {impossible[:100]}"
     lines = (error or "").strip().splitlines()
     return f"error: {lines[0][:100]}" if lines else "no result"
 
@@ -124,7 +127,8 @@ def _failure_text(error: str | None) -> str:
 def _stage_cells(row: Any, pct: float, label: str | None) -> Row:
     """Time, spread, throughput and efficiency of one record; model and error rows say what they are."""
     if not row.ok:
-        return {"Time (us)": _failure_text(row.error), **dict.fromkeys(("IQR (us)", "GB/s", "TFLOP/s", "Efficiency"))}
+        return {"Time (us)": _failure_text(row.error, getattr(row, "impossible", None)),
+                **dict.fromkeys(("IQR (us)", "GB/s", "TFLOP/s", "Efficiency"))}  # fmt: skip
     return {
         "Time (us)": num_text(row.median_us, 1),
         "IQR (us)": num_text(row.iqr_us, 1) if row.measured else MODEL_MARK,
