@@ -138,9 +138,15 @@ class FakeGPU:
         return Instruments(
             plan_step=self.plan, build_step=build, end_to_end=lambda *a, **k: (lambda: None), time_fn=self.time_fn,
             telemetry=FakeTelemetry, snapshot=lambda: {"driver_version": "999.1"},
-            device_properties=lambda: {"name": "Fake GPU", "uuid": "GPU-fake"}, ceilings=lambda card: None,
+            device_properties=lambda: {"name": "Fake GPU", "uuid": "GPU-fake"}, ceilings=_no_ceilings,
             release=lambda: None, power=FakePower(), make_power=FakePower,
         )  # fmt: skip
+
+
+def _no_ceilings(card: str):
+    """The fake card has no measured ceilings; asked, as the real lookup is, by the card's name (a string)."""
+    if not isinstance(card, str):
+        raise TypeError(f"ceilings are looked up by the card's name, got {type(card).__name__}")
 
 
 def with_flipped_bits(quantize, index: tuple[int, int], mask: int):

@@ -110,7 +110,7 @@ def run_metadata(points: Sequence[Point], options: SweepOptions, ins: Instrument
         "backend": options.backend,
         "hardware": options.hardware,
         "denominator": options.denominator,
-        "ceilings": _plain(ins.ceilings(card)),
+        "ceilings": _plain(ins.ceilings(card["card"])),
         "measured": True,
     }
 
