@@ -28,7 +28,7 @@ LAYERS = {"deepseek-v3": (131072, 8, 7168), "llama4-scout": (131072, 8, 5120), "
 # The default launch first, then neighbours: narrower column slices (wr's slice at E = 128 is 32 KiB), twice the
 # programs (more row blocks in flight an SM: Triton issues no async copies here, SM90 cross-compile), taller rows.
 CONFIGS = {"default": GR.DEFAULT_CONFIG, "k64": GR.TokenGradConfig(block_k=64),
-           "x4": GR.TokenGradConfig(programs_per_sm=4),
+           "x2": GR.TokenGradConfig(programs_per_sm=2),
            "t128w8": GR.TokenGradConfig(block_t=128, num_warps=8)}  # fmt: skip
 
 

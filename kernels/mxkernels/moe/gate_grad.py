@@ -81,9 +81,11 @@ class TokenGradConfig:
     # The row-block loop's pipelining depth (``tl.range``); the SM90 cross-compile shows no asynchronous copies for it,
     # so what is in flight is one row block's tiles a program (16 KiB of grad_x_in at 64 x 128).
     num_stages: int = 3
-    # Programs an SM: the column slices x programs along T ~ SMs x this (two: ~32 KiB of reads in flight an SM, near
-    # the ~36 KiB that 4.8 TB/s needs at ~1 us latency; shared memory 14 KiB a program at E <= 16, 56 KiB at 128).
-    programs_per_sm: int = 2
+    # Programs an SM: the column slices x programs along T ~ SMs x this. Four: one row block in flight a program (no
+    # asynchronous copies), so four programs keep ~64 KiB of reads in flight an SM, over the ~36 KiB that 4.8 TB/s
+    # needs at ~1 us latency; two fell short at the 128-expert layers and four cost nothing at 8 experts
+    # (docs/perf-log.md). Shared memory 14 KiB a program at E <= 16, 56 KiB at 128: four fit an SM's 227 KiB.
+    programs_per_sm: int = 4
 
     def __post_init__(self):
         check_power_of_two("TokenGradConfig.block_t", self.block_t, lo=16)
