@@ -30,7 +30,6 @@ from ..layouts.scale_layout import SCALE_DTYPES, blocked_3d_shape, blocked_word,
 from ..layouts.padding import group_bounds
 from ..core.runtime import (
     InputError,
-    default_launch,
     check_config,
     check_fields_power_of_two,
     check_host_offsets,
@@ -38,6 +37,7 @@ from ..core.runtime import (
     check_same_device,
     check_shape,
     check_tensor,
+    default_launch,
 )
 
 # How the rows and 32-blocks of a quantized operand (rows, contraction) map to its blocked scale buffer.
