@@ -61,6 +61,16 @@ def _patch_language_once_per_launch() -> None:
 if INTERPRET:
     _patch_language_once_per_launch()
 
+def default_launch(measured, interpreted):
+    """The launch a wrapper takes when given none (``config=None``): ``measured``, the tuned GPU default; under the
+    interpreter, ``interpreted``: fewer, larger programs. The interpreter runs each program as a Python loop of numpy
+    calls whose cost is per call, not per element, so at the CPU suite's sizes a kernel's time is about its program
+    count, and the GPU's short tiles (8 rows) made it several times longer than it need be. A tile decides only which
+    program computes which elements, so the results are the same bit for bit; the kernel tests that need several
+    programs per block, or the GPU default's own path, pass those configs explicitly."""
+    return interpreted if INTERPRET else measured
+
+
 MAX_GROUPS = 512
 """Most token groups (local experts) one call takes: the grouped kernels map tiles to groups in one pass over offs,
 and torch's grouped GEMMs share the limit."""

@@ -37,6 +37,7 @@ from ..core.runtime import (
     check_same_device,
     check_shape,
     check_tensor,
+    default_launch,
 )
 
 # How the rows and 32-blocks of a quantized operand (rows, contraction) map to its blocked scale buffer.
@@ -65,6 +66,8 @@ class DequantConfig:
 # The default (config=None): 16 rows x 512 elements with 8 warps, 24 KiB moved per program, sized like the padding
 # kernels' programs, which stream near the copy rate (docs/perf-log.md).
 DEQUANT_CONFIG = DequantConfig(block_rows=16, block_blocks=16, num_warps=8)
+# config=None under the interpreter (runtime.default_launch): 128 rows a program.
+_DEQUANT_LAUNCH = default_launch(DEQUANT_CONFIG, DequantConfig(block_rows=128, block_blocks=16, num_warps=8))
 
 
 @triton.jit
@@ -171,7 +174,7 @@ def dequantize_blocked(
             check_host_offsets(offs, cols, BLOCK_SIZE)
             check_shape("scales", scales, k_groups_shape(rows, blocks, G))
     check_config("config", config, DequantConfig)
-    config = config or DEQUANT_CONFIG
+    config = config or _DEQUANT_LAUNCH
     out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     if out.numel():
         grid = (triton.cdiv(rows, config.block_rows), triton.cdiv(blocks, config.block_blocks))

@@ -12,7 +12,7 @@ as a ``PadConfig`` (``config=None``: ``default_pad_config``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -27,6 +27,7 @@ from ..core.runtime import (
     check_offsets,
     check_same_device,
     check_tensor,
+    default_launch,
 )
 
 ALIGNMENTS = (16, 32, 128)
@@ -166,9 +167,13 @@ def _check_rows(x: object, name: str) -> torch.Tensor:
     return x
 
 
-def _launch(x: torch.Tensor, config: object) -> PadConfig:
+def _launch(x: torch.Tensor, config: object, rows: int) -> PadConfig:
+    """``config``, or the default; under the interpreter (``runtime.default_launch``) with ``rows`` rows a program."""
     check_config("config", config, PadConfig)
-    return default_pad_config(x.shape[1], x.element_size()) if config is None else config
+    if config is not None:
+        return config
+    measured = default_pad_config(x.shape[1], x.element_size())
+    return default_launch(measured, replace(measured, block_rows=rows))
 
 
 def pad_token_groups(
@@ -188,7 +193,7 @@ def pad_token_groups(
     offs = check_offsets(offs)
     check_same_device("offs", offs, x)
     check_host_offsets(offs, x.shape[0])
-    config = _launch(x, config)
+    config = _launch(x, config, alignment)  # at most the alignment, as a program's rows must lie in one slot
     if config.block_rows > alignment:
         raise InputError(f"config.block_rows must divide the alignment {alignment}, got {config.block_rows}")
     (M, D), G = x.shape, offs.numel()
@@ -231,7 +236,7 @@ def unpad_token_groups(
     check_same_device("padded_offs", padded_offs, padded)
     check_host_offsets(offs, num_tokens)
     check_host_offsets(padded_offs, padded.shape[0], name="padded_offs")
-    config = _launch(padded, config)
+    config = _launch(padded, config, 128)
     (P, D), G = padded.shape, offs.numel()
     bits = _BITS[padded.element_size()]
     out = torch.empty(num_tokens, D, dtype=bits, device=padded.device)

@@ -35,7 +35,7 @@ from ..core.block_math import Producer
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE
 from .moe_rows import check_gather, gather_producer, gather_weighted_cost
-from ..core.runtime import check_config, check_group_offsets, check_multiple
+from ..core.runtime import check_config, check_group_offsets, check_multiple, default_launch
 
 _BF16 = torch.bfloat16
 
@@ -46,6 +46,8 @@ _BF16 = torch.bfloat16
 # program per SM, SwiGLU two per SM, SwiGLU's backward (2N-wide rows) two per SM with more warps as rows widen; the
 # plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
 MX_FUSED = quantize.RowsConfig(tile=(8, 512), num_warps=2)
+# config=None under the interpreter (runtime.default_launch): a whole 128-row block per program.
+_MX_LAUNCH = default_launch(MX_FUSED, quantize.RowsConfig(tile=(128, 512), num_warps=8))
 FP8_GATHER = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
 FP8_SWIGLU = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
 FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8, block_rows=1)
@@ -56,7 +58,7 @@ def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Produc
     check_multiple("the output", out.shape[1], BLOCK_SIZE, "its width (the blocked dim)")
     offs = check_group_offsets(offs, out, out.shape[0])
     check_config("config", config, quantize.RowsConfig)
-    q, s = quantize._quantize_rows(out, mode, config or MX_FUSED, "m_groups", offs=offs,
+    q, s = quantize._quantize_rows(out, mode, config or _MX_LAUNCH, "m_groups", offs=offs,
                                    producer=producer)  # fmt: skip
     return out, q, s
 

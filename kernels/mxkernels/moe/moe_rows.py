@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ..core.block_math import masked_store, to_bf16_bits, to_fp32
 from ..core.cost import Cost
-from ..core.runtime import InputError, check_config, check_fields_power_of_two, check_same_device, check_tensor
+from ..core.runtime import InputError, check_config, check_fields_power_of_two, check_same_device, check_tensor, default_launch
 
 INDEX_DTYPE = torch.int32
 _INDEX_BYTES, _WEIGHT_BYTES = 4, 4
@@ -57,6 +57,8 @@ class RowsMoveConfig:
 
 # Not measured yet for these kernels: token_permute's launch (8 rows x 4 KiB, 8 warps), measured on the padding copy.
 ROWS_MOVE_CONFIG = RowsMoveConfig()
+# config=None under the interpreter (runtime.default_launch): 64 rows a program.
+ROWS_MOVE_LAUNCH = default_launch(ROWS_MOVE_CONFIG, RowsMoveConfig(block_rows=64))
 
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels
@@ -146,7 +148,7 @@ def launch_gather(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor | N
                   config: RowsMoveConfig | None) -> torch.Tensor:  # fmt: skip
     """Run the gather kernel on validated arguments: (index.numel() // top_k, D) in x's dtype (``gather_tile``).
     Arithmetic (top_k > 1 or a weight) needs bf16 x; the plain copy takes any dtype."""
-    config = config or ROWS_MOVE_CONFIG
+    config = config or ROWS_MOVE_LAUNCH
     bits = BITS[x.element_size()]
     rows, D = index.numel() // top_k, x.shape[1]
     out = torch.empty(rows, D, dtype=bits, device=x.device)
@@ -272,7 +274,7 @@ def row_dot(
         raise InputError(f"a and b must share D and a_rows and b_rows their length; got {tuple(a.shape)}, "
                          f"{tuple(b.shape)}, {tuple(a_rows.shape)}, {tuple(b_rows.shape)}")  # fmt: skip
     check_config("config", config, RowsMoveConfig)
-    config = config or ROWS_MOVE_CONFIG
+    config = config or ROWS_MOVE_LAUNCH
     C, D = a_rows.numel(), a.shape[1]
     out = torch.empty(C, dtype=torch.float32, device=a.device)
     if C:

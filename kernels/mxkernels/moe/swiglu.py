@@ -29,12 +29,14 @@ from triton.language.extra import libdevice
 from ..core.block_math import masked_load, masked_store, to_bf16_bits, to_fp32
 from ..core.cost import Cost
 from .moe_rows import RowsMoveConfig
-from ..core.runtime import INTERPRET, InputError, check_config, check_same_device, check_tensor
+from ..core.runtime import INTERPRET, InputError, check_config, check_same_device, check_tensor, default_launch
 
 # The launch: ``moe_rows.RowsMoveConfig``, rows of block_bytes of each bf16 input per program. Not measured yet
 # (docs/perf-log.md has the predictions): 8 rows x 1024 columns, 32 elements a thread at 8 warps, four 16-byte
 # vector loads per input.
 SWIGLU_CONFIG = RowsMoveConfig(block_rows=8, block_bytes=2048, num_warps=8)
+# config=None under the interpreter (runtime.default_launch): 64 rows a program.
+_SWIGLU_LAUNCH = default_launch(SWIGLU_CONFIG, RowsMoveConfig(block_rows=64, block_bytes=2048, num_warps=8))
 
 # ---------------------------------------------------------------------------------------------------------------
 # Device functions and kernels
@@ -160,7 +162,7 @@ def swiglu(h1: torch.Tensor, h3: torch.Tensor, *, config: RowsMoveConfig | None 
     """(M, N) bf16 ``silu(h1) * h3`` (module doc). ``config``: the launch (None: ``SWIGLU_CONFIG``)."""
     h1, h3 = check_halves(h1, h3)
     check_config("config", config, RowsMoveConfig)
-    config = config or SWIGLU_CONFIG
+    config = config or _SWIGLU_LAUNCH
     M, N = h1.shape
     out = torch.empty(M, N, dtype=torch.bfloat16, device=h1.device)
     if out.numel():
@@ -189,7 +191,7 @@ def swiglu_backward(
     if not isinstance(packed, bool):
         raise InputError(f"packed must be a bool, got {packed!r}")
     check_config("config", config, RowsMoveConfig)
-    config = config or SWIGLU_CONFIG
+    config = config or _SWIGLU_LAUNCH
     M, N = h1.shape
     if packed:
         grad_h = torch.empty(M, 2 * N, dtype=torch.bfloat16, device=h1.device)

@@ -45,8 +45,10 @@ from .quantize_cols import (  # noqa: F401  (ColsConfig, its defaults and the co
     _SCALE_KINDS,
     _STRIDED,
     ALONG_N_COLS,
+    ALONG_N_LAUNCH,
     COLS_MAX_ROWS,
     DIM1_COLS,
+    DIM1_LAUNCH,
     ColsConfig,
     _quantize_cols,
     _quantize_cols_kernel,
@@ -56,6 +58,7 @@ from ..core.runtime import (
     INTERPRET,
     MAX_GROUPS,
     InputError,
+    default_launch,
     check_config,
     check_multiple,
     check_tensor,
@@ -86,6 +89,8 @@ class RowsConfig:
 # The measured default (config=None), chosen by scripts/tune_quantize.py; see docs/perf-log.md. The cols kernel's
 # (``DIM1_COLS``, ``ALONG_N_COLS``) are in ``quantize_cols``.
 ROWS_CONFIG = RowsConfig(tile=(32, 512), num_warps=8)
+# config=None under the interpreter (runtime.default_launch): 128-row tiles; the cols kernel's in quantize_cols.
+_ROWS_LAUNCH = default_launch(ROWS_CONFIG, RowsConfig(tile=(128, 512), num_warps=8))
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Kernels
@@ -222,7 +227,7 @@ def quantize_dim0(
     x = check_tensor("x", x, dtypes=IN_DTYPES, ndim=2)
     check_multiple("x", x.shape[1], BLOCK_SIZE, "K (dim 1, the blocked dim)")
     check_config("config", config, RowsConfig)
-    return _quantize_rows(x, mode, config or ROWS_CONFIG)
+    return _quantize_rows(x, mode, config or _ROWS_LAUNCH)
 
 
 def quantize_dim1(
@@ -238,7 +243,7 @@ def quantize_dim1(
     x = check_tensor("x", x, dtypes=IN_DTYPES, ndim=2)
     check_multiple("x", x.shape[0], BLOCK_SIZE, "M (dim 0, the blocked dim)")
     check_config("config", config, ColsConfig)
-    q, s = _quantize_cols(x.unsqueeze(0), mode, config or DIM1_COLS, "col_major")
+    q, s = _quantize_cols(x.unsqueeze(0), mode, config or DIM1_LAUNCH, "col_major")
     return q[0], s[0]
 
 
@@ -261,9 +266,9 @@ def quantize_3d(
     w = check_quantize_3d(w, along, config)
     G, N, K = w.shape
     if along == "K":
-        q, s = _quantize_rows(w.view(G * N, K), mode, config or ROWS_CONFIG)
+        q, s = _quantize_rows(w.view(G * N, K), mode, config or _ROWS_LAUNCH)
         return q.view(G, N, K), s.view(G, N, K // BLOCK_SIZE)
-    return _quantize_cols(w, mode, config or ALONG_N_COLS, "row_major")
+    return _quantize_cols(w, mode, config or ALONG_N_LAUNCH, "row_major")
 
 
 def check_quantize_3d(w: object, along: object, config: object) -> torch.Tensor:

@@ -34,13 +34,14 @@ from ..layouts.scale_layout import (
     rearrange_m_groups_reference,
 )
 from .quantize import IN_DTYPES, RowsConfig, _quantize_rows, check_quantize_3d, quantize_2d_cost
-from .quantize_cols import ColsConfig, _quantize_cols
+from .quantize_cols import INTERPRETER_COLS, ColsConfig, _quantize_cols
 from ..core.runtime import (
     InputError,
     check_config,
     check_group_offsets,
     check_multiple,
     check_tensor,
+    default_launch,
 )
 
 # The defaults (config=None); not measured yet (docs/perf-log.md has the predictions). Rows kernel: the unfused
@@ -50,6 +51,11 @@ from ..core.runtime import (
 ROWS_BLOCKED = RowsConfig(tile=(32, 512), num_warps=8)
 ALONG_N_BLOCKED = ColsConfig(tile=(128, 64), num_warps=1, num_stages=3, group_cols=2048)
 DIM1_BLOCKED = ColsConfig(tile=(32, 64), num_warps=1, num_stages=1, group_cols=512)
+# config=None under the interpreter (runtime.default_launch): a whole 128-row block per rows program; the cols kernel's
+# interpreter tile.
+_ROWS_LAUNCH = default_launch(ROWS_BLOCKED, RowsConfig(tile=(128, 512), num_warps=8))
+_ALONG_N_LAUNCH = default_launch(ALONG_N_BLOCKED, INTERPRETER_COLS)
+_DIM1_LAUNCH = default_launch(DIM1_BLOCKED, INTERPRETER_COLS)
 
 
 def quantize_dim0_blocked(
@@ -66,7 +72,7 @@ def quantize_dim0_blocked(
     check_multiple("x", x.shape[1], BLOCK_SIZE, "K (dim 1, the blocked dim)")
     offs = check_group_offsets(offs, x, x.shape[0])
     check_config("config", config, RowsConfig)
-    return _quantize_rows(x, mode, config or ROWS_BLOCKED, "m_groups", offs=offs)
+    return _quantize_rows(x, mode, config or _ROWS_LAUNCH, "m_groups", offs=offs)
 
 
 def quantize_3d_blocked(
@@ -82,9 +88,9 @@ def quantize_3d_blocked(
     w = check_quantize_3d(w, along, config)
     G, N, K = w.shape
     if along == "K":
-        q, s = _quantize_rows(w.view(G * N, K), mode, config or ROWS_BLOCKED, "3d", group_rows=N)
+        q, s = _quantize_rows(w.view(G * N, K), mode, config or _ROWS_LAUNCH, "3d", group_rows=N)
         return q.view(G, N, K), s
-    return _quantize_cols(w, mode, config or ALONG_N_BLOCKED, "3d")
+    return _quantize_cols(w, mode, config or _ALONG_N_LAUNCH, "3d")
 
 
 def quantize_dim1_blocked(
@@ -101,7 +107,7 @@ def quantize_dim1_blocked(
     check_multiple("x", x.shape[0], BLOCK_SIZE, "M (dim 0, the blocked dim)")
     offs = check_group_offsets(offs, x, x.shape[0], BLOCK_SIZE)
     check_config("config", config, ColsConfig)
-    q, s = _quantize_cols(x.unsqueeze(0), mode, config or DIM1_BLOCKED, "k_groups", offs=offs)
+    q, s = _quantize_cols(x.unsqueeze(0), mode, config or _DIM1_LAUNCH, "k_groups", offs=offs)
     return q[0], s
 
 

@@ -20,7 +20,7 @@ from ..core.block_math import masked_load, masked_store, quantize_blocks
 from ..core.format import BLOCK_SIZE, DATA_DTYPE, SCALE_DTYPE, ScaleMode
 from ..layouts.scale_layout import blocked_3d_shape, blocked_byte, k_groups_images, k_groups_shape
 from ..layouts.padding import locate, pick
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two
+from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, default_launch
 
 # The cols kernel packs a column's scale bytes of one tile into an int64: at most 8 blocks (256 rows) per tile.
 COLS_MAX_ROWS = 8 * BLOCK_SIZE
@@ -92,6 +92,10 @@ class ColsConfig:
 # best differs by use: dim1 wants short tiles in narrow groups, 3D along N taller pipelined tiles in wide groups.
 DIM1_COLS = ColsConfig(tile=(32, 64), num_warps=1, num_stages=1, group_cols=512)
 ALONG_N_COLS = ColsConfig(tile=(128, 64), num_warps=1, num_stages=3, group_cols=2048)
+# config=None under the interpreter (runtime.default_launch): 128-row tiles (within the K-groups limit) 512 columns wide.
+INTERPRETER_COLS = ColsConfig(tile=(128, 512), num_warps=1, num_stages=1, group_cols=0)
+DIM1_LAUNCH = default_launch(DIM1_COLS, INTERPRETER_COLS)
+ALONG_N_LAUNCH = default_launch(ALONG_N_COLS, INTERPRETER_COLS)
 
 _BLOCK: tl.constexpr = tl.constexpr(BLOCK_SIZE)
 # Where a kernel writes the scale bytes (its SCALES constexpr): see each kernel; the wrappers name them.
