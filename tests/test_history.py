@@ -179,7 +179,8 @@ def test_history_of_the_committed_h200_runs(tmp_path):
     results = REPO_ROOT / "results"
     baseline = results / "baselines" / "nvidia-h200.json"
     h = history(load_runs([results / "nvidia-h200", baseline]))
-    assert [s.commit[:7] for s in h.steps] == ["755e51b", "d3351dc"]  # the older commit first, either way timed
+    # the older commit first, either way timed (b2355c3: the fine-grained layer and map runs of 2026-11-29)
+    assert [s.commit[:7] for s in h.steps] == ["755e51b", "d3351dc", "b2355c3"]
     assert all(s.time_source in ("commit time from git", "run date (commit not in this checkout)") for s in h.steps)
     assert sorted(Path(f).name for f in h.steps[1].files) == [
         "peers-llama4-scout.json", "roofline-deepseek-v3-fp8_rowwise.json", "roofline-deepseek-v3-skewed.json",

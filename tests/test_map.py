@@ -118,9 +118,9 @@ QWEN = ["--preset", "qwen3-30b-a3b"]
 
 
 @pytest.mark.parametrize("args, message", [
-    (QWEN + ["--experts", ","], "--experts must list one or more values"),
+    (QWEN + ["--experts", ","], "'--experts': ',': give at least one value"),
     (QWEN + ["--tokens-per-expert", "256,0"], "must be positive integers"),
-    (QWEN + ["--tokens", ","], "--tokens must list one or more values"),
+    (QWEN + ["--tokens", ","], "'--tokens': ',': give at least one value"),
     (["--K", "48", "--N", "64"], "K must be a positive multiple of 32"),
     (["--K", "64", "--N", "0"], "N must be a positive multiple of 32"),
     (QWEN + ["--experts", "8,600"], "at most 512"),

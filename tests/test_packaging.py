@@ -78,8 +78,9 @@ def test_a_wheel_installed_elsewhere_lists_the_presets(tmp_path):
     assert model.returncode == 0, model.stderr
     assert "(16384, 7168)" in model.stdout and list((elsewhere / "results" / "model-b200").glob("*.json"))
     # the published schemas ship beside the code: what outside tools validate runs with, and what a table reads by
-    assert {p.name for p in (target / "mxbench" / "data").glob("*.schema.json")} == {
-        "run.schema.json", "ceilings.schema.json", "alltoall-ceilings.schema.json"}
+    published = {p.name for p in (REPO / "mxbench" / "data").glob("*.schema.json")}
+    assert {p.name for p in (target / "mxbench" / "data").glob("*.schema.json")} == published
+    assert {"run.schema.json", "ceilings.schema.json", "alltoall-ceilings.schema.json", "tuning.schema.json"} <= published
     (saved,) = (elsewhere / "results" / "model-b200").glob("*.json")
     shown = run_in([sys.executable, "-m", "mxbench", "table", str(saved)], env, elsewhere)
     assert shown.returncode == 0 and "model, not measured" in shown.stdout, shown.stderr

@@ -21,7 +21,9 @@ def _interpreter_on_cpu() -> None:
     ``impls`` and ``check`` choose it for the user (``TRITON_INTERPRET`` already set is left as it is)."""
     import torch
 
-    if not torch.cuda.is_available() and "mxkernels" not in sys.modules:
+    # Only the kernel modules read it (each imports mxkernels.core.runtime, which reads it once); the harness's own
+    # imports of mxkernels.core.errors come earlier and read nothing.
+    if not torch.cuda.is_available() and "mxkernels.core.runtime" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 

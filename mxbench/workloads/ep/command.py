@@ -102,9 +102,10 @@ def _check_fp8(strategies, has_gpu: bool) -> None:
     """An FP8 rowwise strategy needs FP8 tensor cores: refused on an older card (every rank's card is the launcher's
     kind; over several nodes each worker checks its own)."""
     import torch
-    from mxkernels.ep.strategy import check_fp8_capability
+    from mxkernels.ep.strategy import check_fp8_capability, get_strategy
 
-    check_fp8_capability(strategies, torch.cuda.get_device_capability() if has_gpu else None)
+    if has_gpu and any(get_strategy(s).needs_fp8 for s in strategies):  # the card is asked only when it matters
+        check_fp8_capability(strategies, torch.cuda.get_device_capability())
 
 
 def _check_bounds(K: int, N: int, experts: int, tokens: int, top_k: int, world: int) -> None:
