@@ -15,7 +15,7 @@ install:
 # the default (load) hands each worker a fixed first quarter of the tests, so the slowest, sorted first (conftest),
 # all land on one worker, which no other can relieve; an idle worker steals half of a busy one's queue.
 test:
-	CUDA_VISIBLE_DEVICES= $(PYTHON) -m pytest -q -n 2 --dist worksteal
+	CUDA_VISIBLE_DEVICES= $(PYTHON) -m pytest -q -n 2 --dist worksteal --durations=25
 
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu

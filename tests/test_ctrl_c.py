@@ -92,8 +92,14 @@ def test_ctrl_c_between_two_figures_names_the_one_kept(tmp_path, monkeypatch):
         calls.append(path)
         return real(fig, path)
 
-    monkeypatch.setattr(panels, "save", save)
-    monkeypatch.setattr("mxbench.workloads.step.plots.save", save)
+    # Every module that took panels.save by name gets the stand-in, and each is imported first: one imported during
+    # the command would otherwise keep the stand-in after this test (monkeypatch restores only what it set).
+    import mxbench.plots  # noqa: F401
+    import mxbench.workloads.ep.figure, mxbench.workloads.ep.project_output, mxbench.workloads.ep.scaling  # noqa: F401,E401
+    import mxbench.workloads.layer.figure, mxbench.workloads.peers.figure, mxbench.workloads.step.plots  # noqa: F401,E401
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("mxbench") and getattr(m, "save", None) is real]:
+        monkeypatch.setattr(module, "save", save)
     line = interrupted(CliRunner().invoke(cli, ["plot", RUN, "--out", str(tmp_path / "figs")]))
     (kept,) = calls
     assert line == f"interrupted (Ctrl-C): kept {kept}" and Path(kept).exists()
