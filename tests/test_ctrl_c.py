@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
+import importlib
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -15,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 from mxbench.cli import cli
-from mxbench.storage.results import save_run
 
 TESTS = Path(__file__).resolve().parent
 RUN = "results/nvidia-h100-80gb-hbm3/roofline-deepseek-v3.json"
@@ -79,6 +78,12 @@ def test_ctrl_c_while_comparing_exits_130_not_1(monkeypatch):
     interrupted(CliRunner().invoke(cli, ["compare", RUN, RUN]))
 
 
+FIGURE_MODULES = ("mxbench.plots", "mxbench.workloads.ep.figure", "mxbench.workloads.ep.project_output",
+                  "mxbench.workloads.ep.scaling", "mxbench.workloads.layer.figure", "mxbench.workloads.peers.figure",
+                  "mxbench.workloads.step.plots")  # fmt: skip
+"""The modules that draw figures (each takes ``panels.save`` by name)."""
+
+
 def test_ctrl_c_between_two_figures_names_the_one_kept(tmp_path, monkeypatch):
     """plot into a folder: the first figure is written, Ctrl-C comes while the second is drawn."""
     from mxbench.views import panels
@@ -94,11 +99,9 @@ def test_ctrl_c_between_two_figures_names_the_one_kept(tmp_path, monkeypatch):
 
     # Every module that took panels.save by name gets the stand-in, and each is imported first: one imported during
     # the command would otherwise keep the stand-in after this test (monkeypatch restores only what it set).
-    import mxbench.plots  # noqa: F401
-    import mxbench.workloads.ep.figure, mxbench.workloads.ep.project_output, mxbench.workloads.ep.scaling  # noqa: F401,E401
-    import mxbench.workloads.layer.figure, mxbench.workloads.peers.figure, mxbench.workloads.step.plots  # noqa: F401,E401
-
-    for module in [m for name, m in sys.modules.items() if name.startswith("mxbench") and getattr(m, "save", None) is real]:
+    for name in FIGURE_MODULES:
+        importlib.import_module(name)
+    for module in [m for n, m in sys.modules.items() if n.startswith("mxbench") and getattr(m, "save", None) is real]:
         monkeypatch.setattr(module, "save", save)
     line = interrupted(CliRunner().invoke(cli, ["plot", RUN, "--out", str(tmp_path / "figs")]))
     (kept,) = calls
