@@ -13,6 +13,13 @@ python3 -m pip install -q --no-deps --no-build-isolation -e ./kernels -e . >/tmp
 CARD=$(python3 -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
 mkdir -p "results/$CARD" "plots/$CARD"
 SAMPLES=${SAMPLES:-3}
+# DEADLINE (epoch seconds, optional): a map that would start with under a minute left is skipped, and a map running
+# at the deadline gets SIGINT (mxbench keeps the cells done), so the device call ends inside its limit. Every file is
+# also packed into $OUT/maps.tgz after each map: the device tool brings back at most 8 files.
+DEADLINE=${DEADLINE:-0}
+left() { [ "$DEADLINE" -gt 0 ] && echo $((DEADLINE - $(date +%s))) || echo 100000; }
+pack() { tar czf "$OUT/maps.tgz" -C "$OUT" m 2>/dev/null; }
+mkdir -p "$OUT/m"
 
 # Each model's grid: two G (the experts one GPU holds at two expert-parallel degrees) x three tokens per expert
 # around the issue's 512-2048 (DeepSeek-V3: its coarse experts, 1024-8192, without the shared expert as the issue's
@@ -28,12 +35,15 @@ grid() {
 }
 
 map_one() {  # PRESET BACKEND
-  local name="map-$1-$2" start=$SECONDS
+  local name="map-$1-$2" start=$SECONDS budget
+  budget=$(left)
+  if [ "$budget" -lt 60 ]; then echo "$name: skipped, ${budget} s before the deadline" | tee -a "$OUT/m/timing.log"; return; fi
   # shellcheck disable=SC2046  # the grid's words are options
-  mxbench map --preset "$1" $(grid "$1") --recipe fp8_rowwise --backend "$2" --samples "$SAMPLES" \
-    --out "results/$CARD/$name.json" --plot-dir "plots/$CARD" 2>&1 | tee "$OUT/$name.log" | tail -22
-  echo "$name: $((SECONDS - start)) s" | tee -a "$OUT/timing.log"
-  cp "results/$CARD/$name.json" "results/$CARD/$name.csv" "plots/$CARD/$name"-*.png "$OUT/" 2>/dev/null
+  timeout -s INT "$budget" mxbench map --preset "$1" $(grid "$1") --recipe fp8_rowwise --backend "$2" \
+    --samples "$SAMPLES" --out "results/$CARD/$name.json" --plot-dir "plots/$CARD" 2>&1 | tee "$OUT/m/$name.log" | tail -22
+  echo "$name: $((SECONDS - start)) s" | tee -a "$OUT/m/timing.log"
+  cp "results/$CARD/$name.json" "results/$CARD/$name.csv" "plots/$CARD/$name"-*.png "$OUT/m/" 2>/dev/null
+  pack
 }
 
 for step in "$@"; do
