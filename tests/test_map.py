@@ -78,12 +78,32 @@ def test_model_map_grid_file_table_and_figure_hold_the_same_speedups(tmp_path, m
     cells = markdown_cells(table.output, "fp8_rowwise forward + backward speedup")
     assert cells == {(str(G), str(v)): f"{x:.2f}x" for (G, v), x in expected.items()}
     assert "model, not measured" in table.output.split("**fp8_rowwise")[1].split("\n")[0]
+    from mxbench.workloads.map.speedups import crossing
+    from mxbench.workloads.map.tables import break_even_text
+    rows = [break_even_text(crossing((256, 1024), [expected[(G, 256)], expected[(G, 1024)]]), (256, 1024))
+            for G in (8, 32)]  # fmt: skip
+    assert f"1.0x reached at (tokens per expert, log-interpolated): G=8: {rows[0]}; G=32: {rows[1]}" in table.output
 
     figure = plots / "map-fp8_rowwise.png"
     assert f"figure: {figure}" in result.output
     data = json.loads(Image.open(figure).text["mxbench-map"])
     assert data["experts"] == [8, 32] and data["values"] == [256, 1024] and data["measured"] is False
     assert data["speedup"] == [[pytest.approx(expected[(G, v)]) for v in (256, 1024)] for G in (8, 32)]
+
+
+@pytest.mark.parametrize("row, expected", [
+    ([0.5, 0.75, 1.0], "~2048"),            # reached exactly at the last cell
+    ([0.8, 1.2, 1.5], "~724"),              # halfway in log2 between 512 and 1024: 2 ** 9.5 = 724.08
+    ([0.9, 0.95, 1.15], "~1218"),           # a quarter of the way from 1024 to 2048: 2 ** 10.25 = 1217.7
+    ([1.0, 1.1, 1.2], "<= 512"),            # the line lies below the grid
+    ([0.5, 0.6, 0.99], "> 2048"),           # no cell reaches 1.0x
+    ([0.5, None, 1.2], "unknown"),          # a missing cell before the crossing
+    ([1.3, None, None], "<= 512"),          # reached before any missing cell
+])
+def test_where_a_row_reaches_break_even_by_hand(row, expected):
+    from mxbench.workloads.map.speedups import crossing
+    from mxbench.workloads.map.tables import break_even_text
+    assert break_even_text(crossing((512, 1024, 2048), row), (512, 1024, 2048)) == expected
 
 
 def test_the_heatmap_artists_hold_the_cells_and_the_break_even_contour(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ sweep stopped before it) has none.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mxkernels.core.errors import InputError
@@ -34,6 +35,32 @@ class CellSpeedup:
 
 
 @dataclass(frozen=True)
+class BreakEven:
+    """Where a row of speedups first reaches 1.0x: ``at`` the token value (interpolated between the two cells it
+    falls between, linearly in log2 of the tokens, since the grids step by factors), ``below`` when the row's first
+    cell is already at or above 1.0x (the line lies below the grid), ``above`` when no cell reaches it (above the
+    grid). A row with a missing cell before the crossing has none of the three (unknown)."""
+
+    at: float | None = None
+    below: bool = False
+    above: bool = False
+
+
+def crossing(values: tuple[int, ...], row: list[float | None]) -> BreakEven:
+    """The ``BreakEven`` of one row of speedups over increasing token ``values``."""
+    for i, s in enumerate(row):
+        if s is None:
+            return BreakEven()
+        if s >= 1.0:
+            if i == 0:
+                return BreakEven(below=True)
+            lo, hi, s_lo = values[i - 1], values[i], row[i - 1]
+            t = (1.0 - s_lo) / (s - s_lo)
+            return BreakEven(at=2 ** (math.log2(lo) + t * (math.log2(hi) - math.log2(lo))))
+    return BreakEven(above=True)
+
+
+@dataclass(frozen=True)
 class MapView:
     """A map run's grid, the recipes it compared with bf16, and every cell's speedup of each (``at``)."""
 
@@ -49,6 +76,10 @@ class MapView:
         """The speedups of ``recipe``: one row per G (as the grid lists them), one column per token value."""
         g = self.grid
         return [[self.at(recipe, G, v).speedup for v in g.values] for G in g.experts]
+
+    def break_even(self, recipe: str) -> list[BreakEven]:
+        """Per G (as the grid lists them), where ``recipe`` reaches 1.0x along the token axis (``crossing``)."""
+        return [crossing(self.grid.values, row) for row in self.matrix(recipe)]
 
     def bf16_matrix(self) -> list[list[float | None]]:
         g = self.grid

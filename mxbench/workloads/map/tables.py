@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from ...storage.results import Run
 from ...views.render import MODEL_MARK, Row, header_block, render
 from .axes import Scope
-from .speedups import MapView, map_view
+from .speedups import BreakEven, MapView, map_view
 
 
 def speedup_text(value: float | None) -> str | None:
@@ -20,6 +20,23 @@ def _rows(view: MapView, matrix: list[list[float | None]], text) -> list[Row]:
     corner = f"G \\ {g.axis.title}"
     return [{corner: str(G), **{str(v): text(x) for v, x in zip(g.values, row, strict=True)}}
             for G, row in zip(g.experts, matrix, strict=True)]  # fmt: skip
+
+
+def break_even_text(value: BreakEven, values: tuple[int, ...]) -> str:
+    if value.below:
+        return f"<= {values[0]}"
+    if value.above:
+        return f"> {values[-1]}"
+    return "unknown" if value.at is None else f"~{value.at:.0f}"
+
+
+def _break_even_line(view: MapView, recipe: str, fmt: str) -> str:
+    """One line under a recipe's table: where each row reaches 1.0x (``speedups.crossing``)."""
+    g = view.grid
+    cells = "; ".join(f"G={G}: {break_even_text(b, g.values)}"
+                      for G, b in zip(g.experts, view.break_even(recipe), strict=True))  # fmt: skip
+    line = f"1.0x reached at ({g.axis.title}, log-interpolated): {cells}"
+    return f"# {line}\n" if fmt == "csv" else f"\n{line}\n"
 
 
 def _heading(title: str, fmt: str) -> str:
@@ -40,6 +57,7 @@ def map_table(run: Run, fmt: str = "markdown", recipes: Sequence[str] | None = N
     for recipe in [r for r in view.recipes if recipes is None or r in recipes]:
         parts.append(_heading(f"{recipe} forward + backward speedup over bf16, {what}: {kind}", fmt))
         parts.append(render(_rows(view, view.matrix(recipe), speedup_text), fmt))
+        parts.append(_break_even_line(view, recipe, fmt))
     parts.append(_heading(f"bf16 forward + backward (ms), {what}: {kind}", fmt))
     parts.append(render(_rows(view, view.bf16_matrix(), lambda us: None if us is None else f"{us / 1e3:.3f}"), fmt))
     return "".join(parts)
