@@ -26,6 +26,11 @@ def padding_from_row_zero(x, row_src, row_w, *, weighted):
     return (gather_weighted_reference(x, row_src.clamp(min=0), row_w if weighted else None),)
 
 
+def combine_exits_3(y, dest, top, *, weighted):
+    import os
+    os._exit(3)  # ends whatever process calls it
+
+
 def topk_ties_high(logits, *, top_k, score_func):
     # ties to the higher expert index: differs where a planted block makes every score of a token equal
     scores, top, experts = router_topk_reference(logits.flip(1), top_k=top_k, score_func=score_func)
@@ -74,6 +79,15 @@ def test_a_wrong_layer_stage_exits_1_with_its_finding(wrong, impl, stage, findin
     result = check("--recipe", "bf16", "--impl", impl)
     assert result.exit_code == 1, result.output
     assert f"FAIL {stage} / {impl.split('=')[1]}" in result.output and finding in result.output
+
+
+def test_an_outside_layer_stage_runs_in_a_process_of_its_own(wrong):
+    """Issue 34, item 5, for `check --layer`: an implementation that ends its process is one ERROR row naming how,
+    and this process goes on to report it (in this process, os._exit would end the test run itself)."""
+    result = check("--recipe", "bf16", "--impl", "combine=wrong_layer:combine_exits_3", "--timeout", "120")
+    assert result.exit_code == 1, result.output
+    assert "ERROR combine / wrong_layer:combine_exits_3" in result.output
+    assert "exited with code 3" in result.output
 
 
 def test_an_unknown_layer_stage_is_bad_input(wrong):

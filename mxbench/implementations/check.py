@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
-from mxkernels.gemm import native as gemm_native
 from mxkernels.core.comparison import MinSQNR, Mismatch
 from mxkernels.core.errors import InputError
 from mxkernels.core.format import BLOCK_SIZE
 from mxkernels.core.names import Recipe
+from mxkernels.gemm import native as gemm_native
 from mxkernels.stages.pipeline import Stage, step_stages
 from mxkernels.stages.step_specs import padding_alignment
 
@@ -289,10 +289,9 @@ def _check_here(recipe: str, M: int, N: int, K: int, G: int, modes: Sequence[str
             yield from check_stages(stages, env, by_key, device=device, timeout_s=timeout_s, where=where)
 
 
-def _check_in_child(send, recipe, M, N, K, G, modes, device, seed, pad, stage: str, impl: Implementation) -> None:
-    """``check_step`` of one outside implementation, in its own process (``apart.run_apart``): each result sent as
-    it is known, and the parent told when the implementation is called and when it returns (its time limit runs
-    only then; a hang is ended by the parent killing this process)."""
+def watched_in_child(impl: Implementation, send, device: str) -> Implementation:
+    """In a child of ``apart.run_apart``: ``device`` made current, and ``impl`` calling ``send`` just before and
+    after each call of its function (the parent's time limit runs only between the two)."""
     if torch.device(device).type == "cuda" and torch.device(device).index is not None:
         torch.cuda.set_device(torch.device(device))
     fn = impl.fn
@@ -304,7 +303,14 @@ def _check_in_child(send, recipe, M, N, K, G, modes, device, seed, pad, stage: s
         finally:
             send(("returned",))
 
-    watched = dataclasses.replace(impl, fn=announced)  # called in this thread, without a limit: the parent keeps it
+    return dataclasses.replace(impl, fn=announced)
+
+
+def _check_in_child(send, recipe, M, N, K, G, modes, device, seed, pad, stage: str, impl: Implementation) -> None:
+    """``check_step`` of one outside implementation, in its own process (``apart.run_apart``): each result sent as
+    it is known, and the parent told when the implementation is called and when it returns (its time limit runs
+    only then; a hang is ended by the parent killing this process)."""
+    watched = watched_in_child(impl, send, device)  # called in this thread, without a limit: the parent keeps it
     for r in _check_here(recipe, M, N, K, G, modes, device, seed, pad, {stage: [watched]}, None):
         send(("result", r))
 

@@ -8,18 +8,24 @@ projections apart, the router's own top-k and softmax scores. A third scenario r
 are experts. The walk is ``check.check_stages``: each stage's inputs are the oracles' outputs of the stages before
 it, and every implementation (mxkernels' own, or an ``--impl STAGE=module:function`` of a layer stage) is compared
 with its stage's oracle by the spec's rule. The expert projections' stages are the step's (``mxbench check``).
+
+As in ``mxbench check``, an outside implementation (``--impl STAGE=module:function``) runs in a process of its own
+(``implementations.apart``): a crash, an exit, a signal, a hang or a CUDA context it breaks is its ERROR row and the
+check goes on; mxkernels' own run here, as they are timed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from mxkernels.stages.layer import LayerShape, layer_stages
-from mxkernels.stages.layer_specs import FUSED_RECIPES, get_layer_spec, layer_specs
+import torch
 from mxkernels.autograd.layer import layer_inputs
 from mxkernels.core.names import Recipe
+from mxkernels.stages.layer import LayerShape, layer_stages
+from mxkernels.stages.layer_specs import FUSED_RECIPES, get_layer_spec, layer_specs
 
-from ...implementations.check import CheckResult, check_stages
+from ...implementations.apart import picklable, run_apart
+from ...implementations.check import CheckResult, Verdict, check_stages, watched_in_child
 from ...implementations.check_inputs import plant
 from ...implementations.registry import Implementation, Registry
 
@@ -72,6 +78,35 @@ def check_layer(recipe: str, K: int, N: int, G: int, T: int, impls: Mapping[tupl
     return results
 
 
+def check_layer_apart(recipe: str, K: int, N: int, G: int, T: int,
+                      impls: Mapping[tuple[Recipe, str], Sequence[Implementation]], *, modes: Sequence[str] = ("rceil",),
+                      device="cpu", seed: int = 0, timeout_s: float = 300.0) -> list[CheckResult]:  # fmt: skip
+    """``check_layer`` with every outside implementation (origin ``--impl``, picklable) in a child process of its
+    own (module doc), on the same inputs made again there from ``seed``; the others here. A child that ends early
+    adds one ERROR row naming why."""
+    apart = [(key, i) for key, found in impls.items() for i in found if i.origin == "--impl" and picklable(i) is None]
+    here = {key: [i for i in found if (key, i) not in apart] for key, found in impls.items()}
+    job = (recipe, K, N, G, T, tuple(modes), str(torch.device(device)), seed)
+    results = check_layer(*job[:5], {k: v for k, v in here.items() if v}, modes=modes, device=device, seed=seed,
+                          timeout_s=timeout_s) if any(here.values()) else []  # fmt: skip
+    for key, impl in apart:
+        ran = run_apart(_check_layer_in_child, (*job, key, impl), timeout_s=timeout_s)
+        results += ran.results
+        if ran.failure is not None:
+            results.append(CheckResult(Recipe(recipe), key[1], impl.name, Verdict.ERROR, ran.failure.splitlines()[0],
+                                       trace=ran.failure, where="layer"))  # fmt: skip
+    return results
+
+
+def _check_layer_in_child(send, recipe, K, N, G, T, modes, device, seed, key, impl: Implementation) -> None:
+    """``check_layer`` of one outside implementation in its own process (``apart.run_apart``): each result sent as
+    it is known, the parent told when the implementation is called and when it returns (its time limit runs only
+    then)."""
+    watched = watched_in_child(impl, send, device)
+    for r in check_layer(recipe, K, N, G, T, {key: [watched]}, modes=modes, device=device, seed=seed, timeout_s=None):
+        send(("result", r))
+
+
 def layer_impls(impls, recipe: str) -> dict[tuple[Recipe, str], list[Implementation]]:
     """Of ``impls`` (a registry, or implementations), those of the stages a ``recipe`` layer runs: the common
     stages (declared under bf16) and the recipe's own, by (recipe, stage)."""
@@ -116,8 +151,8 @@ def check_command(impl_texts, stages, recipe, K, N, G, M, modes, seed, timeout_s
         missing = set(stages) - {key[1] for key in chosen}
         if missing:
             raise click.BadParameter(f"no layer stage {', '.join(sorted(missing))} for {recipe}", param_hint="--stage")
-    results = check_layer(recipe, K, N, G, max(1, M // 8), chosen, modes=modes, device=torch_device(), seed=seed,
-                          timeout_s=timeout_s)  # fmt: skip
+    results = check_layer_apart(recipe, K, N, G, max(1, M // 8), chosen, modes=modes, device=torch_device(),
+                                seed=seed, timeout_s=timeout_s)  # fmt: skip
     if fmt == "json":
         click.echo(json_report(results), nl=False)
         return exit_code(results)
