@@ -1,6 +1,6 @@
 """Where is triton_fused wrong at DeepSeek-V3 sizes? (It is withheld on GPUs until this is found: docs/perf-log.md.)
 
-Runs the fused kernels on the GPU test's operands (kernels/tests/test_grouped_gemm.py ``gpu_case``) with the output
+Runs the fused kernels on the GPU test's operands (kernels/tests/gemm_oracle.py ``gpu_case``) with the output
 pre-filled with NaN, against the emulated backend in fp32, for each case, output dtype and a few configs, twice
 each: unwritten elements stay NaN, wrong ones differ, and a result that changes between two identical calls is a
 race. Prints one line per run and, for a wrong one, the output tiles that hold the bad elements.
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kernels" / "tests"))
 
-from helpers import offsets
+from gemm_oracle import gpu_case, gpu_sizes, sqnr, valid
+from kernel_helpers import offsets
 from mxkernels.gemm import fused as gemm_fused
 from mxkernels.gemm import grouped_gemm as GG
-from test_grouped_gemm import gpu_case, gpu_sizes, sqnr, valid
 
 
 class _NaNEmpty:
