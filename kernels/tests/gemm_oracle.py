@@ -15,9 +15,10 @@ from kernel_helpers import offsets
 from mxkernels.core.cost import ceil_to
 from mxkernels.core.format import dequantize_reference, quantize_reference
 from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.gemm.backend import GemmCase
 from mxkernels.layouts.scale_layout import blocked_3d_shape, m_groups_shape, to_blocked
 
-CASES = ["2d3d", "2d2d"]
+CASES = list(GemmCase)  # test ids "2d3d", "2d2d": a member is its string
 TRITON_BACKENDS = ["triton", "triton_fp8"]
 
 

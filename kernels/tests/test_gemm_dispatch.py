@@ -4,6 +4,8 @@ reference every other backend is checked against, against gemm_oracle's fp32 ref
 backend is checked against the emulated one at DeepSeek-V3 sizes.
 """
 
+import json
+
 import pytest
 import torch
 from gemm_oracle import (
@@ -19,7 +21,33 @@ from gemm_oracle import (
     valid,
 )
 from kernel_helpers import offsets
+from mxkernels.core.runtime import InputError
+from mxkernels.gemm import fp8_triton, fp8_ws, fused, mx_triton
 from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.gemm.backend import GemmCase
+from mxkernels.gemm.shape_classes import GemmShape
+
+
+def test_the_case_is_an_enum_equal_to_the_strings_stored_runs_hold():
+    # Tuning files and runs hold "2d3d" / "2d2d": they must still load, compare and write the same JSON.
+    assert [GemmCase("2d3d"), GemmCase("2d2d")] == [GemmCase.A2D_B3D, GemmCase.A2D_B2D] == ["2d3d", "2d2d"]
+    assert json.loads(json.dumps({"case": GemmCase.A2D_B2D})) == {"case": "2d2d"}
+    assert GemmShape("2d2d", 64, 32, 16, 2).case is GemmCase.A2D_B2D  # a string at the seam becomes a member
+    for bad in ("3d3d", "2D3D", None, 3):
+        with pytest.raises(InputError, match="case must be '2d3d' or '2d2d'"):
+            GemmCase.parse(bad)
+    for default_config in (fused.default_config, fp8_triton.default_config, fp8_ws.default_config):
+        assert default_config("2d2d") == default_config(GemmCase.A2D_B2D)
+        with pytest.raises(InputError, match="case must be"):  # on the interpreter too, whose launch is fixed
+            default_config("3d3d")
+    assert mx_triton.default_config("2d3d", "triton") == mx_triton.default_config(GemmCase.A2D_B3D, "triton")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_operands_say_the_case(device, case):
+    (ops, _), sizes = small_case(case, device, torch.Generator().manual_seed(0))
+    got = GG._check_quantized(ops["a_q"], ops["b_q"], offsets(sizes, device))[0]
+    assert got is {"2d3d": GemmCase.A2D_B3D, "2d2d": GemmCase.A2D_B2D}[case] is GemmCase.of_b(ops["b_q"])
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -50,6 +50,7 @@ from ..ep import comm
 from ..ep import rows as row_calls
 from ..ep.strategy import BASELINE, STRATEGIES, get_strategy, row_widths  # noqa: F401 -- the first two re-exported
 from ..gemm import grouped_gemm
+from ..gemm.backend import GemmCase
 from ..layouts import scale_layout, padding
 from ..quant import fp8_rowwise, quantize
 from ..core.comparison import BitExact
@@ -409,7 +410,7 @@ def _mx_pass(b: _Builder, mp: _MxPass, pad: bool, recipe: Recipe = Recipe.MXFP8)
               (f"{mp.w}_s",), (f"{mp.w}_sb",))  # fmt: skip
         w_scales = f"{mp.w}_sb"
     b.add(recipe, mp.gemm, [(Rp, width), (s.E, width, mp.w_rows)],
-          grouped_gemm.grouped_mm_cost(Rp, mp.w_rows, width, s.E, recipe, "2d3d"),
+          grouped_gemm.grouped_mm_cost(Rp, mp.w_rows, width, s.E, recipe, GemmCase.A2D_B3D),
           (f"{mp.act}_q{p}", scales, f"{mp.w}_q", w_scales, offs), (f"{mp.out}{p}",), backend=b.backend)  # fmt: skip
     if pad:
         b.add(recipe, mp.unpad, [(Rp, mp.w_rows)], padding.unpad_cost(R, mp.w_rows, s.E, align, 2),
