@@ -26,7 +26,7 @@ from gemm_oracle import (
 )
 from kernel_helpers import offsets
 from mxkernels.core.format import quantize_reference
-from mxkernels.gemm import fused
+from mxkernels.gemm import fp8_triton, fused
 from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.gemm import mx_triton
 
@@ -52,16 +52,19 @@ def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
     torch.testing.assert_close(valid(out, sizes, case), valid(ref, sizes, case), rtol=1e-5, atol=1e-4)
 
 
+SHARED_TILE_CHECKS = [  # core.runtime.check_tile_config, in every tiled GEMM launch
+    ({"block_m": 48}, "block_m must be a power of two"),
+    ({"block_n": 8}, "block_n must be a power of two"),
+    ({"num_warps": 2}, "num_warps must be 4 or 8"),
+    ({"num_stages": 0}, "num_stages must be a positive int"),
+    ({"group_m": 0}, "group_m must be a positive int"),
+]
+
+
 @pytest.mark.parametrize(
     "kind, fields, error",
     [
-        *[(kind, fields, error) for kind in (mx_triton.TileConfig, fused.FusedConfig) for fields, error in [
-            ({"block_m": 48}, "block_m must be a power of two"),
-            ({"block_n": 8}, "block_n must be a power of two"),
-            ({"num_warps": 2}, "num_warps must be 4 or 8"),
-            ({"num_stages": 0}, "num_stages must be a positive int"),
-            ({"group_m": 0}, "group_m must be a positive int"),
-        ]],
+        *[(kind, *check) for kind in (mx_triton.TileConfig, fused.FusedConfig) for check in SHARED_TILE_CHECKS],
         (mx_triton.TileConfig, {"maxnreg": 16}, "maxnreg must be None or an int in"),
         (mx_triton.TileConfig, {"maxnreg": 256}, "maxnreg must be None or an int in"),
         (fused.FusedConfig, {"maxnreg": 16}, "maxnreg must be an int from 24 to 255"),
@@ -70,6 +73,11 @@ def test_triton_fp8_any_tile_config_computes_the_same_function(device, case):
         (fused.FusedConfig, {"max_programs": 0}, "max_programs must be a positive int"),
         (fused.FusedConfig, {"fuse_both": 1}, "fuse_both must be a bool"),
         (fused.FusedConfig, {"exact_fp32": "yes"}, "exact_fp32 must be a bool"),
+        *[(fp8_triton.Fp8Config, *check) for check in SHARED_TILE_CHECKS],
+        (fp8_triton.Fp8Config, {"block_k": 48}, "block_k must be a power of two"),
+        (fp8_triton.Fp8Config, {"programs_per_sm": 0}, "programs_per_sm must be a positive int"),
+        (fp8_triton.Fp8Config, {"max_programs": 0}, "max_programs must be a positive int"),
+        (fp8_triton.Fp8Config, {"promote": 256}, "promote must be an int from 1 to 128"),
     ],
 )  # fmt: skip
 def test_bad_launch_config_raises_value_error(kind, fields, error):

@@ -41,7 +41,7 @@ from .backend import Backend, GemmCase, late, triton_unavailable
 from .fused import _band_tile, _tile_2d3d
 from ..core.names import Recipe
 from ..layouts.padding import group_bounds, pick
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, persistent_programs, tile_launch
+from ..core.runtime import INTERPRET, InputError, check_int, check_tile_config, persistent_programs, tile_launch
 
 
 @triton.jit
@@ -164,14 +164,8 @@ class Fp8Config:
     promote: int | None = 128
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "block_k"):
-            check_power_of_two(f"Fp8Config.{name}", getattr(self, name), lo=16)
-        if self.num_warps not in (4, 8):
-            raise InputError(f"Fp8Config.num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps!r}")
-        for name in ("num_stages", "group_m", "programs_per_sm"):
-            check_int(f"Fp8Config.{name}", getattr(self, name), 1)
-        if self.max_programs is not None:
-            check_int("Fp8Config.max_programs", self.max_programs, 1)
+        check_tile_config(self, ("block_m", "block_n", "block_k"), ("num_stages", "group_m", "programs_per_sm"),
+                          ("max_programs",))
         if self.promote is not None:
             check_int("Fp8Config.promote", self.promote, 1, self.block_k)
 

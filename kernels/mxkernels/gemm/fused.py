@@ -39,7 +39,7 @@ from .dequant import dequantize_blocked
 from ..core.names import Recipe
 from ..layouts.scale_layout import blocked_word
 from ..layouts.padding import group_bounds, locate, pick
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, persistent_programs, tile_launch
+from ..core.runtime import INTERPRET, InputError, check_int, check_tile_config, persistent_programs, tile_launch
 
 # ---------------------------------------------------------------------------------------------------------------
 # Dequantization in registers
@@ -360,16 +360,9 @@ class FusedConfig:
     exact_fp32: bool = False
 
     def __post_init__(self):
-        for name in ("block_m", "block_n"):
-            check_power_of_two(f"FusedConfig.{name}", getattr(self, name), lo=16)
+        check_tile_config(self, ("block_m", "block_n"), ("num_stages", "group_m", "programs_per_sm"), ("max_programs",))
         if self.block_k not in (32, 64, 128):
             raise InputError(f"FusedConfig.block_k must be 32, 64 or 128, got {self.block_k!r}")
-        if self.num_warps not in (4, 8):
-            raise InputError(f"FusedConfig.num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps!r}")
-        for name in ("num_stages", "group_m", "programs_per_sm"):
-            check_int(f"FusedConfig.{name}", getattr(self, name), 1)
-        if self.max_programs is not None:
-            check_int("FusedConfig.max_programs", self.max_programs, 1)
         if self.maxnreg is not None:
             check_int("FusedConfig.maxnreg", self.maxnreg, 24, 255)
         for name in ("fuse_both", "exact_fp32"):

@@ -29,7 +29,7 @@ from .backend import FIRST, LATER, Arch, Backend, GemmCase, late, triton_unavail
 from ..core.names import Recipe
 from ..layouts.scale_layout import blocked_word
 from ..layouts.padding import group_bounds, locate, pick
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, tile_launch
+from ..core.runtime import INTERPRET, InputError, check_tile_config, tile_launch
 
 
 @triton.jit
@@ -230,12 +230,7 @@ class TileConfig:
     maxnreg: int | None = None
 
     def __post_init__(self):
-        for name in ("block_m", "block_n"):
-            check_power_of_two(f"TileConfig.{name}", getattr(self, name), lo=16)
-        if self.num_warps not in (4, 8):
-            raise InputError(f"TileConfig.num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps!r}")
-        for name in ("num_stages", "group_m"):
-            check_int(f"TileConfig.{name}", getattr(self, name), 1)
+        check_tile_config(self, ("block_m", "block_n"), ("num_stages", "group_m"))
         if self.maxnreg is not None and not (isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255):
             raise InputError(f"TileConfig.maxnreg must be None or an int in [24, 255], got {self.maxnreg!r}")
 

@@ -292,16 +292,24 @@ def check_recipe(recipe: object) -> Recipe:
         raise InputError(f"recipe must be one of {', '.join(RECIPES)}; got {recipe!r}") from None
 
 
+def check_sizes(sizes: Mapping[str, object], groups: tuple[str, object], blocked: Sequence[str] = ("K", "N")) -> None:
+    """The sizes every workload's problem shares, named as its user knows them: each of ``sizes`` a positive int,
+    those named in ``blocked`` (the MX-blocked widths) multiples of ``BLOCK_SIZE``, and ``groups`` = (name, expert
+    count) between 1 and ``MAX_GROUPS``."""
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"{name} must be a positive integer, got {value!r}")
+    for name in blocked:
+        if sizes[name] % BLOCK_SIZE:
+            raise InputError(f"{name} must be a multiple of {BLOCK_SIZE}, got {sizes[name]}")
+    name, count = groups
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_GROUPS:
+        raise InputError(f"{name} must be between 1 and {MAX_GROUPS}, got {count!r}")
+
+
 def _check_problem(recipe: str, M: int, N: int, K: int, G: int) -> Recipe:
     recipe = check_recipe(recipe)
-    for name, value in (("M", M), ("N", N), ("K", K)):
-        if value <= 0:
-            raise InputError(f"{name} must be positive, got {value}")
-    for name, value in (("N", N), ("K", K)):
-        if value % BLOCK_SIZE:
-            raise InputError(f"{name} must be a multiple of {BLOCK_SIZE}, got {value}")
-    if not 1 <= G <= MAX_GROUPS:
-        raise InputError(f"G must be between 1 and {MAX_GROUPS}, got {G}")
+    check_sizes({"M": M, "N": N, "K": K}, ("G", G))
     return recipe
 
 
