@@ -1,6 +1,6 @@
 """Where is triton_fused wrong at DeepSeek-V3 sizes? (It is withheld on GPUs until this is found: docs/perf-log.md.)
 
-Runs the fused kernels on the GPU test's operands (kernels/tests/test_grouped_gemm.py ``gpu_case``) with the output
+Runs the fused kernels on the GPU test's operands (kernels/tests/gemm_oracle.py ``gpu_case``) with the output
 pre-filled with NaN, against the emulated backend in fp32, for each case, output dtype and a few configs, twice
 each: unwritten elements stay NaN, wrong ones differ, and a result that changes between two identical calls is a
 race. Prints one line per run and, for a wrong one, the output tiles that hold the bad elements.
@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kernels" / "tests"))
 
-from helpers import offsets
+from gemm_oracle import gpu_case, gpu_sizes, sqnr, valid
+from kernel_helpers import offsets
 from mxkernels.gemm import fused as gemm_fused
 from mxkernels.gemm import grouped_gemm as GG
-from test_grouped_gemm import gpu_case, gpu_sizes, sqnr, valid
+from mxkernels.gemm.backend import GemmCase
 
 
 class _NaNEmpty:
@@ -37,13 +38,13 @@ class _NaNEmpty:
         return torch.full(size, float("nan"), dtype=dtype, device=device)
 
 
-def bad_tiles(out: torch.Tensor, ref: torch.Tensor, block_m: int, block_n: int, case: str) -> dict:
+def bad_tiles(out: torch.Tensor, ref: torch.Tensor, block_m: int, block_n: int, case: GemmCase) -> dict:
     """Bad elements (NaN where the reference is finite, or off by more than 3% of the reference's RMS) per tile."""
     tol = 3e-2 * ref.float().pow(2).mean().sqrt()
     wrong = (out.float() - ref.float()).abs() > tol
     wrong |= out.isnan() & ~ref.isnan()
     unwritten = out.isnan() & ~ref.isnan()
-    if case == "2d2d":  # (G, N, K): tiles are block_n rows of N by block_m columns of K
+    if case is GemmCase.A2D_B2D:  # (G, N, K): tiles are block_n rows of N by block_m columns of K
         wrong, unwritten = wrong.flatten(0, 1), unwritten.flatten(0, 1)
         rows, cols = block_n, block_m
     else:
@@ -72,7 +73,7 @@ def main() -> None:
     M, K, N, G = args.M, 7168, 2048, 8
     sizes = gpu_sizes(M, G, 32)
     report = []
-    for case in ("2d3d", "2d2d")[: 1 if args.only_2d3d else 2]:
+    for case in tuple(GemmCase)[: 1 if args.only_2d3d else 2]:
         ops, _ = gpu_case(case, M, K, N, G, sizes)
         offs = offsets(sizes, "cuda")
         ref = GG.mxfp8_scaled_grouped_mm(**ops, offs=offs, backend="emulated", out_dtype=torch.float32)

@@ -42,7 +42,7 @@ from mxkernels.gemm.fp8_triton import Fp8Config
 from mxkernels.gemm import fp8_ws as WS
 from mxkernels.gemm.fp8_ws import WsConfig
 from mxkernels.gemm import shape_classes as SC
-from mxkernels.gemm.backend import arch_of
+from mxkernels.gemm.backend import GemmCase, arch_of
 from mxbench.instruments.timing import time_fn
 from tune_gemm import sqnr_db
 from peers import deepgemm as DG
@@ -81,7 +81,7 @@ _WS = [  # the warp-specialized Gluon kernel (torch's sums): ring depth, tile or
     WsConfig(block_n=128, num_stages=6, group_m=16),
     WsConfig(block_n=128, block_k=64, num_stages=8),
 ]
-CANDIDATES = {case: [("triton", c) for c in _PRECISE + _FAST] + [("triton_ws", c) for c in _WS] for case in ("2d3d", "2d2d")}
+CANDIDATES = {case: [("triton", c) for c in _PRECISE + _FAST] + [("triton_ws", c) for c in _WS] for case in GemmCase}
 
 
 DISPATCH = "dispatch"  # a row of the shipped choice: ``backend=None``, the shape's class decides (shape_classes)
@@ -104,7 +104,7 @@ def _add_arguments(parser) -> None:
     DG.add_arguments(parser)
 
 
-PASSES = {"fwd": "2d3d", "dgrad": "2d3d", "wgrad": "2d2d"}
+PASSES = {"fwd": GemmCase.A2D_B3D, "dgrad": GemmCase.A2D_B3D, "wgrad": GemmCase.A2D_B2D}
 
 
 def _operands(pass_: str, K: int, N: int, sizes: list[int], seed: int):
@@ -134,7 +134,7 @@ def _bf16_us(pass_: str, K: int, N: int, sizes: list[int]) -> float:
     return _us(lambda: torch._grouped_mm(a, b, offs=offs))
 
 
-def _chosen(case: str, M: int, N: int, K: int, G: int) -> str:
+def _chosen(case: GemmCase, M: int, N: int, K: int, G: int) -> str:
     """The class and kernel a ``backend=None`` call of this shape runs (kernel terms: ``grouped_gemm.choose``)."""
     picked = GG.choose("fp8_rowwise", case, M, N, K, G)
     table = SC.table_for("fp8_rowwise", arch_of(torch.cuda.get_device_capability()))
@@ -148,7 +148,7 @@ def _check(pass_: str, K: int, N: int, sizes: list[int], config: Fp8Config | Non
     ref = GG.fp8_rowwise_scaled_grouped_mm(*ops, offs, backend="emulated")
     kwargs = {"config": config} if config is not None else {}
     out = GG.fp8_rowwise_scaled_grouped_mm(*ops, offs, backend=backend, **kwargs)
-    if PASSES[pass_] == "2d2d":
+    if PASSES[pass_] is GemmCase.A2D_B2D:
         for g, size in enumerate(sizes):
             if size == 0 and bool((out[g] != 0).any()):
                 raise AssertionError(f"group {g} is empty but its output is not all zeros")
@@ -190,7 +190,7 @@ def _bits(row: dict | None) -> str:
     return "equal" if row["sqnr_vs_native_db"] == float("inf") else f"{row['sqnr_vs_native_db']:.0f} dB"
 
 
-def _shipped(rows: list[dict], case: str) -> dict | None:
+def _shipped(rows: list[dict], case: GemmCase) -> dict | None:
     """The warp-specialized row that ran the config a call without one gets today (``fp8_ws.default_config``: what
     the fp8_rowwise recipe's SM90 default backend runs), or None when the run did not time it. A stored config is
     compared on the fields it has (runs before a field existed lack it)."""
@@ -284,7 +284,7 @@ def main() -> int:
                 row = {**base, "backend": backend, "config": config and dataclasses.asdict(config)}
                 run_as = None if backend == DISPATCH else backend
                 if backend == DISPATCH:  # the class of the call in the kernel's terms (grouped_gemm module doc)
-                    if case == "2d3d":  # a (M, K), b (G, N, K)
+                    if case is GemmCase.A2D_B3D:  # a (M, K), b (G, N, K)
                         row["chosen"] = _chosen(case, a_q.shape[0], b_q.shape[1], a_q.shape[1], G)
                     else:  # a (N, M), b (K, M)
                         row["chosen"] = _chosen(case, a_q.shape[1], a_q.shape[0], b_q.shape[0], G)

@@ -39,6 +39,7 @@ from tuning import start
 import torch
 from mxkernels.gemm import fused as gemm_fused
 from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.gemm.backend import GemmCase
 from mxkernels.gemm.dequant import dequantize_blocked
 from mxkernels.gemm.fused import FusedConfig
 from mxbench.instruments.timing import time_fn
@@ -50,7 +51,7 @@ M, K, N, G = 131072, 7168, 2048, 8
 MIN_SQNR_DB = 40.0
 # case -> (kind, output columns n, contraction k) in tune_gemm.operands' terms (2D x 3D: a (M, k) @ b (G, k, n);
 # 2D x 2D: a (n, M) @ b (M, k) -> (G, n, k)).
-CASES = {"fwd": ("2d3d", N, K), "dgrad": ("2d3d", K, N), "wgrad": ("2d2d", N, K)}
+CASES = {"fwd": (GemmCase.A2D_B3D, N, K), "dgrad": (GemmCase.A2D_B3D, K, N), "wgrad": (GemmCase.A2D_B2D, N, K)}
 # Candidates per case, the first the default (gemm_fused._DEFAULT_CONFIGS), chosen from the SM90 SASS (registers,
 # spills, wgmma kept in flight; docs/perf-log.md) rather than by sweeping: 128 x 256 tiles (the dequantization
 # amortized over 256 columns), 64-wide steps three or four deep or 128-wide steps two deep (shared memory: 40 / 80 KiB
@@ -96,7 +97,7 @@ def check(case: str, config: FusedConfig) -> float:
     _, _, offs, ops = operands(kind, sum(sizes), n // 8 + 64, k // 8 + 64, sizes, seed=11)
     ref = GG.mxfp8_scaled_grouped_mm(*ops, offs, backend="emulated")
     out = GG.mxfp8_scaled_grouped_mm(*ops, offs, backend="triton_fused", config=config)
-    rows = slice(0, sum(sizes)) if kind == "2d3d" else slice(None)
+    rows = slice(0, sum(sizes)) if kind is GemmCase.A2D_B3D else slice(None)
     return sqnr_db(out[rows], ref[rows])
 
 
@@ -104,7 +105,7 @@ def dequant_pass(case: str, ops, offs, which: str):
     """A zero-argument call of one dequantization pass at the case's full size: "both" is triton_dequant's, "once"
     the one triton_fused makes of its other operand (default config)."""
     a_q, a_sb, b_q, b_sb = ops
-    if CASES[case][0] == "2d3d":
+    if CASES[case][0] is GemmCase.A2D_B3D:
         if which == "once":
             return lambda: dequantize_blocked(b_q, b_sb, layout="3d")
         return lambda: (
@@ -119,7 +120,7 @@ def dequant_pass(case: str, ops, offs, which: str):
 
 def control_operands(case: str, a: torch.Tensor, b: torch.Tensor):
     """``run_bf16_control``'s operands (contraction contiguous) from ``torch._grouped_mm``'s (a, b)."""
-    if CASES[case][0] == "2d3d":
+    if CASES[case][0] is GemmCase.A2D_B3D:
         return a.contiguous(), b.transpose(-2, -1).contiguous()
     return a.contiguous(), b.t().contiguous()
 

@@ -29,6 +29,7 @@ from tuning import measured_metadata, tuning_run, write_run
 import torch
 import triton
 from mxkernels.gemm import grouped_gemm as GG
+from mxkernels.gemm.backend import GemmCase
 from mxkernels.gemm.dequant import dequantize_blocked
 from mxkernels.gemm.mx_triton import TileConfig
 
@@ -44,7 +45,7 @@ MIN_SQNR_DB = 40.0
 class Variant:
     backend: str
     config: TileConfig | None = None
-    cases: tuple[str, ...] = ("2d3d", "2d2d")
+    cases: tuple[GemmCase, ...] = tuple(GemmCase)
 
     @property
     def name(self) -> str:
@@ -58,8 +59,8 @@ class Variant:
 # triton_fp8's measured bests (docs/perf-log.md, v2 GEMM), now its defaults: controls.
 VARIANTS = [
     Variant("triton_dequant"),
-    Variant("triton_fp8", TileConfig(128, 64, num_warps=4, num_stages=3, group_m=8), cases=("2d3d",)),
-    Variant("triton_fp8", TileConfig(64, 64, num_warps=4, num_stages=4, group_m=8), cases=("2d2d",)),
+    Variant("triton_fp8", TileConfig(128, 64, num_warps=4, num_stages=3, group_m=8), cases=(GemmCase.A2D_B3D,)),
+    Variant("triton_fp8", TileConfig(64, 64, num_warps=4, num_stages=4, group_m=8), cases=(GemmCase.A2D_B2D,)),
 ]
 
 
@@ -69,10 +70,10 @@ def offsets(sizes: list[int]) -> torch.Tensor:
     return torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
 
 
-def operands(case: str, M: int, n: int, k: int, sizes: list[int], seed: int):
+def operands(case: GemmCase, M: int, n: int, k: int, sizes: list[int], seed: int):
     """bf16 ``torch._grouped_mm`` operands (a, b) and their MXFP8 operands; 2D x 2D's a is a transposed view."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    if case == "2d3d":
+    if case is GemmCase.A2D_B3D:
         a = torch.randn(M, k, device="cuda", generator=gen, dtype=torch.bfloat16)
         b = (torch.randn(len(sizes), n, k, device="cuda", generator=gen) * k**-0.5).bfloat16().transpose(-2, -1)
     else:
@@ -87,15 +88,15 @@ def sqnr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
     return (10 * torch.log10(ref.pow(2).sum() / (x - ref).pow(2).sum())).item()
 
 
-def small_check(case: str, variant: Variant) -> float:
+def small_check(case: GemmCase, variant: Variant) -> float:
     """SQNR (dB) of the variant against "emulated": uneven groups (one empty), sizes and K not multiples of 128,
     N not a multiple of the tile. Its sizes share the timed shapes' Triton specialization (all multiples of 16)."""
     sizes = [608, 0, 800, 640]
-    _, _, offs, ops = operands(case, sum(sizes), 320, 1120 if case == "2d3d" else 448, sizes, seed=11)
+    _, _, offs, ops = operands(case, sum(sizes), 320, 1120 if case is GemmCase.A2D_B3D else 448, sizes, seed=11)
     # bf16 output, as timed: an fp32 output would compile the kernel a second time (SQNR ~50 dB, bf16 rounding).
     ref = GG.mxfp8_scaled_grouped_mm(*ops, offs, backend="emulated")
     out = GG.mxfp8_scaled_grouped_mm(*ops, offs, backend=variant.backend, config=variant.config)
-    rows = slice(0, sum(sizes)) if case == "2d3d" else slice(None)
+    rows = slice(0, sum(sizes)) if case is GemmCase.A2D_B3D else slice(None)
     return sqnr_db(out[rows], ref[rows])
 
 
@@ -105,7 +106,7 @@ def timed(fn) -> tuple[float, float]:
     return t.median_us, t.iqr_us
 
 
-def check_variants(case: str, variants: list[Variant], t0: float) -> dict[Variant, tuple[float, str | None]]:
+def check_variants(case: GemmCase, variants: list[Variant], t0: float) -> dict[Variant, tuple[float, str | None]]:
     """variant -> (SQNR against emulated, error or None) on the small shape."""
     checked = {}
     for v in variants:
@@ -119,7 +120,7 @@ def check_variants(case: str, variants: list[Variant], t0: float) -> dict[Varian
     return checked
 
 
-def time_shape(case: str, M: int, checked: dict[Variant, tuple[float, str | None]]) -> list[dict]:
+def time_shape(case: GemmCase, M: int, checked: dict[Variant, tuple[float, str | None]]) -> list[dict]:
     """Rows of the bf16 baseline and every checked variant at M tokens in G equal groups."""
     sizes = [M // G] * G
     a, b, offs, ops = operands(case, M, N, K, sizes, seed=0)
@@ -172,7 +173,7 @@ def time_dequantize(shape: dict, ops, offs: torch.Tensor) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--M", type=int, nargs="+", default=[131072, 16384], help="tokens (sum of group sizes)")
-    parser.add_argument("--case", nargs="+", default=["2d3d", "2d2d"], choices=["2d3d", "2d2d"])
+    parser.add_argument("--case", nargs="+", type=GemmCase, default=list(GemmCase), choices=list(GemmCase))
     parser.add_argument("--match", default="", help="only variants whose name contains this")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -27,6 +27,7 @@ _EXPORTS = {
     "quantize_fp8_rowwise_k_groups": "quant.fp8_rowwise",
     "available_backends": "gemm.grouped_gemm",
     "Backend": "gemm.backend",
+    "GemmCase": "gemm.backend",
     "register_backend": "gemm.backends",
     "grouped_mm": "gemm.grouped_gemm",
     "from_blocked": "layouts.scale_layout",

@@ -1,7 +1,7 @@
 """Specification of the "triton_fused" backend (kernels/gemm_fused.py): MXFP8 grouped GEMMs that dequantize the token
 operand in the GEMM's load path.
 
-The oracle is test_grouped_gemm's (operands quantized with ``format.quantize_reference``, blocked scales composed
+The oracle is gemm_oracle's (operands quantized with ``format.quantize_reference``, blocked scales composed
 from ``layouts.to_blocked``, fp32 references group by group). On CPU the kernels run under the interpreter on their
 fp32 path (``FusedConfig.exact_fp32``): the same indexing, groups, scales and tile walk as the GPU's bf16 path, with
 exact products and fp32 sums. Where every partial sum is exact in fp32 the result must equal the emulation's bit for
@@ -22,7 +22,8 @@ from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.core.format import dequantize_reference, quantize_reference
 from mxkernels.gemm.mx_triton import TileConfig
 from mxkernels.layouts.scale_layout import to_blocked
-from test_grouped_gemm import (  # the oracle; the CUDA-graph replay test of every Triton backend is there too
+from gemm_oracle import (  # the CUDA-graph replay test of the other Triton backends: test_gemm_mx_triton
+    CASES,
     bounds,
     gpu_case,
     gpu_sizes,
@@ -36,7 +37,6 @@ from test_grouped_gemm import (  # the oracle; the CUDA-graph replay test of eve
 )
 
 FusedConfig = gemm_fused.FusedConfig
-CASES = ["2d3d", "2d2d"]
 
 
 def fused(ops, sizes, device, config=None, out_dtype=torch.float32):
@@ -224,7 +224,7 @@ def test_bf16_control_is_the_grouped_gemm_of_its_operands(device, case):
         gemm_fused.run_bf16_control(a.float().to(device), b.to(device), offsets(sizes, device))
 
 
-# ---- configuration (the fields' own checks: test_grouped_gemm.test_bad_launch_config_raises_value_error) ---------
+# ---- configuration (the fields' own checks: test_gemm_mx_triton.test_bad_launch_config_raises_value_error) -------
 
 
 def test_config_type_follows_the_backend(device):

@@ -3,7 +3,8 @@
 import pytest
 import torch
 from mxkernels.autograd import projection
-from mxkernels.stages import pipeline
+from mxkernels.core.runtime import InputError
+from mxkernels.stages import ep_stages, layer, pipeline
 from mxkernels.core.format import dequantize_reference, quantize_reference
 
 DSV3 = dict(M=131072, N=2048, K=7168, G=8)
@@ -100,6 +101,32 @@ class TestPlan:
         args.update(kwargs)
         with pytest.raises(ValueError, match=message):
             pipeline.plan_step(**args)
+
+    # The workloads check their problem's sizes alike (``pipeline.check_sizes``), each naming them as its user does.
+    WORKLOADS = {
+        "step": lambda T, K, N, E: pipeline.plan_step("mxfp8", T, N, K, E, [T] + [0] * (E - 1)),
+        "layer": lambda T, K, N, E: layer.LayerShape(T, K, N, E, top_k=1),
+        "ep": lambda T, K, N, E: ep_stages.check_layer(T, K, N, E, top_k=1, world=2),
+    }
+
+    @pytest.mark.parametrize("workload", WORKLOADS)
+    @pytest.mark.parametrize(
+        "change, message",
+        [
+            ({"K": 0}, "K must be a positive integer, got 0"),
+            ({"T": 64.0}, "must be a positive integer, got 64.0"),
+            ({"N": True}, "N must be a positive integer, got True"),
+            ({"N": 48}, "N must be a multiple of 32, got 48"),
+            ({"K": 80}, "K must be a multiple of 32, got 80"),
+            ({"E": 0}, "must be between 1 and 512, got 0"),
+            ({"E": 513}, "must be between 1 and 512, got 513"),
+        ],
+    )
+    def test_every_workload_checks_its_sizes(self, workload, change, message):
+        sizes = {"T": 64, "K": 64, "N": 64, "E": 2, **change}
+        with pytest.raises(InputError, match=message):
+            self.WORKLOADS[workload](**sizes)
+        self.WORKLOADS[workload](T=64, K=64, N=64, E=2)  # the same call with good sizes passes
 
 
 def mx_round_trip(x):

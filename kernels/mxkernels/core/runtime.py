@@ -170,6 +170,20 @@ def tile_launch(config) -> dict:
     return launch
 
 
+def check_tile_config(config, tiles: tuple[str, ...], positive: tuple[str, ...], optional: tuple[str, ...] = ()):
+    """The checks the tiled GEMM launches (``tile_launch``'s fields) share, errors naming ``Class.field``: the
+    ``tiles`` fields powers of two >= 16 (``tl.dot``'s smallest operand dim), num_warps 4 or 8 (one or two
+    warpgroups, the units a Hopper MMA is issued by), the ``positive`` fields ints >= 1, the ``optional`` ones too
+    unless None."""
+    kind = type(config).__name__
+    for name in tiles:
+        check_power_of_two(f"{kind}.{name}", getattr(config, name), lo=16)
+    if config.num_warps not in (4, 8):
+        raise InputError(f"{kind}.num_warps must be 4 or 8 (one or two warpgroups), got {config.num_warps!r}")
+    for name in (*positive, *(name for name in optional if getattr(config, name) is not None)):
+        check_int(f"{kind}.{name}", getattr(config, name), 1)
+
+
 def check_config(name: str, config: object, kind: type | tuple[type, ...], why: str = "") -> None:
     """``config`` must be None (the measured default) or a ``kind`` launch configuration (one of them, for a
     tuple); ``why`` says more."""

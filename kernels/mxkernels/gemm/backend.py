@@ -39,6 +39,28 @@ class Arch(StrEnum):
     OTHER = "other"  # every other GPU (SM89, SM120, ...)
 
 
+class GemmCase(StrEnum):
+    """Which grouped GEMM a call is, by its operands' dimensions (``grouped_gemm``'s module doc). A member equals its
+    string ("2d3d" == GemmCase.A2D_B3D), the form tuning files and stored runs hold, so those still load and compare;
+    ``parse`` takes either at the seams."""
+
+    A2D_B3D = "2d3d"  # a (M, K) in row groups, b (G, N, K) one weight per group -> (M, N): forward, dgrad
+    A2D_B2D = "2d2d"  # a (N, M), b (K, M), the contraction M split by the groups -> (G, N, K): wgrad
+
+    @classmethod
+    def parse(cls, case: object) -> GemmCase:
+        """``case`` as a member; a clear ``InputError`` for anything else."""
+        try:
+            return cls(case)
+        except (ValueError, TypeError):
+            raise InputError(f"case must be '2d3d' or '2d2d', got {case!r}") from None
+
+    @classmethod
+    def of_b(cls, b: torch.Tensor) -> GemmCase:
+        """The case of a call whose b operand is ``b``: 3D (one weight per group) or 2D."""
+        return cls.A2D_B3D if b.dim() == 3 else cls.A2D_B2D
+
+
 def arch_of(cap: Capability) -> Arch:
     if cap is None:
         return Arch.CPU

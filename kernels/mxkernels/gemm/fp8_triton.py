@@ -37,11 +37,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .backend import Backend, late, triton_unavailable
+from .backend import Backend, GemmCase, late, triton_unavailable
 from .fused import _band_tile, _tile_2d3d
 from ..core.names import Recipe
 from ..layouts.padding import group_bounds, pick
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, persistent_programs, tile_launch
+from ..core.runtime import INTERPRET, InputError, check_int, check_tile_config, persistent_programs, tile_launch
 
 
 @triton.jit
@@ -164,14 +164,8 @@ class Fp8Config:
     promote: int | None = 128
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "block_k"):
-            check_power_of_two(f"Fp8Config.{name}", getattr(self, name), lo=16)
-        if self.num_warps not in (4, 8):
-            raise InputError(f"Fp8Config.num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps!r}")
-        for name in ("num_stages", "group_m", "programs_per_sm"):
-            check_int(f"Fp8Config.{name}", getattr(self, name), 1)
-        if self.max_programs is not None:
-            check_int("Fp8Config.max_programs", self.max_programs, 1)
+        check_tile_config(self, ("block_m", "block_n", "block_k"), ("num_stages", "group_m", "programs_per_sm"),
+                          ("max_programs",))
         if self.promote is not None:
             check_int("Fp8Config.promote", self.promote, 1, self.block_k)
 
@@ -181,25 +175,24 @@ class Fp8Config:
 # H100 (docs/perf-log.md). ptxas serializes each promotion behind its wgmma (warning C7517), and 128 x 256 tiles spill
 # with a second accumulator, so these run at 0.86-1.17x torch's kernel, not faster.
 _DEFAULT_CONFIGS = {
-    "2d3d": Fp8Config(256, 128, 128, num_warps=8, num_stages=3),
-    "2d2d": Fp8Config(128, 128, 128, num_warps=8, num_stages=4),
+    GemmCase.A2D_B3D: Fp8Config(256, 128, 128, num_warps=8, num_stages=3),
+    GemmCase.A2D_B2D: Fp8Config(128, 128, 128, num_warps=8, num_stages=4),
 }
 # Fast accumulation (the tensor core's own accumulator throughout, as torch's use_fast_accum=True): 1.26-1.48x torch's
 # default kernel and 1.05-1.23x its fast one at the same shapes, with a lower SQNR (docs/perf-log.md). Opt-in only:
 # pass ``config=FAST_CONFIGS[case]``.
 FAST_CONFIGS = {
-    "2d3d": Fp8Config(128, 256, 128, num_warps=8, num_stages=4, promote=None),
-    "2d2d": Fp8Config(128, 256, 128, num_warps=8, num_stages=3, promote=None),
+    GemmCase.A2D_B3D: Fp8Config(128, 256, 128, num_warps=8, num_stages=4, promote=None),
+    GemmCase.A2D_B2D: Fp8Config(128, 256, 128, num_warps=8, num_stages=3, promote=None),
 }
 # The interpreter runs small tiles in a few programs, so that each walks several tiles and groups.
 _INTERPRETER_CONFIG = Fp8Config(32, 32, block_k=32, num_warps=4, num_stages=1, group_m=2, max_programs=3, promote=32)
 
 
-def default_config(case: str) -> Fp8Config:
-    """The ``Fp8Config`` a call uses when none is given (case "2d3d" / "2d2d")."""
-    if case not in _DEFAULT_CONFIGS:
-        raise InputError(f"case must be '2d3d' or '2d2d', got {case!r}")
-    return _INTERPRETER_CONFIG if INTERPRET else _DEFAULT_CONFIGS[case]
+def default_config(case: GemmCase | str) -> Fp8Config:
+    """The ``Fp8Config`` a call uses when none is given."""
+    config = _DEFAULT_CONFIGS[GemmCase.parse(case)]  # parsed on the interpreter too: a bad case is refused there
+    return _INTERPRETER_CONFIG if INTERPRET else config
 
 
 def _launch(kernel, tiles: int, args: tuple, G: int, config: Fp8Config, device: torch.device) -> None:
@@ -215,15 +208,14 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
     """The backend on operands ``grouped_gemm`` has checked (module doc); ``fast``: ``FAST_CONFIGS`` where no config
     is given (backend "triton_fast"). ``use_fast_accum`` is the native kernel's option: here the backend (or the
     config's ``promote``) chooses the sums."""
-    two_d_three_d = b_q.dim() == 3
-    case = "2d3d" if two_d_three_d else "2d2d"
+    case = GemmCase.of_b(b_q)
     config = config or (FAST_CONFIGS[case] if fast and not INTERPRET else default_config(case))
     contraction = a_q.shape[1]
     if contraction % 16:
         raise InputError(f"triton FP8 rowwise grouped GEMM: the contraction dim's row stride ({contraction} bytes) must "
                          "be a multiple of 16 (TMA)")  # fmt: skip
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-    if two_d_three_d:
+    if case is GemmCase.A2D_B3D:
         (M, K), (G, N, _) = a_q.shape, b_q.shape
         out = torch.empty(M, N, dtype=out_dtype, device=a_q.device)
         if out.numel() == 0:

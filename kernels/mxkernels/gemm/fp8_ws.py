@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.core import _aggregate as aggregate
 
-from .backend import FIRST, Arch, Backend, late
+from .backend import FIRST, Arch, Backend, GemmCase, late
 from ..core.names import Recipe
 from ..core.runtime import InputError, check_int, persistent_programs
 
@@ -468,21 +468,19 @@ DEFAULT_CONFIG = WsConfig()
 # The defaults per case: scripts/tune_fp8_gemm.py's candidates at DeepSeek-V3 and Llama 4 Scout shapes on an H100, two
 # runs (docs/perf-log.md). 2D x 3D: three or four slots and either band height are within 1% over fwd and dgrad; 2D x
 # 2D: four slots and bands of 16 were 2-3% ahead in wgrad (its (N, K) outputs share B panels across more rows).
-_DEFAULT_CONFIGS = {"2d3d": DEFAULT_CONFIG, "2d2d": WsConfig(num_stages=4, group_m=16)}
+_DEFAULT_CONFIGS = {GemmCase.A2D_B3D: DEFAULT_CONFIG, GemmCase.A2D_B2D: WsConfig(num_stages=4, group_m=16)}
 
 
-def default_config(case: str) -> WsConfig:
-    """The ``WsConfig`` a call uses when none is given (case "2d3d" / "2d2d")."""
-    if case not in _DEFAULT_CONFIGS:
-        raise InputError(f"case must be '2d3d' or '2d2d', got {case!r}")
-    return _DEFAULT_CONFIGS[case]
+def default_config(case: GemmCase | str) -> WsConfig:
+    """The ``WsConfig`` a call uses when none is given."""
+    return _DEFAULT_CONFIGS[GemmCase.parse(case)]
 
 
 def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, config: WsConfig | None = None,
                     use_fast_accum: bool = False):  # fmt: skip
     """The backend on operands ``grouped_gemm`` has checked (module doc: ``gemm_fp8_rowwise``'s contract); it always
     sums as torch's precise kernel does (``use_fast_accum`` is the native kernel's option)."""
-    config = config or default_config("2d3d" if b_q.dim() == 3 else "2d2d")
+    config = config or default_config(GemmCase.of_b(b_q))
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     contraction = a_q.shape[1]
     if contraction % 16:

@@ -34,12 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import Backend, late, triton_unavailable
+from .backend import Backend, GemmCase, late, triton_unavailable
 from .dequant import dequantize_blocked
 from ..core.names import Recipe
 from ..layouts.scale_layout import blocked_word
 from ..layouts.padding import group_bounds, locate, pick
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, persistent_programs, tile_launch
+from ..core.runtime import INTERPRET, InputError, check_int, check_tile_config, persistent_programs, tile_launch
 
 # ---------------------------------------------------------------------------------------------------------------
 # Dequantization in registers
@@ -360,16 +360,9 @@ class FusedConfig:
     exact_fp32: bool = False
 
     def __post_init__(self):
-        for name in ("block_m", "block_n"):
-            check_power_of_two(f"FusedConfig.{name}", getattr(self, name), lo=16)
+        check_tile_config(self, ("block_m", "block_n"), ("num_stages", "group_m", "programs_per_sm"), ("max_programs",))
         if self.block_k not in (32, 64, 128):
             raise InputError(f"FusedConfig.block_k must be 32, 64 or 128, got {self.block_k!r}")
-        if self.num_warps not in (4, 8):
-            raise InputError(f"FusedConfig.num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps!r}")
-        for name in ("num_stages", "group_m", "programs_per_sm"):
-            check_int(f"FusedConfig.{name}", getattr(self, name), 1)
-        if self.max_programs is not None:
-            check_int("FusedConfig.max_programs", self.max_programs, 1)
         if self.maxnreg is not None:
             check_int("FusedConfig.maxnreg", self.maxnreg, 24, 255)
         for name in ("fuse_both", "exact_fp32"):
@@ -384,19 +377,18 @@ class FusedConfig:
 # from run to run, on an H100 at DeepSeek-V3 sizes (scripts/diagnose_fused.py; fp32 outputs, 4 warps, 128-wide
 # tiles and 1 to 3 stages were right), a race in what Triton 3.6 builds that the barrier above does not close.
 _DEFAULT_CONFIGS = {
-    "2d3d": FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=3),
-    "2d2d": FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=4, group_m=8),
+    GemmCase.A2D_B3D: FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=3),
+    GemmCase.A2D_B2D: FusedConfig(128, 256, block_k=64, num_warps=8, num_stages=4, group_m=8),
 }
 # The interpreter runs small tiles (any tile computes the same function; small ones run fastest there) in a few
 # persistent programs, so that each walks several tiles and groups.
 _INTERPRETER_CONFIG = FusedConfig(32, 32, block_k=64, num_warps=4, num_stages=1, max_programs=3, exact_fp32=True)
 
 
-def default_config(case: str) -> FusedConfig:
-    """The ``FusedConfig`` a call uses when none is given (case "2d3d" / "2d2d")."""
-    if case not in _DEFAULT_CONFIGS:
-        raise InputError(f"case must be '2d3d' or '2d2d', got {case!r}")
-    return _INTERPRETER_CONFIG if INTERPRET else _DEFAULT_CONFIGS[case]
+def default_config(case: GemmCase | str) -> FusedConfig:
+    """The ``FusedConfig`` a call uses when none is given."""
+    config = _DEFAULT_CONFIGS[GemmCase.parse(case)]  # parsed on the interpreter too: a bad case is refused there
+    return _INTERPRETER_CONFIG if INTERPRET else config
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -416,7 +408,7 @@ def _launch(kernel, tiles: int, args: tuple, constexprs: dict, G: int, config: F
 
 def _run_2d3d(a, sa, b, offs, out_dtype: torch.dtype, config: FusedConfig | None) -> torch.Tensor:
     """a (M, K) e4m3 (``sa`` its scale bytes) or bf16, b (G, N, K) bf16 -> (M, N)."""
-    config = config or default_config("2d3d")
+    config = config or default_config(GemmCase.A2D_B3D)
     (M, K), (G, N, _) = a.shape, b.shape
     out = torch.empty(M, N, dtype=out_dtype, device=a.device)
     if out.numel():
@@ -428,7 +420,7 @@ def _run_2d3d(a, sa, b, offs, out_dtype: torch.dtype, config: FusedConfig | None
 
 def _run_2d2d(a, sa, b, sb, offs, out_dtype: torch.dtype, config: FusedConfig | None) -> torch.Tensor:
     """a (N, M), b (K, M), each e4m3 (with its scale bytes) or bf16 -> (G, N, K); b feeds the wgmma from registers."""
-    config = config or default_config("2d2d")
+    config = config or default_config(GemmCase.A2D_B2D)
     (N, M), K, G = a.shape, b.shape[0], offs.numel()
     out = torch.empty(G, N, K, dtype=out_dtype, device=a.device)
     if out.numel():
@@ -445,7 +437,7 @@ def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype: torch.dtype, *, config: Fus
     sa, sb = a_sb.view(torch.uint8), b_sb.view(torch.uint8)
     if b_q.dim() == 3:
         return _run_2d3d(a_q, sa, dequantize_blocked(b_q, b_sb, layout="3d"), offs, out_dtype, config)
-    config = config or default_config("2d2d")
+    config = config or default_config(GemmCase.A2D_B2D)
     a = a_q if config.fuse_both else dequantize_blocked(a_q, a_sb, offs, layout="k_groups")
     return _run_2d2d(a, sa, b_q, sb, offs, out_dtype, config)
 

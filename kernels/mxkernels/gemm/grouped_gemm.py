@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from . import backends as declarations, native as gemm_native, shape_classes
-from .backend import Backend, arch_of
+from .backend import Backend, GemmCase, arch_of
 from .shape_classes import Choice, GemmShape
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE, DATA_DTYPE, ScaleMode
@@ -155,7 +155,7 @@ def default_backend(recipe: str, device: torch.device | str | None = None) -> st
     return available_backends(recipe, device)[0]
 
 
-def choose(recipe: str, case: str, M: int, N: int, K: int, G: int,
+def choose(recipe: str, case: GemmCase | str, M: int, N: int, K: int, G: int,
            device: torch.device | str | None = None) -> Choice:  # fmt: skip
     """The backend and launch configuration a call with ``backend=None`` runs, from its shape (``_check_quantized``'s
     terms: 2d3d a (M, K), b (G, N, K); 2d2d a (N, M), b (K, M)) and host-known values only (``shape_classes``).
@@ -187,7 +187,7 @@ def _resolve_backend(recipe: str, backend: str | None, device: torch.device) -> 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _check_quantized(a_q, b_q, offs, group_multiple: int = 1) -> tuple[str, int, int, int, int]:
+def _check_quantized(a_q, b_q, offs, group_multiple: int = 1) -> tuple[GemmCase, int, int, int, int]:
     """(case, M, N, K, G) of TN operands a_q, b_q (e4m3, contiguous): 2D x 3D or 2D x 2D, see the module doc.
 
     Where offs can be read without a sync (CPU), its values are checked too; in 2D x 2D every group size must be a
@@ -205,12 +205,12 @@ def _check_quantized(a_q, b_q, offs, group_multiple: int = 1) -> tuple[str, int,
         if Gb != G:
             raise InputError(f"offs must hold one group end per expert of b_q ({Gb}), got {G}")
         check_host_offsets(offs, M)
-        return "2d3d", M, N, K, G
+        return GemmCase.A2D_B3D, M, N, K, G
     (N, M), (K, Mb) = a_q.shape, b_q.shape
     if Mb != M:
         raise InputError(f"a_q (N, M) and b_q (K, M) must share M; got {tuple(a_q.shape)}, {tuple(b_q.shape)}")
     check_host_offsets(offs, M, group_multiple)
-    return "2d2d", M, N, K, G
+    return GemmCase.A2D_B2D, M, N, K, G
 
 
 def _check_same_device(a_q: torch.Tensor, **tensors: torch.Tensor) -> None:
@@ -264,13 +264,13 @@ def mxfp8_scaled_grouped_mm(
     ``fused.default_config``); other backends ignore it.
     """
     case, M, N, K, G = _check_quantized(a_q, b_q, offs, BLOCK_SIZE)
-    contraction = K if case == "2d3d" else M
+    contraction = K if case is GemmCase.A2D_B3D else M
     if contraction % BLOCK_SIZE:
         raise InputError(f"the contraction dim ({contraction}) must be a multiple of {BLOCK_SIZE}")
     check_tensor("a_sb", a_sb, dtypes=SCALE_DTYPES, ndim=2)
-    check_tensor("b_sb", b_sb, dtypes=SCALE_DTYPES, ndim=3 if case == "2d3d" else 2)
+    check_tensor("b_sb", b_sb, dtypes=SCALE_DTYPES, ndim=3 if case is GemmCase.A2D_B3D else 2)
     _check_same_device(a_q, a_sb=a_sb, b_sb=b_sb)
-    if case == "2d3d":
+    if case is GemmCase.A2D_B3D:
         check_shape("a_sb", a_sb, m_groups_shape(M, K // BLOCK_SIZE, G))
         check_shape("b_sb", b_sb, blocked_3d_shape(G, N, K // BLOCK_SIZE))
     else:
@@ -304,7 +304,7 @@ def fp8_rowwise_scaled_grouped_mm(
     kept, and must then be the chosen backend's type).
     """
     case, M, N, K, G = _check_quantized(a_q, b_q, offs)
-    if case == "2d3d":
+    if case is GemmCase.A2D_B3D:
         scale_shapes = (M,), (G, N)
     else:
         scale_shapes = (G, N), (G, K)
@@ -394,8 +394,12 @@ def grouped_mm(
     config = None
     if recipe == "fp8_rowwise" and backend is None:  # the shape's class (``choose``), in the kernel's terms
         G = offs.numel()
-        dims = ("2d3d", a.shape[0], b.shape[2], a.shape[1]) if b.dim() == 3 else ("2d2d", a.shape[1], a.shape[0], b.shape[1])
-        picked = choose(recipe, *dims, G, a.device)
+        case = GemmCase.of_b(b)
+        if case is GemmCase.A2D_B3D:  # a (M, K), b (G, K, N)
+            dims = a.shape[0], b.shape[2], a.shape[1]
+        else:  # a (N, M), b (M, K)
+            dims = a.shape[1], a.shape[0], b.shape[1]
+        picked = choose(recipe, case, *dims, G, a.device)
         backend, config = picked.backend, picked.config
     backend = _resolve_backend(recipe, backend, a.device).name
 
@@ -415,7 +419,7 @@ def grouped_mm(
 _PRECISION = {"bf16": "bf16", "fp8_rowwise": "fp8", "mxfp8": "mxfp8"}
 
 
-def grouped_mm_cost(M: int, N: int, K: int, G: int, recipe: str, case: str = "2d3d") -> Cost:
+def grouped_mm_cost(M: int, N: int, K: int, G: int, recipe: str, case: GemmCase | str = GemmCase.A2D_B3D) -> Cost:
     """Cost of one grouped GEMM with bf16 output: 2*M*N*K FLOPs; bytes = operands + scales + output.
 
     2d3d: (M, K) x (G, K, N) -> (M, N); 2d2d: (N, M) x (M, K) -> (G, N, K) (M is the contraction dim). Operands
@@ -423,23 +427,22 @@ def grouped_mm_cost(M: int, N: int, K: int, G: int, recipe: str, case: str = "2d
     mxfp8 scales are the blocked buffers as handed over (``layouts`` shapes, their padding included).
     """
     recipe = check_recipe(recipe)
-    if case not in ("2d3d", "2d2d"):
-        raise InputError(f"case must be '2d3d' or '2d2d', got {case!r}")
+    case = GemmCase.parse(case)
     if min(M, N, K) < 0 or G < 1:
         raise InputError(f"M, N, K must be >= 0 and G >= 1; got {M}, {N}, {K}, {G}")
     elt = 2 if recipe == "bf16" else 1
-    if case == "2d3d":
+    if case is GemmCase.A2D_B3D:
         operands, out = (M * K + G * N * K) * elt, M * N * 2
     else:
         operands, out = (N * M + M * K) * elt, G * N * K * 2
     scales = 0
     if recipe == "fp8_rowwise":
-        scales = 4 * (M + G * N if case == "2d3d" else G * (N + K))
+        scales = 4 * (M + G * N if case is GemmCase.A2D_B3D else G * (N + K))
     elif recipe == "mxfp8":
-        contraction = K if case == "2d3d" else M
+        contraction = K if case is GemmCase.A2D_B3D else M
         if contraction % BLOCK_SIZE:
             raise InputError(f"mxfp8: the contraction dim ({contraction}) must be a multiple of {BLOCK_SIZE}")
-        if case == "2d3d":
+        if case is GemmCase.A2D_B3D:
             scales = math.prod(m_groups_shape(M, K // BLOCK_SIZE, G)) + math.prod(
                 blocked_3d_shape(G, N, K // BLOCK_SIZE)
             )

@@ -25,11 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import FIRST, LATER, Arch, Backend, late, triton_unavailable
+from .backend import FIRST, LATER, Arch, Backend, GemmCase, late, triton_unavailable
 from ..core.names import Recipe
 from ..layouts.scale_layout import blocked_word
 from ..layouts.padding import group_bounds, locate, pick
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, tile_launch
+from ..core.runtime import INTERPRET, InputError, check_tile_config, tile_launch
 
 
 @triton.jit
@@ -230,12 +230,7 @@ class TileConfig:
     maxnreg: int | None = None
 
     def __post_init__(self):
-        for name in ("block_m", "block_n"):
-            check_power_of_two(f"TileConfig.{name}", getattr(self, name), lo=16)
-        if self.num_warps not in (4, 8):
-            raise InputError(f"TileConfig.num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps!r}")
-        for name in ("num_stages", "group_m"):
-            check_int(f"TileConfig.{name}", getattr(self, name), 1)
+        check_tile_config(self, ("block_m", "block_n"), ("num_stages", "group_m"))
         if self.maxnreg is not None and not (isinstance(self.maxnreg, int) and 24 <= self.maxnreg <= 255):
             raise InputError(f"TileConfig.maxnreg must be None or an int in [24, 255], got {self.maxnreg!r}")
 
@@ -245,21 +240,21 @@ class TileConfig:
 # plus the decode of its row's and column's scales. Which config wins is measured, not derived: 2D x 3D's, with
 # block_m = 32 * num_warps, pays the shared-memory round trip of the row scales that ``TileConfig`` describes.
 _DEFAULT_CONFIGS = {
-    ("2d3d", "triton_fp8"): TileConfig(128, 64, num_warps=4, num_stages=3),
-    ("2d2d", "triton_fp8"): TileConfig(64, 64, num_warps=4, num_stages=4, group_m=8),
-    ("2d3d", "triton"): TileConfig(128, 128, num_warps=8, num_stages=3),
-    ("2d2d", "triton"): TileConfig(128, 128, num_warps=8, num_stages=3, group_m=8),
+    (GemmCase.A2D_B3D, "triton_fp8"): TileConfig(128, 64, num_warps=4, num_stages=3),
+    (GemmCase.A2D_B2D, "triton_fp8"): TileConfig(64, 64, num_warps=4, num_stages=4, group_m=8),
+    (GemmCase.A2D_B3D, "triton"): TileConfig(128, 128, num_warps=8, num_stages=3),
+    (GemmCase.A2D_B2D, "triton"): TileConfig(128, 128, num_warps=8, num_stages=3, group_m=8),
 }
 # The interpreter runs one small tile (any tile computes the same function; small ones run fastest there).
 _INTERPRETER_CONFIG = TileConfig(32, 32, num_warps=4, num_stages=1)
 
 
-def default_config(case: str, backend: str) -> TileConfig:
-    """The ``TileConfig`` a Triton MXFP8 call uses when none is given (case "2d3d" / "2d2d", backend "triton" /
-    "triton_fp8")."""
-    if (case, backend) not in _DEFAULT_CONFIGS:
+def default_config(case: GemmCase | str, backend: str) -> TileConfig:
+    """The ``TileConfig`` a Triton MXFP8 call uses when none is given (backend "triton" / "triton_fp8")."""
+    key = GemmCase.parse(case), backend
+    if key not in _DEFAULT_CONFIGS:
         raise InputError(f"no Triton MXFP8 kernel for case {case!r} and backend {backend!r}")
-    return _INTERPRETER_CONFIG if INTERPRET else _DEFAULT_CONFIGS[case, backend]
+    return _INTERPRETER_CONFIG if INTERPRET else _DEFAULT_CONFIGS[key]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -276,9 +271,9 @@ def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype: torch.dtype, *, backend: st
     """The "triton" / "triton_fp8" backend on operands ``grouped_gemm`` has checked: (M, N) in 2D x 3D, (G, N, K)
     in 2D x 2D."""
     G = offs.numel()
-    case = "2d3d" if b_q.dim() == 3 else "2d2d"
+    case = GemmCase.of_b(b_q)
     config = config or default_config(case, backend)
-    if case == "2d3d":
+    if case is GemmCase.A2D_B3D:
         (M, K), N = a_q.shape, b_q.shape[1]
         out = torch.empty(M, N, dtype=out_dtype, device=a_q.device)
     else:
@@ -288,7 +283,7 @@ def run_mxfp8(a_q, a_sb, b_q, b_sb, offs, out_dtype: torch.dtype, *, backend: st
         return out
     args = (a_q, b_q, _scale_words(a_sb), _scale_words(b_sb), offs, out)
     launch = {"G": G, "BLOCK_G": triton.next_power_of_2(G), "FP8_DOT": backend == "triton_fp8", **tile_launch(config)}
-    if case == "2d3d":
+    if case is GemmCase.A2D_B3D:
         grid = ((triton.cdiv(M, config.block_m) + G) * triton.cdiv(N, config.block_n),)
         _mx_2d3d_kernel[grid](*args, M=M, N=N, K=K, **launch)
     else:

@@ -31,11 +31,8 @@ from types import MappingProxyType
 
 from ..core.errors import InputError
 from ..core.names import Recipe
-from .backend import Arch
+from .backend import Arch, GemmCase
 from .fp8_ws import WsConfig
-
-CASES = ("2d3d", "2d2d")
-
 
 class ShapeClass(StrEnum):
     """The shape classes of an FP8 rowwise grouped GEMM on SM90 (module doc: why each)."""
@@ -50,15 +47,14 @@ class GemmShape:
     """One call in the front door's terms (``grouped_gemm._check_quantized``): 2D x 3D a (M, K), b (G, N, K) ->
     (M, N); 2D x 2D a (N, M), b (K, M) -> (G, N, K), the contraction M split by the groups."""
 
-    case: str
+    case: GemmCase  # a string ("2d3d") is taken and made a member
     M: int
     N: int
     K: int
     G: int
 
     def __post_init__(self):
-        if self.case not in CASES:
-            raise InputError(f"case must be '2d3d' or '2d2d', got {self.case!r}")
+        object.__setattr__(self, "case", GemmCase.parse(self.case))
         if min(self.M, self.N, self.K) < 0 or self.G < 1:
             raise InputError(f"M, N, K must be >= 0 and G >= 1; got {self.M}, {self.N}, {self.K}, {self.G}")
 
@@ -91,7 +87,7 @@ class ClassTable:
         object.__setattr__(self, "choices", MappingProxyType(dict(self.choices)))
 
     def classify(self, shape: GemmShape) -> ShapeClass:
-        if shape.case == "2d2d":
+        if shape.case is GemmCase.A2D_B2D:
             return ShapeClass.WGRAD
         if shape.tail_waste(256) - shape.tail_waste(128) > self.narrow_tile_cost:
             return ShapeClass.GROUPED_NARROW_TAIL

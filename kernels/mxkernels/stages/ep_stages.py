@@ -50,6 +50,7 @@ from ..ep import comm
 from ..ep import rows as row_calls
 from ..ep.strategy import BASELINE, STRATEGIES, get_strategy, row_widths  # noqa: F401 -- the first two re-exported
 from ..gemm import grouped_gemm
+from ..gemm.backend import GemmCase
 from ..layouts import scale_layout, padding
 from ..quant import fp8_rowwise, quantize
 from ..core.comparison import BitExact
@@ -58,8 +59,8 @@ from ..ep.wgrad import Wgrad, resolve_wgrad, wgrad_recipe
 from .ep_wgrad import rebind, wgrad_stages
 from ..core.format import BLOCK_SIZE
 from ..core.names import PASSES, Category, Pass, Recipe
-from .pipeline import Stage, bind_stage, needs_padding, step_stages, with_impls
-from ..core.runtime import MAX_GROUPS, InputError
+from .pipeline import Stage, bind_stage, check_sizes, needs_padding, step_stages, with_impls
+from ..core.runtime import InputError
 from .step_specs import Port, StageImpl, StageSpec, get_spec, padding_alignment
 from ..moe.token_permute import (
     chunk_transpose_cost,
@@ -113,14 +114,7 @@ class EPShape:
 
 def check_layer(T: int, K: int, N: int, E: int, top_k: int, world: int) -> None:
     """Raise ``InputError`` naming the bad size (before any process group work)."""
-    for name, value in (("tokens", T), ("K", K), ("N", N)):
-        if not isinstance(value, int) or value < 1:
-            raise InputError(f"{name} must be a positive integer, got {value!r}")
-    for name, value in (("K", K), ("N", N)):
-        if value % BLOCK_SIZE:
-            raise InputError(f"{name} must be a multiple of {BLOCK_SIZE}, got {value}")
-    if not 1 <= E <= MAX_GROUPS:
-        raise InputError(f"experts (local experts per rank) must be between 1 and {MAX_GROUPS}, got {E}")
+    check_sizes({"tokens": T, "K": K, "N": N}, ("experts (local experts per rank)", E))
     if not 1 <= top_k <= E * world:
         raise InputError(f"top-k must be between 1 and the {E * world} experts of all ranks, got {top_k}")
 
@@ -409,7 +403,7 @@ def _mx_pass(b: _Builder, mp: _MxPass, pad: bool, recipe: Recipe = Recipe.MXFP8)
               (f"{mp.w}_s",), (f"{mp.w}_sb",))  # fmt: skip
         w_scales = f"{mp.w}_sb"
     b.add(recipe, mp.gemm, [(Rp, width), (s.E, width, mp.w_rows)],
-          grouped_gemm.grouped_mm_cost(Rp, mp.w_rows, width, s.E, recipe, "2d3d"),
+          grouped_gemm.grouped_mm_cost(Rp, mp.w_rows, width, s.E, recipe, GemmCase.A2D_B3D),
           (f"{mp.act}_q{p}", scales, f"{mp.w}_q", w_scales, offs), (f"{mp.out}{p}",), backend=b.backend)  # fmt: skip
     if pad:
         b.add(recipe, mp.unpad, [(Rp, mp.w_rows)], padding.unpad_cost(R, mp.w_rows, s.E, align, 2),

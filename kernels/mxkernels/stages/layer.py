@@ -30,13 +30,12 @@ from enum import StrEnum
 from ..moe import router as moe_router, moe_rows, swiglu
 from ..quant import fp8_amax
 from ..core.cost import Cost
-from ..core.format import BLOCK_SIZE
 from .layer_specs import FUSED_RECIPES, get_layer_spec
 from ..moe.router import ScoreFunc
 from ..core.names import Category, Pass, Recipe
 from ..layouts.padding import padded_rows
-from .pipeline import Stage, bind_stage, check_recipe, step_stages, with_impls
-from ..core.runtime import MAX_GROUPS, InputError
+from .pipeline import Stage, bind_stage, check_recipe, check_sizes, step_stages, with_impls
+from ..core.runtime import InputError
 from .step_specs import StageImpl, padding_alignment
 
 
@@ -71,15 +70,7 @@ class LayerShape:
     shared_in_recipe: bool = False
 
     def __post_init__(self):
-        for name in ("T", "K", "N"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InputError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("K", "N"):
-            if getattr(self, name) % BLOCK_SIZE:
-                raise InputError(f"{name} must be a multiple of {BLOCK_SIZE}, got {getattr(self, name)}")
-        if not isinstance(self.E, int) or not 1 <= self.E <= MAX_GROUPS:
-            raise InputError(f"experts must be between 1 and {MAX_GROUPS}, got {self.E!r}")
+        check_sizes({"T": self.T, "K": self.K, "N": self.N}, ("experts", self.E))
         if not isinstance(self.top_k, int) or not 1 <= self.top_k <= self.E:
             raise InputError(f"top-k must be between 1 and the {self.E} experts, got {self.top_k!r}")
         for name in ("K", "N"):

@@ -25,6 +25,7 @@ from types import MappingProxyType
 import torch
 
 from ..gemm import grouped_gemm
+from ..gemm.backend import GemmCase
 from ..layouts import scale_layout, padding
 from ..quant import fp8_amax, fp8_rowwise, quantize, quantize_blocked
 from ..core.cost import Cost
@@ -101,13 +102,16 @@ def _stage(recipe, name, shapes, cost, inputs, outputs, params=None, backend=Non
     return bind_stage(get_spec(recipe, name), shapes, cost, inputs, outputs, params, backend, config)
 
 
-def _gemm_stage(recipe, name, shapes, cost, inputs, outputs, backend, kernel_shape) -> Stage:
-    """A GEMM stage run by ``backend``; None: the backend and launch of its shape's class (``grouped_gemm.choose``,
-    ``kernel_shape`` = (case, M, N, K, G) in the kernel's terms), named in the stage's record."""
+def _gemm_stage(recipe, name, shapes, inputs, outputs, backend, kernel_shape) -> Stage:
+    """A GEMM stage of ``kernel_shape`` = (case, M, N, K, G) in the kernel's terms, its cost counted from that shape,
+    run by ``backend``; None: the backend and launch of its shape's class (``grouped_gemm.choose``), named in the
+    stage's record."""
+    case, M, N, K, G = kernel_shape
     config = None
     if backend is None:
         picked = grouped_gemm.choose(recipe, *kernel_shape)
         backend, config = picked.backend, picked.config
+    cost = grouped_gemm.grouped_mm_cost(M, N, K, G, recipe, case)
     return _stage(recipe, name, shapes, cost, inputs, outputs, backend=backend, config=config)
 
 
@@ -183,7 +187,7 @@ def _mxfp8_stages(M, N, K, G, mode, backend, pad, fuse_scales=False) -> list[Sta
              _stage(R, "rearrange_w", [(G, N, Kb)], blocked_3d(G, N, Kb), ("w_s",), ("w_sb",)),
              _stage(R, "quantize_w_blocked", [(G, N, K)], qb.quantize_3d_blocked_cost(G, N, K, bf16, "K"), ("w",),
                     ("w_q", "w_sb"), md)),
-        ], _stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], mm(Mp, N, K, G, R, "2d3d"),
+        ], _stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], mm(Mp, N, K, G, R, GemmCase.A2D_B3D),
                   ("a_q", "a_sb", "w_q", "w_sb", offs), (n.out,), backend=backend),
         ), scaled([
             (_stage(R, "quantize_grad_out", [(Mp, N)], q2(Mp, N, bf16), (dy,), ("dy_q", "dy_s"), md),
@@ -194,7 +198,7 @@ def _mxfp8_stages(M, N, K, G, mode, backend, pad, fuse_scales=False) -> list[Sta
              _stage(R, "rearrange_w_t", [(G, K, Nb)], blocked_3d(G, K, Nb), ("wt_s",), ("wt_sb",)),
              _stage(R, "quantize_w_t_blocked", [(G, N, K)], qb.quantize_3d_blocked_cost(G, N, K, bf16, "N"), ("w",),
                     ("wt_q", "wt_sb"), md)),
-        ], _stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], mm(Mp, K, N, G, R, "2d3d"),
+        ], _stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], mm(Mp, K, N, G, R, GemmCase.A2D_B3D),
                   ("dy_q", "dy_sb", "wt_q", "wt_sb", offs), (n.grad_a,), backend=backend),
         ), scaled([
             (_stage(R, "quantize_grad_out_t", [(Mp, N)], q2(Mp, N, bf16), (dy,), ("dyt_q", "dyt_s"), md),
@@ -205,7 +209,7 @@ def _mxfp8_stages(M, N, K, G, mode, backend, pad, fuse_scales=False) -> list[Sta
              _stage(R, "rearrange_a_t", [(K, Mb)], k_groups(K, Mp, G), ("at_s", offs), ("at_sb",)),
              _stage(R, "quantize_a_t_blocked", [(Mp, K)], qb.quantize_dim1_blocked_cost(Mp, K, G, bf16), (a, offs),
                     ("at_q", "at_sb"), md)),
-        ], _stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], mm(Mp, N, K, G, R, "2d2d"),
+        ], _stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], mm(Mp, N, K, G, R, GemmCase.A2D_B2D),
                   ("dyt_q", "dyt_sb", "at_q", "at_sb", offs), ("grad_w",), backend=backend),
         )  # fmt: skip
 
@@ -217,7 +221,6 @@ def _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales=False) -> list[Sta
     rows, rows_3d, k_groups = (fp8_rowwise.quantize_fp8_rowwise_cost, fp8_rowwise.quantize_fp8_rowwise_3d_cost,
                                fp8_rowwise.quantize_fp8_rowwise_k_groups_cost)  # fmt: skip
     with_amax, from_amax = fp8_amax.with_amax_cost, fp8_amax.from_amax_cost
-    mm = grouped_gemm.grouped_mm_cost
     if fuse_scales and max(K, N) > fp8_amax.MAX_COLS:
         raise InputError(f"fuse_scales for FP8 rowwise holds rows of up to {fp8_amax.MAX_COLS} elements whole; "
                          f"K={K}, N={N}")  # fmt: skip
@@ -236,8 +239,8 @@ def _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales=False) -> list[Sta
             pick(_stage(R, "quantize_w", [(G, N, K)], rows_3d(G, N, K, bf16, "K"), ("w",), ("w_q", "w_s")),
                  _stage(R, "quantize_w_amax", [(G, N, K)], with_amax(G * N, K, G, bf16), ("w",),
                         ("w_q", "w_s", "w_amax"))),
-            _gemm_stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], mm(Mp, N, K, G, R, "2d3d"),
-                        ("a_q", "a_s", "w_q", "w_s", offs), (n.out,), backend, ("2d3d", Mp, N, K, G)),
+            _gemm_stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], ("a_q", "a_s", "w_q", "w_s", offs), (n.out,), backend,
+                        (GemmCase.A2D_B3D, Mp, N, K, G)),
         ], [
             pick(_stage(R, "quantize_grad_out", [(Mp, N)], rows(Mp, N, bf16), (dy,), ("dy_q", "dy_s")),
                  _stage(R, "quantize_grad_out_amax", [(Mp, N)], with_amax(Mp, N, G, bf16), (dy, offs),
@@ -245,8 +248,8 @@ def _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales=False) -> list[Sta
             pick(_stage(R, "quantize_w_t", [(G, N, K)], rows_3d(G, N, K, bf16, "N"), ("w",), ("wt_q", "wt_s")),
                  _stage(R, "quantize_w_t_from_amax", [(G, N, K)], from_amax(G * N, K, G, bf16), ("w", "w_amax"),
                         ("wt_q", "wt_s"))),
-            _gemm_stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], mm(Mp, K, N, G, R, "2d3d"),
-                        ("dy_q", "dy_s", "wt_q", "wt_s", offs), (n.grad_a,), backend, ("2d3d", Mp, K, N, G)),
+            _gemm_stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], ("dy_q", "dy_s", "wt_q", "wt_s", offs), (n.grad_a,),
+                        backend, (GemmCase.A2D_B3D, Mp, K, N, G)),
         ], [
             pick(_stage(R, "quantize_grad_out_t", [(Mp, N)], k_groups(Mp, N, G, bf16), (dy, offs), ("dyt_q", "dyt_s")),
                  _stage(R, "quantize_grad_out_t_from_amax", [(Mp, N)], from_amax(Mp, N, G, bf16),
@@ -254,8 +257,8 @@ def _fp8_rowwise_stages(M, N, K, G, backend, pad, fuse_scales=False) -> list[Sta
             pick(_stage(R, "quantize_a_t", [(Mp, K)], k_groups(Mp, K, G, bf16), (a, offs), ("at_q", "at_s")),
                  _stage(R, "quantize_a_t_from_amax", [(Mp, K)], from_amax(Mp, K, G, bf16), (a, "a_amax", offs),
                         ("at_q", "at_s"))),
-            _gemm_stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], mm(Mp, N, K, G, R, "2d2d"),
-                        ("dyt_q", "dyt_s", "at_q", "at_s", offs), ("grad_w",), backend, ("2d2d", Mp, N, K, G)),
+            _gemm_stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], ("dyt_q", "dyt_s", "at_q", "at_s", offs), ("grad_w",),
+                        backend, (GemmCase.A2D_B2D, Mp, N, K, G)),
         ]  # fmt: skip
 
     return _assemble(R, M, N, K, G, pad, passes)
@@ -267,13 +270,13 @@ def _bf16_stages(M, N, K, G, pad) -> list[Stage]:
     def passes(n: _Names):
         Mp = n.rows
         return [
-            _stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], mm(Mp, N, K, G, R, "2d3d"), (n.a, "w", n.offs), (n.out,),
-                   backend=None),
+            _stage(R, "gemm_fwd", [(Mp, K), (G, K, N)], mm(Mp, N, K, G, R, GemmCase.A2D_B3D), (n.a, "w", n.offs),
+                   (n.out,), backend=None),
         ], [
-            _stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], mm(Mp, K, N, G, R, "2d3d"), (n.dy, "w", n.offs),
+            _stage(R, "gemm_dgrad", [(Mp, N), (G, N, K)], mm(Mp, K, N, G, R, GemmCase.A2D_B3D), (n.dy, "w", n.offs),
                    (n.grad_a,)),
         ], [
-            _stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], mm(Mp, N, K, G, R, "2d2d"), (n.dy, n.a, n.offs),
+            _stage(R, "gemm_wgrad", [(N, Mp), (Mp, K)], mm(Mp, N, K, G, R, GemmCase.A2D_B2D), (n.dy, n.a, n.offs),
                    ("grad_w",)),
         ]  # fmt: skip
 
@@ -289,16 +292,24 @@ def check_recipe(recipe: object) -> Recipe:
         raise InputError(f"recipe must be one of {', '.join(RECIPES)}; got {recipe!r}") from None
 
 
+def check_sizes(sizes: Mapping[str, object], groups: tuple[str, object], blocked: Sequence[str] = ("K", "N")) -> None:
+    """The sizes every workload's problem shares, named as its user knows them: each of ``sizes`` a positive int,
+    those named in ``blocked`` (the MX-blocked widths) multiples of ``BLOCK_SIZE``, and ``groups`` = (name, expert
+    count) between 1 and ``MAX_GROUPS``."""
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"{name} must be a positive integer, got {value!r}")
+    for name in blocked:
+        if sizes[name] % BLOCK_SIZE:
+            raise InputError(f"{name} must be a multiple of {BLOCK_SIZE}, got {sizes[name]}")
+    name, count = groups
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_GROUPS:
+        raise InputError(f"{name} must be between 1 and {MAX_GROUPS}, got {count!r}")
+
+
 def _check_problem(recipe: str, M: int, N: int, K: int, G: int) -> Recipe:
     recipe = check_recipe(recipe)
-    for name, value in (("M", M), ("N", N), ("K", K)):
-        if value <= 0:
-            raise InputError(f"{name} must be positive, got {value}")
-    for name, value in (("N", N), ("K", K)):
-        if value % BLOCK_SIZE:
-            raise InputError(f"{name} must be a multiple of {BLOCK_SIZE}, got {value}")
-    if not 1 <= G <= MAX_GROUPS:
-        raise InputError(f"G must be between 1 and {MAX_GROUPS}, got {G}")
+    check_sizes({"M": M, "N": N, "K": K}, ("G", G))
     return recipe
 
 
