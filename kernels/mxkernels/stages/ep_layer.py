@@ -301,10 +301,21 @@ def _to_experts(b: _LayerBuilder, payload: Recipe, rows: _Rows, names: tuple[str
               (*dst, "offs_p"), {"alignment": align})  # fmt: skip
 
 
+def _token_gather_cost(s: EPShape, weighted: bool) -> Cost:
+    """A gather of the T token rows (x, or dy) into the S sorted copies: each token row read from DRAM once, its
+    other top_k - 1 reads ``Cost.bytes_reread`` (as the single-GPU layer's permute, ``layer``)."""
+    return moe_rows.gather_weighted_cost(s.S, s.K, s.S, weighted, sources=s.T)
+
+
+def _score_grad_cost(s: EPShape) -> Cost:
+    """The score gradient: per copy its own row, and its token's row (x or dy), each of the T read once."""
+    return moe_rows.row_dot_cost(s.S, s.K, b_sources=s.T)
+
+
 def _dispatch(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, xq, mode: str, shared) -> None:
     s, B = L.ep, Recipe.BF16
-    b.add(B, "sort_tokens", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, L.score_before),
-          ("x", "token_of", "row_w"), ("xs",), {"weighted": L.score_before})  # fmt: skip
+    b.add(B, "sort_tokens", [(s.T, s.K), (s.S,)], _token_gather_cost(s, L.score_before), ("x", "token_of", "row_w"),
+          ("xs",), {"weighted": L.score_before})  # fmt: skip
     src = _quantize(b, payload, "quantize_xs", s.S, s.K, "xs", mode) if payload != Recipe.BF16 else ("xs",)
     if shared:  # issued here, just before the dispatch, so that on a side stream they run beside it
         b.stages += shared[Pass.FORWARD]
@@ -340,10 +351,10 @@ def _combine(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
 def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, dyq, mode: str,
                       shared) -> None:  # fmt: skip
     s, B = L.ep, Recipe.BF16
-    b.add(B, "sort_grad", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, not L.score_before),
-          ("dy", "token_of", "row_w"), ("dys",), {"weighted": not L.score_before})  # fmt: skip
+    b.add(B, "sort_grad", [(s.T, s.K), (s.S,)], _token_gather_cost(s, not L.score_before), ("dy", "token_of", "row_w"),
+          ("dys",), {"weighted": not L.score_before})  # fmt: skip
     if not L.score_before:
-        b.add(B, "combine_score_grad", [(s.S, s.K), (s.T, s.K)], moe_rows.row_dot_cost(s.S, s.K),
+        b.add(B, "combine_score_grad", [(s.S, s.K), (s.T, s.K)], _score_grad_cost(s),
               ("ys_r" if L.shared else "ys", "pos", "dy", "copy_token"), ("grad_top",))  # fmt: skip
     src = _quantize(b, payload, "quantize_dys", s.S, s.K, "dys", mode) if payload != Recipe.BF16 else ("dys",)
     if shared:  # issued just before the combine's gradient all-to-all (module doc of ``ep_shared``)
@@ -356,7 +367,7 @@ def _dispatch_backward(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
     _from_experts(b, L, rows, ("unpad_grad_a", "unpermute_grad", "dispatch_grad", "unsort_grad"),
                   ("grad_a", "grad_xs", "grad_x_routed"), L.score_before)  # fmt: skip
     if L.score_before:
-        b.add(B, "permute_score_grad", [(s.S, s.K), (s.T, s.K)], moe_rows.row_dot_cost(s.S, s.K),
+        b.add(B, "permute_score_grad", [(s.S, s.K), (s.T, s.K)], _score_grad_cost(s),
               ("grad_xs", "pos", "x", "copy_token"), ("grad_top",))  # fmt: skip
     G = L.experts
     b.add(B, "router_grad", [(s.T, s.top_k), (s.T, G)], moe_router.router_grad_cost(s.T, G, s.top_k),
