@@ -62,7 +62,7 @@ from .pipeline import Stage, bind_stage, needs_padding, with_impls
 from ..core.runtime import InputError
 from .step_specs import Port, StageImpl, StageSpec, get_spec, padding_alignment
 from ..moe.token_permute import gather_rows, gather_rows_cost, gather_rows_reference
-from ..reference.ep_layer_stages import SCORED_STAGES, scored_oracle
+from ..reference.layer_stages import EP_NAMES, scored_oracle
 
 
 @dataclass(frozen=True)
@@ -113,14 +113,14 @@ def ep_layer_specs() -> dict[tuple[Recipe, str], StageSpec]:
         (Port("row_w", "fp32 (T*k,) score of each sorted copy"),), _sort_scores_reference, BitExact(), _sort_scores,
         "gather_rows",
     )  # fmt: skip
-    renamed = {  # EP name: (the layer's spec, purpose here)
-        "sort_tokens": ("permute", "Sort token copies by global expert (scored here when scores come first)"),
-        "unsort_combine": ("combine", "Each token's top-k outputs back from sorted order, summed (scored when last)"),
-        "sort_grad": ("combine_grad", "grad_out to the sorted copies (scored when scores come last)"),
-        "unsort_grad": ("permute_grad", "Each token's top-k copies' gradients, summed (scored when scores first)"),
+    purposes = {  # of the layer's specs under their EP names (``reference.layer_stages.EP_NAMES``)
+        "sort_tokens": "Sort token copies by global expert (scored here when scores come first)",
+        "unsort_combine": "Each token's top-k outputs back from sorted order, summed (scored when last)",
+        "sort_grad": "grad_out to the sorted copies (scored when scores come last)",
+        "unsort_grad": "Each token's top-k copies' gradients, summed (scored when scores first)",
     }
-    specs = [sort_scores] + [replace(get_layer_spec(B, layer), name=name, purpose=purpose)
-                             for name, (layer, purpose) in renamed.items()]  # fmt: skip
+    specs = [sort_scores] + [replace(get_layer_spec(B, layer), name=name, purpose=purposes[name])
+                             for name, layer in EP_NAMES.items()]  # fmt: skip
     for recipe, how in ((Recipe.MXFP8, "1x32"), (Recipe.FP8_ROWWISE, "rowwise")):
         for name, step, what in (
             ("quantize_xs", "quantize_a", "sorted token copies"),
@@ -140,7 +140,7 @@ def get_ep_layer_spec(recipe: str, name: str) -> StageSpec:
 
 class _LayerBuilder(_Builder):
     """The EP step's builder with the layer's specs; the scored row movements get the oracle of the layer's score
-    placement (``reference.ep_layer_stages``), written apart from the ``weighted`` flag their kernels are given."""
+    placement (``reference.layer_stages``), written apart from the ``weighted`` flag their kernels are given."""
 
     def __init__(self, *args, score_before: bool):
         super().__init__(*args)
@@ -148,7 +148,7 @@ class _LayerBuilder(_Builder):
 
     def add(self, recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> None:
         spec = get_ep_layer_spec(recipe, name)
-        if name in SCORED_STAGES:
+        if name in EP_NAMES:
             spec = replace(spec, oracle=scored_oracle(name, self.score_before))
         self.stages.append(bind_stage(spec, shapes, cost, inputs, outputs, params, backend))
 
