@@ -34,12 +34,11 @@ SAMPLES=${SAMPLES:-10}
 TIMING=${TIMING:-graph}
 STRATEGIES=${STRATEGIES:-bf16,mxfp8,mxfp8_a2a,fp8_rowwise,fp8_rowwise_a2a}
 SHARED_IN_RECIPE=${SHARED_IN_RECIPE:-}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+export TRITON_DEFAULT_FP_FUSION=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
-python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+INSTALL_LOG=$OUT/install.log
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 
-CARD=$(python -c "from mxbench.clikit.common import card_dir; print(card_dir())" 2>/dev/null || echo unknown)
 RUNS="$OUT/results/$CARD/ep"
 mkdir -p "$RUNS"
 

@@ -31,10 +31,10 @@ TOKENS=${TOKENS:-131072}
 SAMPLES=${SAMPLES:-10}
 TIMING=${TIMING:-graph}
 WGRAD=${WGRAD:-}  # empty: each strategy's default (mxfp8: recipe, mxfp8_a2a: bf16); recipe or bf16 for all
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+export TRITON_DEFAULT_FP_FUSION=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
-python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+INSTALL_LOG=$OUT/install.log
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 
 RUN_WIDTH=40
 source "$(dirname "$0")/run_step.sh"  # run NAME SECONDS CMD...

@@ -5,11 +5,8 @@
 # Runs go to results/<card>/ and plots/<card>/; everything written there is packed into $OUT/results.tgz (the device
 # tool brings back few files), logs beside it. SAMPLES (default 5) sets the samples per stage.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e ./kernels -e . >/tmp/install.log 2>&1 || { cat /tmp/install.log; exit 1; }
-CARD=$(python3 -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+export NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 mkdir -p "results/$CARD/tuning" "plots/$CARD"
 SAMPLES=${SAMPLES:-5}
 PRESETS="qwen3-30b-a3b deepseek-v2-lite gpt-oss-120b deepseek-v3"

@@ -19,9 +19,9 @@ set -u
 OUT=${OUT:?set OUT to the folder the results go to}
 TUNE_ARGS=${TUNE_ARGS:-}
 STEP_BACKENDS=${STEP_BACKENDS:-native triton_ws}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
-python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+export TRITON_DEFAULT_FP_FUSION=1
+INSTALL_LOG=$OUT/install.log
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 source "$(dirname "$0")/run_step.sh"  # run NAME SECONDS CMD...
 
 for step in "${@:-env tests tune}"; do

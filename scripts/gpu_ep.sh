@@ -25,10 +25,10 @@ OUT=${OUT:?set OUT to the folder the results go to}
 NPROC=${NPROC:-2}
 SAMPLES=${SAMPLES:-10}
 TIMING=${TIMING:-graph}  # TIMING=events if the ceiling step's log shows that NCCL all-to-alls cannot be captured
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+export TRITON_DEFAULT_FP_FUSION=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
-python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+INSTALL_LOG=$OUT/install.log
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 RES=$OUT/results  # the committed per-card ceilings (the runs' denominators); the all-to-all ceiling is added here
 for f in results/*/ceilings.json results/*/alltoall_ceilings.json; do
   [ -f "$f" ] && [ ! -f "$RES/${f#results/}" ] && mkdir -p "$RES/$(dirname "${f#results/}")" && cp "$f" "$RES/${f#results/}"

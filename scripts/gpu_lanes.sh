@@ -10,13 +10,13 @@ OUT=${OUT:-/tmp/mxbench-out}
 LOGS=$OUT/logs
 TUNE=$OUT/tune
 mkdir -p "$LOGS" "$TUNE" plots
-export TRITON_DEFAULT_FP_FUSION=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export TRITON_DEFAULT_FP_FUSION=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONPATH=$PWD/examples/plain_quantizer${PYTHONPATH:+:$PYTHONPATH}
-python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
+INSTALL_LOG=$LOGS/install.log
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 if ls .wheels/torchao-*.whl >/dev/null 2>&1; then
   python -m pip install --no-deps -q .wheels/torchao-*.whl >>"$LOGS/install.log" 2>&1
 fi
-CARD=$(python -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
 RES=results/$CARD
 mkdir -p "$RES"
 

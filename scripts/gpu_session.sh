@@ -9,10 +9,10 @@
 set -u
 OUT=${OUT:-/tmp/mxbench-out}
 LOGS=/tmp/mxbench-logs
-mkdir -p "$OUT" "$LOGS"
-export TRITON_DEFAULT_FP_FUSION=1 PYTHONUNBUFFERED=1
-python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
-CARD=$(python -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+mkdir -p "$LOGS"
+export TRITON_DEFAULT_FP_FUSION=1
+INSTALL_LOG=$LOGS/install.log
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 RES=results/$CARD
 TUNE=/tmp/mxbench-tune  # tuning-script JSON: evidence for the perf log, not results
 mkdir -p "$RES" "$TUNE" plots

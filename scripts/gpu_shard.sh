@@ -15,9 +15,9 @@
 set -u
 OUT=${OUT:?set OUT to the folder the results go to}
 SWEEP=(roofline --K 7168 --N 2048 --M "${SHARD_M:-16384,32768,65536,131072}" --samples "${SAMPLES:-25}")
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
-python -m pip install --no-deps --no-build-isolation -q -e ./kernels -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+export TRITON_DEFAULT_FP_FUSION=1
+INSTALL_LOG=$OUT/install.log
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 
 RUN_WIDTH=10 RUN_TAIL=${TAIL:-4}
 source "$(dirname "$0")/run_step.sh"  # run NAME SECONDS CMD...

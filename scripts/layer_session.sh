@@ -5,11 +5,7 @@
 # Results and figures go to results/<card>/ and plots/<card>/, logs and a copy of each run under $OUT (the device
 # tool's); the figures are redrawn from the runs with `mxbench plot`.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e ./kernels -e . >/tmp/install.log 2>&1 || { cat /tmp/install.log; exit 1; }
-CARD=$(python3 -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 mkdir -p "results/$CARD" "plots/$CARD"
 SAMPLES=${SAMPLES:-10}
 for step in "$@"; do

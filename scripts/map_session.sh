@@ -6,19 +6,12 @@
 # samples per stage. Runs go to results/<card>/map-PRESET-BACKEND.json, the heatmaps to
 # plots/<card>/map-PRESET-BACKEND-fp8_rowwise.png, logs and a copy of each run under $OUT (the device tool's).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e ./kernels -e . >/tmp/install.log 2>&1 || { cat /tmp/install.log; exit 1; }
-CARD=$(python3 -c "import torch; from mxbench.instruments.hardware import card_slug; print(card_slug(torch.cuda.get_device_name()))")
+source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 mkdir -p "results/$CARD" "plots/$CARD"
 SAMPLES=${SAMPLES:-3}
 # DEADLINE (epoch seconds, optional): a map that would start with under a minute left is skipped, and a map running
 # at the deadline gets SIGINT (mxbench keeps the cells done), so the device call ends inside its limit. Every file is
 # also packed into $OUT/maps.tgz after each map: the device tool brings back at most 8 files.
-DEADLINE=${DEADLINE:-0}
-left() { [ "$DEADLINE" -gt 0 ] && echo $((DEADLINE - $(date +%s))) || echo 100000; }
-pack() { tar czf "$OUT/maps.tgz" -C "$OUT" m 2>/dev/null; }
 mkdir -p "$OUT/m"
 
 # Each model's grid: two G (the experts one GPU holds at two expert-parallel degrees) x three tokens per expert
@@ -44,7 +37,7 @@ map_one() {  # PRESET BACKEND
     --samples "$SAMPLES" --out "results/$CARD/$name.json" --plot-dir "plots/$CARD" 2>&1 | tee "$OUT/m/$name.log" | tail -22
   echo "$name: $((SECONDS - start)) s" | tee -a "$OUT/m/timing.log"
   cp "results/$CARD/$name.json" "results/$CARD/$name.csv" "plots/$CARD/$name"-*.png "$OUT/m/" 2>/dev/null
-  pack
+  pack maps.tgz m
 }
 
 for step in "$@"; do

@@ -1,4 +1,5 @@
-# Sourced by the device session scripts (gpu_ep.sh, gpu_shard.sh, ep_layer_session.sh):
+# Sourced by the device session scripts that run steps this way (gpu_ep.sh, gpu_shard.sh, ep_layer_session.sh,
+# ep_fp8_session.sh, fp8_gemm_session.sh), after session_common.sh:
 # run NAME SECONDS CMD...: CMD time-limited, its output in $OUT/NAME.log, a status line (the name padded to
 # RUN_WIDTH, default 26) in $OUT/summary.txt, then the log's last RUN_TAIL lines there too (default none).
 run() {

@@ -215,7 +215,7 @@ def test_a_stage_table_that_flips_a_scored_stages_weighting_fails_that_stage(wor
 
 
 def test_scored_stage_oracles_follow_the_layers_formulas_by_hand():
-    from mxkernels.reference.ep_layer_stages import scored_oracle
+    from mxkernels.reference.layer_stages import scored_oracle
 
     x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.bfloat16)  # 2 tokens, top-2: copies 0..3
     token_of = torch.tensor([1, 0, 0, 1], dtype=torch.int32)  # sorted copies' tokens

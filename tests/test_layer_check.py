@@ -110,3 +110,55 @@ def test_layer_impl_is_checked_before_any_timing(wrong, tmp_path):
     assert bad.exit_code == 1 and "FAIL against the oracle" in bad.output and not (tmp_path / "bad.json").exists()
     good = CliRunner().invoke(cli, [*base, "--impl", "combine=right_layer:combine", "--out", str(tmp_path / "ok.json")])
     assert good.exit_code == 0, good.output
+
+
+@pytest.mark.parametrize("recipe, stage", [
+    ("bf16", "permute"), ("bf16", "combine"), ("bf16", "combine_grad"), ("bf16", "permute_grad"),
+    ("mxfp8", "permute_quantize"), ("mxfp8", "combine_grad_quantize"),
+])  # fmt: skip
+def test_a_stage_table_that_flips_a_scored_stages_weighting_fails_that_stage(monkeypatch, recipe, stage):
+    # the kernel is told the wrong ``weighted``; its oracle follows the layer's score placement (which stage applies
+    # the scores is the layer's contract: reference.layer_stages), not that flag
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    from mxbench.workloads.layer import check as layer_check
+
+    real = layer_check.layer_stages
+
+    def flipped(*args, **kwargs):
+        return [replace(st, params=MappingProxyType({**st.params, "weighted": not st.params["weighted"]}))
+                if st.name == stage else st for st in real(*args, **kwargs)]  # fmt: skip
+
+    monkeypatch.setattr(layer_check, "layer_stages", flipped)
+    # without the planted blocks: where they are, the tokens they make hold nearly all of a sum's energy (their scores
+    # round to 1) and one SQNR over the whole output passes a wrong weighting of every other token
+    monkeypatch.setattr(layer_check, "plant", lambda *args, **kwargs: None)
+    impls = {key: found for key, found in layer_check.layer_impls(layer_check.layer_registry(), recipe).items()
+             if key[1] == stage}  # fmt: skip
+    results = layer_check.check_layer(recipe, 64, 32, 4, 16, impls)
+    assert results and all(r.stage == stage for r in results)
+    assert [r.verdict for r in results] == ["FAIL"] * len(results), [(r.verdict, r.where) for r in results]
+
+
+def test_the_layers_scored_oracles_follow_its_formulas_by_hand():
+    import torch
+    from mxkernels.reference.layer_stages import scored_oracle
+
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.bfloat16)  # 2 tokens, top-2
+    row_src = torch.tensor([1, 0, -1, 0, 1, -1], dtype=torch.int32)  # padded rows: -1 is a padding row (zeros)
+    row_w = torch.tensor([0.5, 2.0, 0.0, 0.25, 1.0, 0.0])
+    # scores first: the permute scores, the combine's gradient does not; scores last: the reverse
+    assert scored_oracle("permute", True)(x, row_src, row_w, weighted=False)[0].tolist() == \
+        [[1.5, 2.0], [2.0, 4.0], [0.0, 0.0], [0.25, 0.5], [3.0, 4.0], [0.0, 0.0]]  # fmt: skip
+    assert scored_oracle("combine_grad", True)(x, row_src, row_w, weighted=True)[0].tolist() == \
+        [[3.0, 4.0], [1.0, 2.0], [0.0, 0.0], [1.0, 2.0], [3.0, 4.0], [0.0, 0.0]]  # fmt: skip
+    out = torch.tensor([[1.0, 0.0], [0.0, 1.0], [9.0, 9.0], [2.0, 2.0], [4.0, 8.0], [9.0, 9.0]], dtype=torch.bfloat16)
+    dest = torch.tensor([3, 0, 4, 1], dtype=torch.int32)  # copy c's padded row; rows 2 and 5 are padding
+    top = torch.tensor([[0.5, 0.25], [1.0, 2.0]])
+    # token 0: out[3] * 0.5 + out[0] * 0.25; token 1: out[4] * 1 + out[1] * 2
+    assert scored_oracle("combine", False)(out, dest, top, weighted=False)[0].tolist() == [[1.25, 1.0], [4.0, 10.0]]
+    assert scored_oracle("combine", True)(out, dest, top, weighted=True)[0].tolist() == [[3.0, 2.0], [4.0, 9.0]]
+    assert scored_oracle("permute_grad", True)(out, dest, top, weighted=False)[0].tolist() == \
+        [[1.25, 1.0], [4.0, 10.0]]  # fmt: skip
+    assert scored_oracle("permute_grad", False)(out, dest, top, weighted=True)[0].tolist() == [[3.0, 2.0], [4.0, 9.0]]

@@ -20,6 +20,7 @@ from mxbench.implementations.default import builtin_registry
 from mxbench.implementations.registry import Implementation, Registry
 from mxbench.storage.results import Point, Record, Run, load_run
 from mxbench.workloads.peers.tables import peer_rows
+from mxbench.workloads.step.tables import TableOptions
 
 COST = Cost(300, 100)
 
@@ -276,7 +277,7 @@ def test_peer_rows_pivot_implementations_per_stage():
 
 def test_peer_rows_filter_by_M_names_the_M_held():
     with pytest.raises(InputError, match="no records with M=1024; the run has M in 131072"):
-        peer_rows(peer_run(), M=1024)
+        peer_rows(peer_run(), TableOptions(M=1024))
 
 
 @pytest.mark.gpu

@@ -106,7 +106,7 @@ BREAKDOWN_COLUMNS = ["Pass", "Kernel", "Purpose", "Input shape", "Time (us)", "I
 
 
 def test_breakdown_is_the_seed_table_at_the_largest_M():
-    rows = tables.breakdown_rows(synthetic_run(), peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(), tables.TableOptions(peaks=PEAKS))
     assert len(rows) == 15 and list(rows[0]) == BREAKDOWN_COLUMNS
     assert [r["Pass"] for r in rows] == ["Forward"] * 5 + ["Backward (dA)"] * 5 + ["Backward (dB)"] * 5
     qa = rows[0]
@@ -122,51 +122,53 @@ def test_breakdown_is_the_seed_table_at_the_largest_M():
 
 
 def test_breakdown_at_a_chosen_M_and_pass():
-    rows = tables.breakdown_rows(synthetic_run(), M=16384, passes="backward_weight", peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(), tables.TableOptions(M=16384, passes="backward_weight", peaks=PEAKS))
     assert [r["Pass"] for r in rows] == ["Backward (dB)"] * 5
     assert rows[1]["Time (us)"] == "59.0"  # 472 us * 16384 / 131072
     assert rows[1]["Input shape"] == "(16384, 7168)"
 
 
 def test_breakdown_of_the_baseline_only_on_request():
-    rows = tables.breakdown_rows(synthetic_run(), recipe="bf16", peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(), tables.TableOptions(recipe="bf16", peaks=PEAKS))
     assert [r["Kernel"] for r in rows] == ["grouped_mm"] * 3
     # 3848.3 TFLOP in 2000 us = 1924.1 TFLOP/s = 85.5% of 2250
     assert rows[0]["Efficiency"] == "85.5% of B200 datasheet bf16"
 
 
 def test_breakdown_marks_model_rows():
-    rows = tables.breakdown_rows(synthetic_run(model=True), peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(model=True), tables.TableOptions(peaks=PEAKS))
     assert all(r["IQR (us)"] == render.MODEL_MARK for r in rows)
     assert rows[0]["Time (us)"] == "500.0"
 
 
 def test_breakdown_shows_errors_in_place_of_times():
-    rows = tables.breakdown_rows(synthetic_run(errors=("gemm",)), passes="forward", peaks=PEAKS)
+    rows = tables.breakdown_rows(synthetic_run(errors=("gemm",)), tables.TableOptions(passes="forward", peaks=PEAKS))
     gemm = rows[4]
     assert gemm["Time (us)"] == "error: RuntimeError: CUDA error: an illegal memory access"
     assert gemm["Efficiency"] is None and gemm["TFLOP/s"] is None
 
 
 def test_breakdown_names_power_limits_when_they_vary():
-    rows = tables.breakdown_rows(synthetic_run(power_limits=(1000.0, 750.0)), passes="forward", peaks=PEAKS)
+    run = synthetic_run(power_limits=(1000.0, 750.0))
+    rows = tables.breakdown_rows(run, tables.TableOptions(passes="forward", peaks=PEAKS))
     assert [r["Power limit (W)"] for r in rows] == ["1000"] * 5 + ["750"] * 5
 
 
 def test_breakdown_without_denominator_leaves_efficiency_blank():
-    rows = tables.breakdown_rows(synthetic_run(), denominator=None)
+    rows = tables.breakdown_rows(synthetic_run(), tables.TableOptions(denominator=None))
     assert all(r["Efficiency"] is None for r in rows) and rows[0]["GB/s"] == "5696"
 
 
 def test_a_card_filter_that_matches_nothing_names_the_card_held():
     with pytest.raises(InputError, match="no records with card=NVIDIA H100 80GB HBM3; the run has card in NVIDIA B200"):
-        tables.breakdown_rows(synthetic_run(), card="NVIDIA H100 80GB HBM3", peaks=PEAKS)
-    assert tables.breakdown_rows(synthetic_run(), card="nvidia b200", peaks=PEAKS)  # without regard to case
+        tables.breakdown_rows(synthetic_run(), tables.TableOptions(card="NVIDIA H100 80GB HBM3", peaks=PEAKS))
+    options = tables.TableOptions(card="nvidia b200", peaks=PEAKS)
+    assert tables.breakdown_rows(synthetic_run(), options)  # without regard to case
 
 
 def test_unknown_pass_is_rejected():
     with pytest.raises(ValueError, match="passes"):
-        tables.breakdown_rows(synthetic_run(), passes="sideways", peaks=PEAKS)
+        tables.breakdown_rows(synthetic_run(), tables.TableOptions(passes="sideways", peaks=PEAKS))
 
 
 def test_breakdown_takes_the_datasheet_peaks_of_the_run_spec(monkeypatch):
@@ -192,14 +194,14 @@ def test_speedup_rows_net_and_per_gemm():
 
 
 def test_speedup_rows_of_a_model_run_say_so():
-    rows = tables.speedup_rows(synthetic_run(model=True), M=131072)
+    rows = tables.speedup_rows(synthetic_run(model=True), tables.TableOptions(M=131072))
     assert len(rows) == 1 and rows[0]["Net speedup"] == "1.525x" and rows[0]["Source"] == render.MODEL_MARK
 
 
 def test_speedup_without_a_baseline_is_blank():
     run = synthetic_run()
     run.records = [r for r in run.records if not (r.point.recipe == "bf16" and r.pass_name == "backward_weight")]
-    row = tables.speedup_rows(run, M=131072)[0]
+    row = tables.speedup_rows(run, tables.TableOptions(M=131072))[0]
     assert row["dB GEMM 2Dx2D"] is None and row["Fwd GEMM 2Dx3D"] == "2.000x"
 
 
@@ -216,7 +218,7 @@ def test_baseline_matching_ignores_the_scale_mode():
 
 def test_sweep_rows_hold_every_record():
     run = synthetic_run()
-    rows = tables.sweep_rows(run, peaks=PEAKS)
+    rows = tables.sweep_rows(run, tables.TableOptions(peaks=PEAKS))
     assert len(rows) == len(run.records) == 4 * (16 + 4)
     assert {r["M"] for r in rows} == {str(m) for m in MS} and {r["Recipe"] for r in rows} == {"mxfp8", "bf16"}
     e2e = [r for r in rows if r["Pass"] == "End to end"]
@@ -225,7 +227,7 @@ def test_sweep_rows_hold_every_record():
 
 def test_power_rows_per_limit():
     run = synthetic_run(Ms=(131072,), power_limits=(1000.0, 500.0))
-    rows = tables.power_rows(run, passes="forward", recipe="mxfp8", peaks=PEAKS)
+    rows = tables.power_rows(run, tables.TableOptions(passes="forward", recipe="mxfp8", peaks=PEAKS))
     qa = [r for r in rows if r["Stage"] == "quantize_a"]
     assert [r["Power limit (W)"] for r in qa] == ["500", "1000"]
     # at 500 W: 500 us * 1000/500 = 1000 us; 700 W for 1000 us = 0.7 J
@@ -238,7 +240,7 @@ def test_power_rows_per_limit():
 
 
 def small_rows():
-    return tables.breakdown_rows(synthetic_run(), passes="forward", peaks=PEAKS)
+    return tables.breakdown_rows(synthetic_run(), tables.TableOptions(passes="forward", peaks=PEAKS))
 
 
 def test_render_markdown_is_a_pipe_table_with_alignment():
@@ -306,3 +308,9 @@ def test_table_front_door(monkeypatch):
     assert "Net speedup" in front_door.table(synthetic_run(), "speedup", "plain")
     with pytest.raises(ValueError, match="kind"):
         front_door.table(synthetic_run(), "pie")
+
+
+def test_speedups_refuse_a_pass():
+    # a speedup compares whole steps: a pass filter would drop their end-to-end rows and leave a table of blanks
+    with pytest.raises(InputError, match="no pass to choose"):
+        tables.speedup_rows(synthetic_run(), tables.TableOptions(passes="forward"))

@@ -200,7 +200,7 @@ def gather_weighted_reference(x, src, weight=None):
     return torch.where(valid, rows, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _distinct(copies: int, sources: int | None) -> int:
+def distinct_rows(copies: int, sources: int | None) -> int:
     """How many distinct rows ``copies`` row reads touch: ``sources`` (the rows they are gathered from), at most
     ``copies``; None: every read a row of its own."""
     return copies if sources is None else min(copies, sources)
@@ -212,7 +212,7 @@ def gather_weighted_cost(rows: int, D: int, tokens_rows: int, weighted: bool, *,
     them, e.g. T tokens for T * top_k copies; None: each copy from a row of its own). The other copies of a source
     row are ``bytes_reread`` (``core.cost``: DRAM bytes only in ``bytes_read``)."""
     extra = rows * (_INDEX_BYTES + (_WEIGHT_BYTES if weighted else 0))
-    distinct = _distinct(tokens_rows, sources)
+    distinct = distinct_rows(tokens_rows, sources)
     return Cost(distinct * D * 2 + extra, rows * D * 2, bytes_reread=(tokens_rows - distinct) * D * 2)
 
 
@@ -293,6 +293,6 @@ def row_dot_cost(copies: int, D: int, *, b_sources: int | None = None) -> Cost:
     """Read the two indices of every pair, each pair's ``a`` row (a row of its own), and each distinct ``b`` row
     once (``b_sources`` of them, e.g. T token rows for T * top_k copies; None: a row of its own per pair); write one
     fp32 per pair. The other reads of a ``b`` row are ``bytes_reread``."""
-    distinct = _distinct(copies, b_sources)
+    distinct = distinct_rows(copies, b_sources)
     reads = copies * (D * 2 + 2 * _INDEX_BYTES) + distinct * D * 2
     return Cost(reads, copies * 4, bytes_reread=(copies - distinct) * D * 2)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..core.cost import Cost
-from .moe_rows import INDEX_DTYPE, launch_gather
+from .moe_rows import INDEX_DTYPE, distinct_rows, launch_gather
 from ..core.runtime import check_tensor
 
 _INDEX_BYTES = 4
@@ -65,9 +65,14 @@ def gather_rows_reference(x: torch.Tensor, index: torch.Tensor, top_k: int = 1) 
     return total.to(x.dtype)
 
 
-def gather_rows_cost(rows_out: int, D: int, elt: int, top_k: int = 1) -> Cost:
-    """Every gathered row read once, every output row written once, and the int32 index read."""
-    return Cost(bytes_read=rows_out * top_k * (D * elt + _INDEX_BYTES), bytes_written=rows_out * D * elt)
+def gather_rows_cost(rows_out: int, D: int, elt: int, top_k: int = 1, *, sources: int | None = None) -> Cost:
+    """Every output row written once, the int32 index of every gathered row read, and each distinct source row
+    read once (``sources`` of them, e.g. T token rows for T * top_k copies; None: each gathered row a row of its
+    own). The other reads of a source row are ``bytes_reread`` (``core.cost``: DRAM bytes only in ``bytes_read``)."""
+    copies = rows_out * top_k
+    distinct = distinct_rows(copies, sources)
+    return Cost(bytes_read=distinct * D * elt + copies * _INDEX_BYTES, bytes_written=rows_out * D * elt,
+                bytes_reread=(copies - distinct) * D * elt)
 
 
 # ---- routing: which copy goes where ----------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from .pipeline import Stage, bind_stage, needs_padding, with_impls
 from ..core.runtime import InputError
 from .step_specs import Port, StageImpl, StageSpec, get_spec, padding_alignment
 from ..moe.token_permute import gather_rows, gather_rows_cost, gather_rows_reference
-from ..reference.ep_layer_stages import SCORED_STAGES, scored_oracle
+from ..reference.layer_stages import EP_NAMES, scored_oracle
 
 
 @dataclass(frozen=True)
@@ -113,14 +113,14 @@ def ep_layer_specs() -> dict[tuple[Recipe, str], StageSpec]:
         (Port("row_w", "fp32 (T*k,) score of each sorted copy"),), _sort_scores_reference, BitExact(), _sort_scores,
         "gather_rows",
     )  # fmt: skip
-    renamed = {  # EP name: (the layer's spec, purpose here)
-        "sort_tokens": ("permute", "Sort token copies by global expert (scored here when scores come first)"),
-        "unsort_combine": ("combine", "Each token's top-k outputs back from sorted order, summed (scored when last)"),
-        "sort_grad": ("combine_grad", "grad_out to the sorted copies (scored when scores come last)"),
-        "unsort_grad": ("permute_grad", "Each token's top-k copies' gradients, summed (scored when scores first)"),
+    purposes = {  # of the layer's specs under their EP names (``reference.layer_stages.EP_NAMES``)
+        "sort_tokens": "Sort token copies by global expert (scored here when scores come first)",
+        "unsort_combine": "Each token's top-k outputs back from sorted order, summed (scored when last)",
+        "sort_grad": "grad_out to the sorted copies (scored when scores come last)",
+        "unsort_grad": "Each token's top-k copies' gradients, summed (scored when scores first)",
     }
-    specs = [sort_scores] + [replace(get_layer_spec(B, layer), name=name, purpose=purpose)
-                             for name, (layer, purpose) in renamed.items()]  # fmt: skip
+    specs = [sort_scores] + [replace(get_layer_spec(B, layer), name=name, purpose=purposes[name])
+                             for name, layer in EP_NAMES.items()]  # fmt: skip
     for recipe, how in ((Recipe.MXFP8, "1x32"), (Recipe.FP8_ROWWISE, "rowwise")):
         for name, step, what in (
             ("quantize_xs", "quantize_a", "sorted token copies"),
@@ -140,7 +140,7 @@ def get_ep_layer_spec(recipe: str, name: str) -> StageSpec:
 
 class _LayerBuilder(_Builder):
     """The EP step's builder with the layer's specs; the scored row movements get the oracle of the layer's score
-    placement (``reference.ep_layer_stages``), written apart from the ``weighted`` flag their kernels are given."""
+    placement (``reference.layer_stages``), written apart from the ``weighted`` flag their kernels are given."""
 
     def __init__(self, *args, score_before: bool):
         super().__init__(*args)
@@ -148,7 +148,7 @@ class _LayerBuilder(_Builder):
 
     def add(self, recipe, name, shapes, cost, inputs, outputs, params=None, backend=None) -> None:
         spec = get_ep_layer_spec(recipe, name)
-        if name in SCORED_STAGES:
+        if name in EP_NAMES:
             spec = replace(spec, oracle=scored_oracle(name, self.score_before))
         self.stages.append(bind_stage(spec, shapes, cost, inputs, outputs, params, backend))
 
@@ -301,10 +301,21 @@ def _to_experts(b: _LayerBuilder, payload: Recipe, rows: _Rows, names: tuple[str
               (*dst, "offs_p"), {"alignment": align})  # fmt: skip
 
 
+def _token_gather_cost(s: EPShape, weighted: bool) -> Cost:
+    """A gather of the T token rows (x, or dy) into the S sorted copies: each token row read from DRAM once, its
+    other top_k - 1 reads ``Cost.bytes_reread`` (as the single-GPU layer's permute, ``layer``)."""
+    return moe_rows.gather_weighted_cost(s.S, s.K, s.S, weighted, sources=s.T)
+
+
+def _score_grad_cost(s: EPShape) -> Cost:
+    """The score gradient: per copy its own row, and its token's row (x or dy), each of the T read once."""
+    return moe_rows.row_dot_cost(s.S, s.K, b_sources=s.T)
+
+
 def _dispatch(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, xq, mode: str, shared) -> None:
     s, B = L.ep, Recipe.BF16
-    b.add(B, "sort_tokens", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, L.score_before),
-          ("x", "token_of", "row_w"), ("xs",), {"weighted": L.score_before})  # fmt: skip
+    b.add(B, "sort_tokens", [(s.T, s.K), (s.S,)], _token_gather_cost(s, L.score_before), ("x", "token_of", "row_w"),
+          ("xs",), {"weighted": L.score_before})  # fmt: skip
     src = _quantize(b, payload, "quantize_xs", s.S, s.K, "xs", mode) if payload != Recipe.BF16 else ("xs",)
     if shared:  # issued here, just before the dispatch, so that on a side stream they run beside it
         b.stages += shared[Pass.FORWARD]
@@ -340,10 +351,10 @@ def _combine(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
 def _combine_backward(b: _LayerBuilder, L: EPLayerShape, payload: Recipe, rows: _Rows, dyq, mode: str,
                       shared) -> None:  # fmt: skip
     s, B = L.ep, Recipe.BF16
-    b.add(B, "sort_grad", [(s.T, s.K), (s.S,)], moe_rows.gather_weighted_cost(s.S, s.K, s.S, not L.score_before),
-          ("dy", "token_of", "row_w"), ("dys",), {"weighted": not L.score_before})  # fmt: skip
+    b.add(B, "sort_grad", [(s.T, s.K), (s.S,)], _token_gather_cost(s, not L.score_before), ("dy", "token_of", "row_w"),
+          ("dys",), {"weighted": not L.score_before})  # fmt: skip
     if not L.score_before:
-        b.add(B, "combine_score_grad", [(s.S, s.K), (s.T, s.K)], moe_rows.row_dot_cost(s.S, s.K),
+        b.add(B, "combine_score_grad", [(s.S, s.K), (s.T, s.K)], _score_grad_cost(s),
               ("ys_r" if L.shared else "ys", "pos", "dy", "copy_token"), ("grad_top",))  # fmt: skip
     src = _quantize(b, payload, "quantize_dys", s.S, s.K, "dys", mode) if payload != Recipe.BF16 else ("dys",)
     if shared:  # issued just before the combine's gradient all-to-all (module doc of ``ep_shared``)
@@ -356,7 +367,7 @@ def _dispatch_backward(b: _LayerBuilder, L: EPLayerShape, rows: _Rows) -> None:
     _from_experts(b, L, rows, ("unpad_grad_a", "unpermute_grad", "dispatch_grad", "unsort_grad"),
                   ("grad_a", "grad_xs", "grad_x_routed"), L.score_before)  # fmt: skip
     if L.score_before:
-        b.add(B, "permute_score_grad", [(s.S, s.K), (s.T, s.K)], moe_rows.row_dot_cost(s.S, s.K),
+        b.add(B, "permute_score_grad", [(s.S, s.K), (s.T, s.K)], _score_grad_cost(s),
               ("grad_xs", "pos", "x", "copy_token"), ("grad_top",))  # fmt: skip
     G = L.experts
     b.add(B, "router_grad", [(s.T, s.top_k), (s.T, G)], moe_router.router_grad_cost(s.T, G, s.top_k),

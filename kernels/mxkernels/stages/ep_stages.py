@@ -267,8 +267,10 @@ class _Builder:
         self.stages.append(bind_stage(get_ep_spec(recipe, name), shapes, cost, inputs, outputs, params, backend))
 
     def gather(self, recipe, name, rows_in, rows_out, width, index, src, dst, top_k=1) -> None:
+        # the rows_in source rows are read from DRAM once however many copies gather them (sort_tokens: T token
+        # rows into T * top_k copies); the other reads are ``Cost.bytes_reread``
         widths = _widths(recipe, width)
-        cost = sum((gather_rows_cost(rows_out, w, e, top_k) for w, e in widths), Cost(0, 0))
+        cost = sum((gather_rows_cost(rows_out, w, e, top_k, sources=rows_in) for w, e in widths), Cost(0, 0))
         params = {"top_k": top_k} if top_k > 1 else None
         self.add(recipe, name, [(rows_in, width)], cost, (*src, index), dst, params)
 

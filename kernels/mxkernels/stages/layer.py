@@ -30,7 +30,7 @@ from enum import StrEnum
 from ..moe import router as moe_router, moe_rows, swiglu
 from ..quant import fp8_amax
 from ..core.cost import Cost
-from .layer_specs import FUSED_RECIPES, get_layer_spec
+from .layer_specs import FUSED_RECIPES, get_layer_spec, placed_spec
 from ..moe.router import ScoreFunc
 from ..core.names import Category, Pass, Recipe
 from ..layouts.padding import padded_rows
@@ -144,11 +144,16 @@ def _absorb(passes: dict[Pass, list[Stage]], pass_: Pass, prefix: str) -> tuple[
 
 
 class _Builder:
-    def __init__(self):
+    """The layer's stages; the scored row movements get the oracle of the layer's score placement
+    (``layer_specs.placed_spec``), written apart from the ``weighted`` flag their kernels are given."""
+
+    def __init__(self, score_before: bool):
         self.stages: list[Stage] = []
+        self.score_before = score_before
 
     def add(self, name, shapes, cost, inputs, outputs, params=None, recipe=Recipe.BF16) -> None:
-        self.stages.append(bind_stage(get_layer_spec(recipe, name), shapes, cost, inputs, outputs, params))
+        spec = placed_spec(get_layer_spec(recipe, name), self.score_before)
+        self.stages.append(bind_stage(spec, shapes, cost, inputs, outputs, params))
 
 
 def layer_stages(
@@ -174,7 +179,7 @@ def layer_stages(
     if fuse and recipe == Recipe.FP8_ROWWISE and max(s.K, 2 * s.N) > fp8_amax.MAX_COLS:
         raise InputError(f"--fuse with fp8_rowwise holds rows of up to {fp8_amax.MAX_COLS} elements whole; "
                          f"K={s.K}, 2N={2 * s.N}")  # fmt: skip
-    b = _Builder()
+    b = _Builder(s.score_before)
     T, K, N, E, k, S = s.T, s.K, s.N, s.E, s.top_k, s.copies
     rows, align = s.rows(recipe), padding_alignment(recipe)
     fwd, bwd = Pass.FORWARD, Pass.BACKWARD_INPUT

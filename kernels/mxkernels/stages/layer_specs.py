@@ -14,6 +14,7 @@ against the chain of mxkernels' kernels (``tests/test_layer.py``).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 
@@ -22,6 +23,7 @@ from ..quant import fp8_amax
 from ..core.comparison import BitExact, MinSQNR
 from ..core.names import Category, Pass, Recipe
 from ..quant.quantize_blocked import quantize_dim0_blocked_reference
+from ..reference.layer_stages import SCORED_STAGES, scored_oracle
 from .step_specs import Port, StageSpec, _rows_until_last_offset
 
 F, DI, DW = Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT
@@ -306,6 +308,19 @@ def _fused(recipe: Recipe) -> list[StageSpec]:
 
 FUSED_STAGES = ("permute_quantize", "swiglu_quantize", "combine_grad_quantize", "swiglu_grad_quantize")
 FUSED_RECIPES = (Recipe.MXFP8, Recipe.FP8_ROWWISE)
+_FUSED_GATHERS = {"permute_quantize": "permute", "combine_grad_quantize": "combine_grad"}  # fused: its producer
+
+
+def placed_spec(spec: StageSpec, score_before: bool) -> StageSpec:
+    """``spec`` as a layer whose scores go first (``score_before``) or last runs it: a scored row movement (or a
+    fused stage whose producer is one) gets the oracle of that placement (``reference.layer_stages``), which never
+    reads the ``weighted`` flag its kernel is given; any other spec is returned as it is. The table's own oracles
+    follow that flag: they are the kernels' contracts, not the layer's."""
+    producer = _FUSED_GATHERS.get(spec.name, spec.name)
+    if producer not in SCORED_STAGES:
+        return spec
+    oracle = scored_oracle(producer, score_before)
+    return replace(spec, oracle=oracle if producer == spec.name else _fused_chain(spec.recipe, oracle))
 
 
 @functools.cache

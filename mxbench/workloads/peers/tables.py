@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
 from mxkernels.core.names import OURS
 
 from ...storage.results import Run
-from ...views.frame import PASS_TITLES, select
+from ...views.frame import PASS_TITLES
 from ...views.render import Row
-from ..step.tables import POINT_KEY, as_frame, num_text, present, rows_table
+from ..step.tables import ALL, POINT_KEY, TableOptions, as_frame, num_text, present, rows_table
 
 
 def _peer_cell(row: Any) -> str | None:
@@ -24,20 +23,13 @@ def _peer_cell(row: Any) -> str | None:
     return "skipped" if present(row.skipped) else "error"
 
 
-def peer_rows(
-    data: Run | pd.DataFrame,
-    *,
-    passes: str | Iterable[str] | None = None,
-    M: int | Iterable[int] | None = None,
-    recipe: str | Iterable[str] | None = None,
-    card: str | None = None,
-) -> list[Row]:
+def peer_rows(data: Run | pd.DataFrame, options: TableOptions = ALL) -> list[Row]:
     """One row per stage of a peers run: each implementation's median time, our bandwidth, and best peer time /
     ours (> 1: ours is faster). Cells of an implementation that failed say "error", of one that could not run
     here "skipped"; absent ones are empty."""
     from ...implementations.builtin import COMPILED, TORCHAO  # imported on use: the built-ins load torch
 
-    df = select(as_frame(data), passes=passes, M=M, recipe=recipe, card=card)
+    df = options.select(as_frame(data))
     columns = list(dict.fromkeys([OURS, TORCHAO, COMPILED, *df["impl"]]))
     many_M = df["M"].nunique() > 1
     rows = []

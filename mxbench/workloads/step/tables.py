@@ -2,18 +2,21 @@
 ``views.frame``: every table selects its records with the same ``frame.select``, so a filter means the same in
 each, and one that matches nothing says what the run does hold.
 
-Row builders take a ``Run`` or a frame and return lists of dicts (column name -> display string, None where a
-cell has no value). Every efficiency cell names its denominator; model rows say "model, not measured". ``table``
-renders one of them (``render``) under its header block.
+Row builders take a ``Run`` or a frame and the ``TableOptions`` (which records, against which peaks) and return
+lists of dicts (column name -> display string, None where a cell has no value). Every efficiency cell names its
+denominator; model rows say "model, not measured". ``rows_table`` renders one of them (``render``) under its
+header block.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+from mxkernels.core.errors import InputError
 from mxkernels.core.names import MEMORY_CATEGORIES, OURS
 
 from ...instruments.roofline import MODEL_AT_PEAK, peaks_for_run
@@ -48,6 +51,33 @@ STEP_KEY = ["file", *(f for f in POINT_FIELDS if f not in ("recipe", "mode", "fu
 in any scale mode (it means nothing to bf16)."""
 
 
+# ---------------------------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """What a table of stored runs shows: the records ``frame.select`` keeps (each filter None: no filter), and
+    what its efficiency cells are against: ``peaks`` when given, else the run's peaks of ``denominator``
+    ("datasheet" | "measured", ``peaks_for_run``; for a frame, its stored ``eff_<denominator>_pct``; None: blank).
+    Tables without efficiencies (speedup, peers) read only the filters."""
+
+    passes: str | Iterable[str] | None = None
+    M: int | Iterable[int] | None = None
+    recipe: str | Iterable[str] | None = None
+    card: str | None = None
+    denominator: str | None = "datasheet"
+    peaks: Mapping | None = None
+
+    def select(self, df: pd.DataFrame, **instead: Any) -> pd.DataFrame:
+        """The rows of ``df`` that every filter keeps; ``instead`` replaces filters (None: that one not applied)."""
+        filters = {"passes": self.passes, "M": self.M, "recipe": self.recipe, "card": self.card}
+        return select(df, **{**filters, **instead})
+
+
+ALL = TableOptions()
+"""Every record, efficiency against the datasheet."""
+
+
 # ---------------------------------------------------------------------------------------------- frames
 
 
@@ -55,9 +85,10 @@ def as_frame(data: Run | pd.DataFrame) -> pd.DataFrame:
     return frame_of(data) if isinstance(data, Run) else data
 
 
-def _efficiency(data: Run | pd.DataFrame, df: pd.DataFrame, denominator: str | None, peaks: dict | None):
-    """(percent, label) per row of ``df``: against ``peaks`` when given; else, for a Run, its peaks of
-    ``denominator``; for a frame, its stored ``eff_<denominator>_pct`` columns; no denominator: none."""
+def _efficiency(data: Run | pd.DataFrame, df: pd.DataFrame, options: TableOptions):
+    """(percent, label) per row of ``df``: against ``options.peaks`` when given; else, for a Run, its peaks of
+    ``options.denominator``; for a frame, its stored ``eff_<denominator>_pct`` columns; no denominator: none."""
+    denominator, peaks = options.denominator, options.peaks
     if peaks is None and denominator and isinstance(data, Run):
         peaks = peaks_for_run(data, denominator)
     if peaks is not None:
@@ -148,30 +179,20 @@ def _rows_with_cells(df: pd.DataFrame, pct: pd.Series, label: pd.Series):
 # ---------------------------------------------------------------------------------------------- row builders
 
 
-def breakdown_rows(
-    data: Run | pd.DataFrame,
-    M: int | None = None,
-    *,
-    passes: str | Iterable[str] | None = None,
-    recipe: str | Iterable[str] | None = None,
-    card: str | None = None,
-    denominator: str | None = "datasheet",
-    peaks: dict | None = None,
-) -> list[Row]:
+def breakdown_rows(data: Run | pd.DataFrame, options: TableOptions = ALL) -> list[Row]:
     """The "Kernel Microbenchmarks: Breakdown by Pass" table: one row per kernel of each pass at one M.
 
-    ``M`` None takes the largest M of the run; ``recipe`` None shows every recipe but the bf16 baseline (unless
-    the run holds nothing else). End-to-end rows belong to ``speedup_rows``. Efficiency is against ``peaks`` if
-    given, else the run's peaks of ``denominator``; ``denominator`` None leaves it blank.
+    ``options.M`` (one M) None takes the largest M of the run; ``recipe`` None shows every recipe but the bf16
+    baseline (unless the run holds nothing else). End-to-end rows belong to ``speedup_rows``.
     """
-    df = select(as_frame(data), passes=passes, recipe=recipe, card=card)
+    df = options.select(as_frame(data), M=None)
     df = df[df["category"] != "end_to_end"]
     if df.empty:
         return []
-    if recipe is None and (df["recipe"] != BASELINE_RECIPE).any():
+    if options.recipe is None and (df["recipe"] != BASELINE_RECIPE).any():
         df = df[df["recipe"] != BASELINE_RECIPE]
-    df = _sorted(select(df, M=int(df["M"].max()) if M is None else M))
-    pct, label = _efficiency(data, df, denominator, peaks)
+    df = _sorted(select(df, M=int(df["M"].max()) if options.M is None else options.M))
+    pct, label = _efficiency(data, df, options)
     lead = _point_cells(df)
     impl = _impl_cell(df)
     return [
@@ -188,19 +209,10 @@ def breakdown_rows(
     ]
 
 
-def sweep_rows(
-    data: Run | pd.DataFrame,
-    *,
-    passes: str | Iterable[str] | None = None,
-    M: int | Iterable[int] | None = None,
-    recipe: str | Iterable[str] | None = None,
-    card: str | None = None,
-    denominator: str | None = "datasheet",
-    peaks: dict | None = None,
-) -> list[Row]:
+def sweep_rows(data: Run | pd.DataFrame, options: TableOptions = ALL) -> list[Row]:
     """Every stage at every point (bf16 baseline and end-to-end rows included), M always named."""
-    df = _sorted(select(as_frame(data), passes=passes, M=M, recipe=recipe, card=card))
-    pct, label = _efficiency(data, df, denominator, peaks)
+    df = _sorted(options.select(as_frame(data)))
+    pct, label = _efficiency(data, df, options)
     lead = _point_cells(df, always=("M",))
     impl = _impl_cell(df)
     return [
@@ -221,21 +233,18 @@ def _ratio(base_us: float | None, us: float | None) -> float | None:
     return base_us / us if present(base_us) and present(us) and base_us and us else None
 
 
-def speedups(
-    data: Run | pd.DataFrame,
-    *,
-    M: int | Iterable[int] | None = None,
-    recipe: str | Iterable[str] | None = None,
-    card: str | None = None,
-) -> pd.DataFrame:
+def speedups(data: Run | pd.DataFrame, options: TableOptions = ALL) -> pd.DataFrame:
     """Per point of every recipe but bf16 (stored order): net fwd+bwd and per-GEMM speedups over bf16.
 
     Columns: ``POINT_KEY``; ``bf16_us`` / ``recipe_us`` (fwd+bwd medians); ``net`` (bf16 / recipe); ``gemm_<pass>``
     (bf16 GEMM time / the recipe's, per pass); ``measured`` (every stage of the point a measurement). NaN where
     either side is missing. A point's bf16 counterpart is the bf16 record of the same run, point (any scale mode),
-    pass and category.
+    pass and category. ``options``: M, recipe and card (a whole step has no pass to choose).
     """
-    df = select(as_frame(data), M=M, card=card)
+    if options.passes is not None:
+        raise InputError("the speedup table compares whole steps: no pass to choose")
+    recipe = options.recipe
+    df = options.select(as_frame(data), recipe=None)
     if recipe is not None:
         select(df[df["recipe"] != BASELINE_RECIPE], recipe=recipe)  # names what the run holds if it matches nothing
     done = df[df["ok"]]
@@ -272,16 +281,10 @@ def _listed(x: str | Iterable[str]) -> list[str]:
     return [x] if isinstance(x, str) else list(x)
 
 
-def speedup_rows(
-    data: Run | pd.DataFrame,
-    *,
-    M: int | Iterable[int] | None = None,
-    recipe: str | Iterable[str] | None = None,
-    card: str | None = None,
-) -> list[Row]:
+def speedup_rows(data: Run | pd.DataFrame, options: TableOptions = ALL) -> list[Row]:
     """Speedup over bf16 per point: net fwd+bwd (bf16 end_to_end time / the recipe's) and per GEMM
     (2D x 3D forward, 2D x 3D dA, 2D x 2D dB), each over the bf16 GEMM of the same pass and point."""
-    found = speedups(data, M=M, recipe=recipe, card=card)
+    found = speedups(data, options)
     lead = _point_cells(found, always=("M", "N", "K", "G", "recipe"))
     return [
         {
@@ -296,22 +299,13 @@ def speedup_rows(
     ]
 
 
-def power_rows(
-    data: Run | pd.DataFrame,
-    *,
-    passes: str | Iterable[str] | None = None,
-    M: int | Iterable[int] | None = None,
-    recipe: str | Iterable[str] | None = None,
-    card: str | None = None,
-    denominator: str | None = "datasheet",
-    peaks: dict | None = None,
-) -> list[Row]:
+def power_rows(data: Run | pd.DataFrame, options: TableOptions = ALL) -> list[Row]:
     """Per stage, one row per power limit: time, efficiency, energy per call and median SM clock.
 
     Rows are grouped by (point without its limit, pass, stage) and ordered by limit, the card's own limit
     ("as found") first.
     """
-    df = select(as_frame(data), passes=passes, M=M, recipe=recipe, card=card)
+    df = options.select(as_frame(data))
     limit = df["power_limit_w"]
     keys = pd.DataFrame({
         "point": first_seen(df, [c for c in POINT_KEY if c != "power_limit_w"]),
@@ -321,7 +315,7 @@ def power_rows(
         "limit": limit.fillna(0),
     })  # fmt: skip
     df = df.loc[keys.sort_values(list(keys.columns), kind="stable").index]
-    pct, label = _efficiency(data, df, denominator, peaks)
+    pct, label = _efficiency(data, df, options)
     lead = _point_cells(df, exclude=("power_limit_w",))
     return [
         {
@@ -341,7 +335,7 @@ def power_rows(
 # ---------------------------------------------------------------------------------------------- one table
 
 
-STEP_ROWS: dict[str, Callable[..., list[Row]]] = {
+STEP_ROWS: dict[str, Callable[[Run | pd.DataFrame, TableOptions], list[Row]]] = {
     "breakdown": breakdown_rows,
     "speedup": speedup_rows,
     "sweep": sweep_rows,
@@ -354,7 +348,7 @@ _NO_DENOMINATOR = ("speedup",)
 
 def rows_table(
     run: Run,
-    rows: Callable[..., list[Row]],
+    rows: Callable[[Run, TableOptions], list[Row]],
     fmt: str = "markdown",
     *,
     columns: list[str] | None = None,
@@ -363,13 +357,11 @@ def rows_table(
     header: bool = True,
     **filters: Any,
 ) -> str:
-    """The rows ``rows(run, **filters)`` builds, rendered in ``fmt`` and preceded (except in csv) by the run's header
-    block. ``efficiencies``: the rows have an efficiency column, against the run's peaks of ``denominator``
-    ("datasheet" | "measured", see ``peaks_for_run``; None: no values)."""
+    """The rows ``rows(run, TableOptions(**filters, ...))`` builds, rendered in ``fmt`` and preceded (except in csv)
+    by the run's header block. ``efficiencies``: the rows have an efficiency column, against the run's peaks of
+    ``denominator`` ("datasheet" | "measured", see ``peaks_for_run``; None: no values)."""
     peaks = (peaks_for_run(run, denominator) if denominator else {}) if efficiencies else {}
-    if efficiencies:
-        filters = {**filters, "peaks": peaks}
-    text = render(rows(run, **filters), fmt, columns)
+    text = render(rows(run, TableOptions(**filters, denominator=denominator, peaks=peaks)), fmt, columns)
     if header and fmt != "csv":
         text = header_block(run, peaks, fmt) + "\n" + text
     return text

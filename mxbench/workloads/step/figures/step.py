@@ -13,7 +13,7 @@ from ....instruments.roofline import model_step_us
 from ....views.frame import PASS_TITLES, efficiency
 from ....views.panels import CATEGORY_COLORS, PASS_SHORT, RECIPE_COLORS, Context, legend, m_axis, title
 from ....views.render import MODEL_MARK, peak_text
-from ..tables import GEMM_SPEEDUP_COLUMNS, speedups
+from ..tables import GEMM_SPEEDUP_COLUMNS, TableOptions, speedups
 
 
 def draw_net_speedup(ax: Axes, ctx: Context) -> bool:
@@ -111,7 +111,7 @@ def draw_gemm_speedup(ax: Axes, ctx: Context) -> bool:
     """Per-pass GEMM speedup over the bf16 GEMM vs M."""
     if ctx.recipe is None:
         return False
-    found = speedups(ctx.rows, recipe=ctx.recipe).sort_values("M")
+    found = speedups(ctx.rows, TableOptions(recipe=ctx.recipe)).sort_values("M")
     drew = False
     for (pass_name, label), marker in zip(GEMM_SPEEDUP_COLUMNS.items(), "os^", strict=True):
         pts = found[found[f"gemm_{pass_name}"].notna()]
