@@ -32,7 +32,7 @@ for step in "${@:-env tests tune}"; do
     tests)
       run tests 420 python -m pytest -q -m gpu kernels/tests/test_gemm_fp8_ws.py kernels/tests/test_gemm_fp8_rowwise.py ;;
     related)  # the GPU tests of everything the FP8 rowwise default backend reaches: steps, layers, sweeps, guards
-      run related 540 python -m pytest -q -m gpu kernels/tests/test_grouped_gemm.py kernels/tests/test_pipeline.py tests/test_layer.py \
+      run related 540 python -m pytest -q -m gpu kernels/tests/test_gemm_dispatch.py kernels/tests/test_gemm_mx_triton.py kernels/tests/test_gemm_dequant.py kernels/tests/test_gemm_front_door.py kernels/tests/test_gemm_native.py kernels/tests/test_pipeline.py tests/test_layer.py \
         kernels/tests/test_moe_layer_gpu.py tests/test_sweep.py kernels/tests/test_native_guards.py kernels/tests/test_fp8_rowwise.py \
         kernels/tests/test_fp8_amax.py ;;
     gate)  # the regression gate catching a planted 10% slowdown of an outside kernel (~7 minutes)
