@@ -141,6 +141,49 @@ def test_a_stage_table_that_flips_a_scored_stages_weighting_fails_that_stage(mon
     assert [r.verdict for r in results] == ["FAIL"] * len(results), [(r.verdict, r.where) for r in results]
 
 
+@pytest.mark.parametrize("stage", ["combine", "permute_grad"])
+def test_a_flipped_weighting_of_a_sum_fails_with_the_planted_blocks_in_place(monkeypatch, stage):
+    # the same flip with check --layer's planted blocks: their tokens hold nearly all of the sum's energy, so the
+    # whole-output SQNR alone passed it; the rule's row floor (every token's row on its own) does not
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    from mxbench.workloads.layer import check as layer_check
+
+    real = layer_check.layer_stages
+
+    def flipped(*args, **kwargs):
+        return [replace(st, params=MappingProxyType({**st.params, "weighted": not st.params["weighted"]}))
+                if st.name == stage else st for st in real(*args, **kwargs)]  # fmt: skip
+
+    monkeypatch.setattr(layer_check, "layer_stages", flipped)
+    impls = {key: found for key, found in layer_check.layer_impls(layer_check.layer_registry(), "bf16").items()
+             if key[1] == stage}  # fmt: skip
+    results = layer_check.check_layer("bf16", 64, 32, 4, 16, impls)
+    # the scenario of one token is all planted block (its scores round to 1: any weighting is right there)
+    many = [r for r in results if "T=16" in r.where]
+    assert len(many) == 2 and [r.verdict for r in many] == ["FAIL"] * 2, [(r.verdict, r.where, r.detail) for r in results]
+
+
+def test_a_row_floor_finds_the_one_wrong_row_a_whole_sqnr_passes():
+    import torch
+    from mxkernels.core.comparison import MinSQNR
+
+    expected = torch.ones(4, 8, dtype=torch.float64)
+    expected[0] *= 1000.0  # one row holds nearly all the energy
+    got = expected.clone()
+    got[2] *= 0.5  # another row's weighting wrong: 10 log10(8 / 2) = 6.0 dB for that row, 66 dB over the whole
+    assert MinSQNR(50.0).compare("y", got, expected) is None
+    found = MinSQNR(50.0, row_floor_db=40.0).compare("y", got, expected)
+    assert found is not None and found.index == (2, 0) and "6.0 dB < 40 dB in one row" in found.message
+    assert MinSQNR(50.0, row_floor_db=40.0).compare("y", expected.clone(), expected) is None
+    zero_row = torch.tensor([[1.0] * 4, [0.0] * 4], dtype=torch.float64)  # a row the oracle gives as zeros
+    off = zero_row + torch.tensor([[0.0], [1e-3]], dtype=torch.float64)  # 60 dB over the whole
+    assert MinSQNR(50.0).compare("y", off, zero_row) is None
+    found = MinSQNR(50.0, row_floor_db=40.0).compare("y", off, zero_row)
+    assert found is not None and found.index == (1, 0) and "-inf dB" in found.message
+
+
 def test_the_layers_scored_oracles_follow_its_formulas_by_hand():
     import torch
     from mxkernels.reference.layer_stages import scored_oracle

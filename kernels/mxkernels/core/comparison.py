@@ -6,6 +6,8 @@ or the first ``Mismatch`` (which output, where, what each side holds there), whi
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -118,10 +120,14 @@ class MinSQNR:
     """Non-finite elements where the oracle has them (the same NaN / +-Inf pattern), and an SQNR over the finite
     ones of at least ``floor_db``. ``per_slice``: the floor holds for every slice along the first dim on its own
     (each expert of a weight gradient), and a slice the oracle gives as all zeros (an empty expert) must be all
-    zeros: one SQNR over the whole output would let a small expert's garbage hide under a large one's signal."""
+    zeros: one SQNR over the whole output would let a small expert's garbage hide under a large one's signal.
+    ``row_floor_db``: besides the floor over the whole, every row (the last dim's vectors: a token's output) at least
+    this: where a few rows hold nearly all the energy (a planted block's tokens), one SQNR over the whole passes any
+    error in the others."""
 
     floor_db: float
     per_slice: bool = False
+    row_floor_db: float | None = None
 
     def compare(self, name: str, got: object, expected: torch.Tensor) -> Mismatch | None:
         wrong = _check_like(name, got, expected)
@@ -153,15 +159,31 @@ class MinSQNR:
                                 repr(e[index].item()), repr(g[index].item()))  # fmt: skip
             return None
         db = sqnr_db(g, e)
-        if db >= self.floor_db:
+        if db < self.floor_db:
+            err = (g - e).abs().nan_to_num(0.0)
+            index = _unravel(int(err.reshape(-1).argmax()), g.shape)
+            return Mismatch(name, f"SQNR {db:.1f} dB < {self.floor_db:g} dB (largest error at index)", index,
+                            repr(e[index].item()), repr(g[index].item()))  # fmt: skip
+        return None if self.row_floor_db is None else self._compare_rows(name, g, e)
+
+    def _compare_rows(self, name: str, g: torch.Tensor, e: torch.Tensor) -> Mismatch | None:
+        finite = torch.isfinite(e)
+        ge, ee = g.where(finite, 0.0).reshape(-1, g.shape[-1]), e.where(finite, 0.0).reshape(-1, e.shape[-1])
+        noise, signal = (ge - ee).square().sum(-1), ee.square().sum(-1)
+        # a row the oracle gives as zeros must be zeros; else 10 log10(signal / noise) >= the row floor
+        bad = (noise > signal * 10 ** (-self.row_floor_db / 10)) & (noise > 0)
+        if not bool(bad.any()):
             return None
-        err = (g - e).abs().nan_to_num(0.0)
-        index = _unravel(int(err.reshape(-1).argmax()), g.shape)
-        return Mismatch(name, f"SQNR {db:.1f} dB < {self.floor_db:g} dB (largest error at index)", index,
-                        repr(e[index].item()), repr(g[index].item()))  # fmt: skip
+        row = int(bad.nonzero()[0])
+        db = 10 * math.log10(float(signal[row]) / float(noise[row])) if float(signal[row]) > 0 else -math.inf
+        col = int((ge[row] - ee[row]).abs().argmax())
+        index = _unravel(row * g.shape[-1] + col, g.shape)
+        return Mismatch(name, f"SQNR {db:.1f} dB < {self.row_floor_db:g} dB in one row (largest error at index)",
+                        index, repr(e[index].item()), repr(g[index].item()))  # fmt: skip
 
     def describe(self) -> str:
-        return f"SQNR >= {self.floor_db:g} dB" + (" per expert" if self.per_slice else "")
+        rows = "" if self.row_floor_db is None else f", every row >= {self.row_floor_db:g} dB"
+        return f"SQNR >= {self.floor_db:g} dB" + (" per expert" if self.per_slice else "") + rows
 
 
 Rule = BitExact | MinSQNR

@@ -29,6 +29,7 @@ from .step_specs import Port, StageSpec, _rows_until_last_offset
 F, DI, DW = Pass.FORWARD, Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT
 _NEAR_DB = 60.0  # one fp32 evaluation rounded once to bf16 in another order (an FMA, exp's last bit): rare 1-ulp flips
 _GEMM_DB = 50.0  # bf16 output of fp32 sums taken in another order (as the step's bf16 GEMMs)
+_ROW_DB = 40.0  # each token's row of a top-k sum on its own: its 1-ulp flips stay near 48 dB; a wrong weighting is ~10
 _FUSED_DB = 30.0  # e4m3 data of a bf16 tensor whose rare 1-ulp flips can move a block's rounding
 
 
@@ -196,6 +197,7 @@ def _spec(recipe, name, pass_, category, purpose, ins, outs, oracle, rule, impl,
 def _common() -> list[StageSpec]:
     B, R, G, A, C, P = Recipe.BF16, Category.ROUTING, Category.GEMM, Category.ACTIVATION, Category.COMBINE, Category.PERMUTE
     near, exact, gemm = MinSQNR(_NEAR_DB), BitExact(), MinSQNR(_GEMM_DB)
+    summed = MinSQNR(_NEAR_DB, row_floor_db=_ROW_DB)  # a token's top-k sum: planted tokens must not hide the others
     scaled = BitExact(any_nan=True)  # a weighted gather: one fp32 product rounded once; NaN payloads are the hardware's
     h13 = _p("h", "bf16 (rows, 2N) gate | up projections")
     h1, h3 = _p("h1", "bf16 (rows, N) gate projection"), _p("h3", "bf16 (rows, N) up projection")
@@ -224,7 +226,7 @@ def _common() -> list[StageSpec]:
               near, _swiglu_split, "swiglu"),
         _spec(B, "combine", F, C, "Sum each token's top-k expert outputs (scored when scores come last)",
               (_p("out", "bf16 (rows, K) expert outputs"), _DEST, _TOP), (_p("y", "bf16 (T, K)"),),
-              _combine_reference, near, _combine, "combine_rows", ("weighted",)),
+              _combine_reference, summed, _combine, "combine_rows", ("weighted",)),
         _spec(B, "shared_up", F, G, "Shared experts: gate/up projection (dense bf16)", (_X, _p("ws13", "bf16 (1, 2Ns, K)")),
               (_p("hs", "bf16 (T, 2Ns)"),), _mm_t_reference, gemm, _mm_t, "torch.mm"),
         _spec(B, "shared_down", F, G, "Shared experts: down projection, added to the routed output",
@@ -249,7 +251,7 @@ def _common() -> list[StageSpec]:
               exact, _add, "torch.add"),
         _spec(B, "permute_grad", DI, P, "Gradient of the permute: each token's top-k copies summed",
               (_p("grad_xs", "bf16 (rows, K)"), _DEST, _TOP), (_p("grad_x", "bf16 (T, K)"),), _combine_reference,
-              near, _combine, "combine_rows", ("weighted",)),
+              summed, _combine, "combine_rows", ("weighted",)),
         _spec(B, "permute_score_grad", DI, P, "Gradient of the scores that weighted the permuted tokens",
               (_p("grad_xs", "bf16 (rows, K)"), _DEST, _X, _COPY_TOKEN), (_p("grad_top", "fp32 (T*k,)"),),
               _score_grad_reference, near, _score_grad, "row_dot"),
