@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The fine-grained MoE runs of issue 32 on one GPU machine (no network): install, the GPU tests of what changed, the
-# quantizer and router tuning runs, the layer at the four fine-grained and coarse presets, then the maps.
-# Usage: bash scripts/finegrained_session.sh [tests] [quant] [router] [layers] [maps] [maps-native]
+# quantizer and router tuning runs, the layer at the four fine-grained and coarse presets (the maps:
+# scripts/map_session.sh).
+# Usage: bash scripts/finegrained_session.sh [tests] [quant] [weightquant] [router] [layers] [wgrad[/PRESET]] [step]
 # Runs go to results/<card>/ and plots/<card>/; everything written there is packed into $OUT/results.tgz (the device
-# tool brings back few files), logs beside it. SAMPLES (default 5) sets the samples per stage.
+# tool brings back few files) after every step, logs beside it. SAMPLES (default 5) sets the samples per stage.
+# DEADLINE (epoch seconds): a step is cut short at it, and a step with under 20 s left is skipped.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
@@ -11,19 +13,11 @@ mkdir -p "results/$CARD/tuning" "plots/$CARD"
 SAMPLES=${SAMPLES:-5}
 PRESETS="qwen3-30b-a3b deepseek-v2-lite gpt-oss-120b deepseek-v3"
 touch /tmp/session-start
-
-# The map's grid per model: two G (the experts one GPU holds at two expert-parallel degrees) x three tokens per
-# expert around the fine-grained 512-2048 (DeepSeek-V3: its coarse experts, without the shared expert).
-grid() {
-  case "$1" in
-    deepseek-v3) echo "--experts 8,32 --tokens-per-expert 1024,4096,8192 --shared-experts 0" ;;
-    deepseek-v2-lite) echo "--experts 16,64 --tokens-per-expert 512,1024,2048" ;;
-    *) echo "--experts 32,128 --tokens-per-expert 512,1024,2048" ;;
-  esac
-}
+within() { local cap=$1 budget; budget=$(left); echo $((budget < cap ? budget : cap)); }  # a step's time limit
 
 for step in "$@"; do
   start=$SECONDS
+  if [ "$(left)" -lt 20 ]; then echo "== $step: skipped, $(left) s before the deadline" | tee -a "$OUT/timing.log"; continue; fi
   case "$step" in
     tests)
       # The GPU tests of what issues 32 and 34 changed (the kernels' whole GPU set: `pytest -m gpu kernels/tests`).
@@ -39,16 +33,22 @@ for step in "$@"; do
       for p in $PRESETS; do
         timeout 150 mxbench layer --preset "$p" --recipe fp8_rowwise --microbatches 8 --samples "$SAMPLES" \
           --out "results/$CARD/layer-$p.json" 2>&1 | grep -v "Warning\|t = self" | tee "$OUT/layer-$p.log" | grep -A3 "^Model" ; done ;;
-    maps|maps-native)
-      backend=$([ "$step" = maps ] && echo "" || echo "--backend native")
-      suffix=$([ "$step" = maps ] && echo "" || echo "-native")
-      for p in $PRESETS; do
-        # shellcheck disable=SC2046,SC2086  # the grid's and backend's words are options
-        timeout 150 mxbench map --preset "$p" $(grid "$p") --recipe fp8_rowwise $backend --samples 3 \
-          --out "results/$CARD/map-$p$suffix.json" --plot-dir "plots/$CARD" 2>&1 | grep -v "Warning\|t = self" \
-          | tee "$OUT/map-$p$suffix.log" | tail -8; done ;;
+    weightquant)  # the weight quantizers' candidates at the fine-grained shapes (scripts/tune_weight_quantizers.py)
+      timeout -s INT "$(within 220)" python3 scripts/tune_weight_quantizers.py --quick \
+        --out "results/$CARD/tuning/tune_weight_quantizers.json" > "$OUT/weightquant.log" 2>&1; tail -40 "$OUT/weightquant.log" ;;
+    wgrad|wgrad/*)  # the layer with its weight gradients in bf16 (--wgrad bf16), fused stages, 8 microbatches
+      presets=$([ "$step" = wgrad ] && echo "qwen3-30b-a3b deepseek-v2-lite gpt-oss-120b" || echo "${step#wgrad/}")
+      for p in $presets; do
+        timeout -s INT "$(within 120)" mxbench layer --preset "$p" --recipe fp8_rowwise --wgrad bf16 --fuse \
+          --microbatches 8 --samples "$SAMPLES" --out "results/$CARD/layer-$p-wgrad-bf16.json" 2>&1 \
+          | grep -v "Warning\|t = self" | tee "$OUT/layer-$p-wgrad-bf16.log" | grep -A5 "^Model"; done ;;
+    step)  # issue 34: the FP8 rowwise step with torch's GEMM and ours against one bf16 baseline (DeepSeek-V3)
+      timeout -s INT "$(within 150)" python3 scripts/step_backends.py --preset deepseek-v3 --M 131072 \
+        --recipe fp8_rowwise --backends native,triton_ws --fuse-scales --denominator measured --samples "$SAMPLES" \
+        --out-dir "results/$CARD" 2>&1 | grep -v "Warning\|t = self" | tee "$OUT/step.log" | tail -12 ;;
     *) echo "unknown step $step" >&2 ;;
   esac
   echo "== $step: $((SECONDS - start)) s" | tee -a "$OUT/timing.log"
+  find results plots -newer /tmp/session-start -type f | tar czf "$OUT/results.tgz" -T -
 done
-find results plots -newer /tmp/session-start -type f | tar czf "$OUT/results.tgz" -T - && tar tzf "$OUT/results.tgz"
+tar tzf "$OUT/results.tgz"
