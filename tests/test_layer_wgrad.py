@@ -297,3 +297,26 @@ def test_the_schema_takes_a_wgrad_point_and_refuses_another_value(tmp_path, monk
     assert {r.point.wgrad for r in run_from_json(text).records} == {"recipe", "bf16"}
     with pytest.raises(InputError, match="wgrad"):
         run_from_json(text.replace('"wgrad": "bf16"', '"wgrad": "fp32"'))
+
+
+@pytest.mark.gpu
+def test_a_measured_layer_with_bf16_wgrad_on_the_gpu(tmp_path):
+    """On a GPU: both wgrads of one layer measured, no error row, no k-groups quantizer timed under bf16 wgrad, and
+    its expert weight gradients closer to the fp32 layer's than the FP8 wgrad's (the SQNR each fwd+bwd stores)."""
+    args = ("layer", "--K", 256, "--N", 128, "--tokens", 1024, "--experts", 4, "--top-k", 2, "--recipe",
+            "fp8_rowwise,mxfp8", "--fuse", "--samples", 3)  # fmt: skip
+    runs = {}
+    for wgrad in ("recipe", "bf16"):
+        out = tmp_path / f"{wgrad}.json"
+        result = invoke(*args, "--wgrad", wgrad, "--out", out)
+        assert result.exit_code == 0, result.output
+        runs[wgrad] = json.loads(out.read_text())
+        assert runs[wgrad]["meta"]["measured"] is True and not [r for r in runs[wgrad]["records"] if r.get("error")]
+    for recipe in QUANTIZED:
+        assert _kgroup_stages(runs["recipe"], recipe) and not _kgroup_stages(runs["bf16"], recipe)
+        sqnr = {w: [r["telemetry"]["sqnr_db"] for r in runs[w]["records"]
+                    if r["stage"] == "fwd+bwd" and r["point"]["recipe"] == recipe] for w in runs}  # fmt: skip
+        for fp8, bf16 in zip(sqnr["recipe"], sqnr["bf16"], strict=True):
+            for name in ("grad_w1", "grad_w3", "grad_w2"):
+                assert bf16[name] > fp8[name], (recipe, name, fp8[name], bf16[name])
+            assert abs(bf16["y"] - fp8["y"]) < 0.05  # the forward is the recipe's either way
