@@ -15,14 +15,14 @@ from dataclasses import replace
 import pytest
 import torch
 from click.testing import CliRunner
-
-from mxbench.cli import cli
-from mxbench.clikit import common
-from mxbench.storage.results import load_run, save_run
 from mxkernels.autograd.layer import layer_inputs, layer_outputs
 from mxkernels.core.names import Category, Pass, Recipe, Wgrad
 from mxkernels.stages.layer import LayerShape, layer_stages
 from mxkernels.stages.pipeline import run_stages
+
+from mxbench.cli import cli
+from mxbench.clikit import common
+from mxbench.storage.results import load_run, save_run
 
 QUANTIZED = ("mxfp8", "fp8_rowwise")
 K_GROUPS = ("quantize_a_t", "quantize_grad_out_t")  # the wgrad operands' quantizers (any suffix: _blocked, _from_amax)
@@ -89,7 +89,7 @@ def test_bf16_recipe_is_unchanged_by_wgrad_and_a_bad_value_is_refused():
     from mxkernels.core.errors import InputError
 
     shape = SHAPES["gate and up apart, scores last"]
-    names = lambda stages: [(s.name, s.inputs, s.recipe) for s in stages]  # noqa: E731
+    names = lambda stages: [(s.name, s.inputs, s.recipe) for s in stages]
     assert names(layer_stages("bf16", shape, wgrad="bf16")) == names(layer_stages("bf16", shape))
     with pytest.raises(InputError, match="wgrad must be one of recipe, bf16"):
         layer_stages("mxfp8", shape, wgrad="fp32")
@@ -121,7 +121,7 @@ def _oracle(env, shape: LayerShape) -> dict[str, torch.Tensor]:
     return {n: s.to(torch.bfloat16) for n, s in sums.items()}
 
 
-@pytest.mark.parametrize("label, recipe", [(label, "fp8_rowwise") for label in SHAPES] + [(list(SHAPES)[0], "mxfp8")])
+@pytest.mark.parametrize("label, recipe", [(label, "fp8_rowwise") for label in SHAPES] + [(next(iter(SHAPES)), "mxfp8")])
 def test_the_layer_under_bf16_wgrad_gives_dy_t_x_of_its_own_output_gradient(label, recipe):
     from mxkernels.core.comparison import MinSQNR, sqnr_db
 
@@ -243,7 +243,7 @@ def test_layer_command_stores_and_shows_the_wgrad(tmp_path, monkeypatch):
     # compare holds a bf16-wgrad point apart from the recipe-wgrad one: only bf16's records pair up
     from mxbench.gate.compare import MatchKey
 
-    keys = lambda run: {MatchKey.of(r) for r in run.records}  # noqa: E731
+    keys = lambda run: {MatchKey.of(r) for r in run.records}
     common_keys = keys(load_run(base)) & keys(load_run(bf16))
     assert common_keys and {k.recipe for k in common_keys} == {"bf16"}
     # a run with the option reads back and writes the same file
@@ -274,8 +274,9 @@ def test_map_command_models_the_bf16_wgrad_and_says_so(tmp_path, monkeypatch):
     assert _kgroup_stages(json.loads(base.read_text()), "mxfp8") and not _kgroup_stages(new, "mxfp8")
     table = invoke("table", bf16, "--kind", "map")
     assert "mxfp8 (bf16 wgrad) forward + backward speedup" in table.output
-    from mxbench.workloads.map.figure import METADATA_KEY
     from PIL import Image
+
+    from mxbench.workloads.map.figure import METADATA_KEY
 
     drawn = json.loads(Image.open(tmp_path / "plots" / "bf16-mxfp8.png").text[METADATA_KEY])
     assert drawn["wgrad"] == "bf16"
