@@ -119,8 +119,11 @@ CHECK_FORMATS = (*FORMATS, "json")
 @click.option("--format", "fmt", type=click.Choice(CHECK_FORMATS), default="plain", show_default=True,
               help="json: every result of every mode and scenario, with its findings, for machines.")
 @click.option("--verbose", "-v", is_flag=True, help="Print the full traceback of every ERROR.")
+@click.option("--wgrad", type=click.Choice(["recipe", "bf16"]), default="recipe", show_default=True,
+              help="--layer: the layer's weight-gradient GEMMs (`mxbench layer --wgrad`); bf16 also holds each expert "
+              "weight gradient to DY^T X in fp64.")
 @_workload_flags
-def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, seed, timeout_s, fmt, verbose,
+def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, seed, timeout_s, fmt, verbose, wgrad,
           **workloads) -> None:  # fmt: skip
     """Run implementations on seeded inputs with adversarial blocks and compare each with the stage's oracle.
 
@@ -156,7 +159,8 @@ def check(impl_texts, stages, names, recipe, K, N, G, M, preset, pad, modes, see
     for workload in (w for w in CHECKED if workloads[w.name]):
         refuse_ignored(workload.check.ignores, workload.check.why)
         sys.exit(workload.check.run(impl_texts, stages, recipe, K, N, G, M, list(dict.fromkeys(modes)), seed,
-                                    timeout_s, fmt, verbose))  # fmt: skip
+                                    timeout_s, fmt, verbose, wgrad))  # fmt: skip
+    refuse_ignored(("wgrad",), "--wgrad is --layer's: the step's stages are checked one by one")
     registry, added = _registry(impl_texts, recipe)
     selected_stages = {split_stage(s, recipe)[1] for s in stages} if stages else None
     if added and not names:

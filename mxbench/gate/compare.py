@@ -12,7 +12,7 @@ import numpy as np
 from mxkernels.core.errors import InputError
 
 from ..instruments.provenance import CodeChange, code_changes
-from ..storage.results import IMPOSSIBLE, Point, Record, Run
+from ..storage.results import DEFAULT_WGRAD, IMPOSSIBLE, Point, Record, Run
 from ..views.frame import PASS_TITLES, SM_CLOCK_KEY
 from ..views.render import Row, card_label
 from .rules import CLOCK_RULE_CATEGORIES, DEFAULT_DELTAS, DEFAULT_FLOOR_US, MIN_SAMPLES, VERDICTS
@@ -77,10 +77,12 @@ class MatchKey:
     pass_name: str
     stage: str
     impl: str | None = None
+    wgrad: str = DEFAULT_WGRAD  # the weight gradient's precision (a point of bf16 wgrad is another point)
 
     @classmethod
     def of(cls, r: Record, by_impl: bool = False) -> MatchKey:
-        return cls(*(getattr(r.point, f) for f in _KEY_FIELDS), r.pass_name, r.stage, r.impl if by_impl else None)
+        return cls(*(getattr(r.point, f) for f in _KEY_FIELDS), r.pass_name, r.stage, r.impl if by_impl else None,
+                   r.point.wgrad)  # fmt: skip
 
     def stage_label(self) -> str:
         return self.stage if self.impl is None else f"{self.stage} [{self.impl}]"
@@ -88,7 +90,7 @@ class MatchKey:
     def point_label(self) -> str:
         """The label of the point the key names (a point's label leaves out its seed, as the key does)."""
         p = Point(self.M, self.N, self.K, self.G, self.recipe, self.mode, self.groups, power_limit_w=self.power_limit_w,
-                  fuse_scales=self.fuse_scales)
+                  fuse_scales=self.fuse_scales, wgrad=self.wgrad)
         return p.label()
 
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from mxkernels.core.errors import InputError
 
-from .results import CSV_COLUMNS, load_run
+from .results import CSV_COLUMNS, CSV_WGRAD_COLUMN, load_run
 from .writing import REPLACED_DIR, read_bytes
 
 
@@ -56,7 +56,8 @@ def check_replace(path: Path, option: str, new: RunIdentity, force: bool | None)
             raise InputError(f"{option} {path}: holds a measured run of {old.card} that {why}; {what}")
     if csv_path.exists():
         head = (read_bytes(csv_path) or b"").split(b"\n", 1)[0].decode(errors="replace").strip()
-        if not path.exists() or head != ",".join(CSV_COLUMNS):
+        headers = (",".join(CSV_COLUMNS), ",".join([*CSV_COLUMNS, CSV_WGRAD_COLUMN]))  # ``results.csv_columns``
+        if not path.exists() or head not in headers:
             raise InputError(f"{option} {path}: {csv_path} exists and is not the CSV of an mxbench run (the CSV is "
                              "written beside the JSON); mxbench does not replace it: choose another name")  # fmt: skip
 

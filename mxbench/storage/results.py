@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mxkernels.core.errors import InputError
-from mxkernels.core.names import OURS, format_shapes
+from mxkernels.core.names import OURS, Wgrad, format_shapes
 
 from .schema import check_payload
 from .validation import Published, parse, schema_file
@@ -29,6 +29,9 @@ IMPOSSIBLE = "IMPOSSIBLE"
 PROVENANCE_FIELDS = ("module", "distribution", "version", "commit", "dirty", "git_commit_time")
 """The fields of an implementation's entry in ``meta["implementations"]`` (``instruments.provenance`` fills them)."""
 
+DEFAULT_WGRAD = Wgrad.RECIPE.value
+"""A point's weight-gradient precision when none is stored: the recipe's own (every run before ``wgrad``)."""
+
 SCHEMA_VERSION: int = schema_file(Published.RUN)["x-mxbench-schema"]
 """The schema written: the version of the published ``run.schema.json``."""
 READABLE_SCHEMAS: tuple[int, ...] = tuple(schema_file(Published.RUN)["properties"]["schema"]["enum"])
@@ -39,7 +42,9 @@ READABLE_SCHEMAS: tuple[int, ...] = tuple(schema_file(Published.RUN)["properties
 class Point:
     """One sweep point: the problem and the conditions it was measured under.
 
-    ``power_limit_w`` None means the card's limit as found (never changed).
+    ``power_limit_w`` None means the card's limit as found (never changed). ``wgrad``: the weight-gradient GEMMs'
+    precision (``mxkernels.core.names.Wgrad``: the recipe's, or bf16 under a quantized recipe; the layer's and the
+    map's ``--wgrad``). It is stored only when not the default, so runs without it read and write as before.
     """
 
     M: int
@@ -52,11 +57,17 @@ class Point:
     seed: int = 0
     power_limit_w: float | None = None
     fuse_scales: bool = False
+    wgrad: str = DEFAULT_WGRAD
 
     def label(self) -> str:
         pl = "" if self.power_limit_w is None else f" @{self.power_limit_w:g}W"
         pl += " fused scales" if self.fuse_scales else ""
+        pl += f" {self.wgrad} wgrad" if self.wgrad != DEFAULT_WGRAD else ""
         return f"M={self.M} N={self.N} K={self.K} G={self.G} {self.recipe}/{self.mode} {self.groups}{pl}"
+
+    def recipe_label(self) -> str:
+        """The recipe as tables and figures show it: with the wgrad precision when it is not the recipe's."""
+        return self.recipe if self.wgrad == DEFAULT_WGRAD else f"{self.recipe} ({self.wgrad} wgrad)"
 
 
 @dataclass
@@ -151,8 +162,16 @@ class Run:
 
 def _record_to_dict(r: Record) -> dict[str, Any]:
     d = asdict(r)
-    d["point"] = asdict(r.point)
+    d["point"] = _point_dict(r.point)
     d["shapes"] = [list(s) for s in r.shapes]
+    return d
+
+
+def _point_dict(p: Point) -> dict[str, Any]:
+    """A point as stored: ``wgrad`` only when not the default (files of default runs unchanged)."""
+    d = asdict(p)
+    if d["wgrad"] == DEFAULT_WGRAD:
+        del d["wgrad"]
     return d
 
 
@@ -226,8 +245,18 @@ CSV_COLUMNS = [
 ]  # fmt: skip
 
 
+CSV_WGRAD_COLUMN = "wgrad"
+"""Appended to ``CSV_COLUMNS`` only in the CSV of a run with a point of non-default wgrad (others read as before)."""
+
+
+def csv_columns(run: Run) -> list[str]:
+    """The CSV's columns for ``run``: ``CSV_COLUMNS``, plus ``wgrad`` when any point has a non-default one."""
+    extra = any(r.point.wgrad != DEFAULT_WGRAD for r in run.records)
+    return CSV_COLUMNS + [CSV_WGRAD_COLUMN] if extra else CSV_COLUMNS
+
+
 def _csv_row(r: Record) -> dict[str, Any]:
-    row = asdict(r.point)
+    row = _point_dict(r.point)
     row.update({k: getattr(r, k) for k in CSV_COLUMNS if hasattr(r, k) and k not in row})
     row["samples"] = len(r.samples_us)
     return row
@@ -242,7 +271,7 @@ def save_run(run: Run, path: str | Path) -> tuple[Path, Path]:
     path = Path(path)
     csv_path = path.with_suffix(".csv")
     rows = io.StringIO(newline="")
-    w = csv.DictWriter(rows, fieldnames=CSV_COLUMNS)
+    w = csv.DictWriter(rows, fieldnames=csv_columns(run))
     w.writeheader()
     for r in run.records:
         w.writerow(_csv_row(r))

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
+from .errors import InputError
+
 OURS = "mxkernels"
 """The implementation name of this package's own kernels, in the harness's records and registry."""
 
@@ -22,6 +24,23 @@ class Recipe(StrEnum):
 
 BASELINE = Recipe.BF16
 """The recipe every other recipe's speedup is measured against."""
+
+
+class Wgrad(StrEnum):
+    """The precision of the weight-gradient GEMMs, an option apart from the recipe (expert parallelism's
+    ``ep.wgrad`` and the single-GPU layer's ``stages.layer``): the recipe's own GEMM on operands quantized along the
+    tokens, or the bf16 grouped GEMM on the bf16 operands (no k-groups quantizers)."""
+
+    RECIPE = "recipe"
+    BF16 = "bf16"
+
+
+def parse_wgrad(value: object) -> Wgrad:
+    """``value`` as a ``Wgrad``; an ``InputError`` naming the choices otherwise."""
+    try:
+        return Wgrad(value)
+    except ValueError:
+        raise InputError(f"wgrad must be one of {', '.join(w.value for w in Wgrad)}; got {value!r}") from None
 
 
 class Pass(StrEnum):

@@ -1,20 +1,13 @@
-"""The weight gradient's precision in expert parallelism, an option of its own (``Wgrad``): its values, each
-strategy's default and the recipe it gives the weight-gradient GEMMs. The stages it selects are
+"""The weight gradient's precision in expert parallelism, an option of its own (``Wgrad``, ``core.names``'s, which
+the single-GPU layer shares): each strategy's default and the recipe it gives the weight-gradient GEMMs. The stages it selects are
 ``stages.ep_wgrad``'s; what each choice means is said there."""
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-from ..core.names import Recipe
-from ..core.runtime import InputError
+from ..core.names import Recipe, Wgrad, parse_wgrad
 from .strategy import EP_STRATEGIES, get_strategy
 
-
-class Wgrad(StrEnum):
-    RECIPE = "recipe"
-    BF16 = "bf16"
-
+__all__ = ["DEFAULT_WGRAD", "Wgrad", "resolve_wgrad", "wgrad_recipe"]  # Wgrad itself lives in core.names (neutral)
 
 DEFAULT_WGRAD = {name: Wgrad(s.default_wgrad) for name, s in EP_STRATEGIES.items()}
 
@@ -23,10 +16,7 @@ def resolve_wgrad(strategy: str, wgrad: Wgrad | str | None) -> Wgrad:
     """The wgrad precision a strategy runs with: ``wgrad`` when given, else the strategy's default."""
     if wgrad is None:
         return DEFAULT_WGRAD[strategy]
-    try:
-        return Wgrad(wgrad)
-    except ValueError:
-        raise InputError(f"wgrad must be one of {', '.join(w.value for w in Wgrad)}; got {wgrad!r}") from None
+    return parse_wgrad(wgrad)
 
 
 def wgrad_recipe(strategy: str, wgrad: Wgrad) -> Recipe:

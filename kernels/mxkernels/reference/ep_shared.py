@@ -26,7 +26,7 @@ _BF = torch.bfloat16
 def shared_expert_reference(x, dy, ws13, ws2, precision: str, mode: str = "rceil") -> dict[str, torch.Tensor]:
     """ys, grad_xs (T, K), grad_ws13, grad_ws2 of one rank's shared experts, bf16 (module doc). ``precision``: a
     non-a2a strategy name (bf16, mxfp8, fp8_rowwise)."""
-    from ..ep.wgrad import Wgrad
+    from ..core.names import Wgrad
 
     w13, w2 = ws13[0].cpu(), ws2[0].cpu()
     x, dy = x.cpu(), dy.cpu()

@@ -18,6 +18,16 @@ too with ``shared_in_recipe`` (else they are dense bf16 products).
 ``fuse`` replaces four chains by fused stages (``layer_specs.FUSED_STAGES``): the permute writes the gate/up
 projection's quantized operand, SwiGLU the down projection's, the combine's backward the down projection's
 gradient operand and SwiGLU's backward the gate/up projection's. The projections then run with fused scales.
+
+``wgrad`` (``core.names.Wgrad``, as expert parallelism's ``--wgrad``): ``recipe`` runs every weight gradient in the
+recipe (its operands quantized again along the tokens: the k-groups quantizers ``quantize_a_t`` and
+``quantize_grad_out_t``), ``bf16`` runs each as the bf16 recipe does, one ``torch._grouped_mm`` (2D x 2D) of the
+bf16 output gradient and the bf16 activations the layer already holds (the permuted tokens ``xs``, SwiGLU's ``act``,
+the gradients ``grad_h`` and ``grad_out``; the fused stages write them beside their quantized copies), while the
+forward and the input gradients stay in the recipe. It saves no extra activation: the recipe's wgrad quantizers
+read the same bf16 ``xs`` and ``act`` in the backward, so the autograd function keeps them either way (and with
+``bf16`` no longer keeps FP8 rowwise's column amaxes of them). The fused stages still write the FP8 rowwise column
+amaxes, which the bf16 wgrad leaves unread (one kernel writes them with the quantized copy).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from ..quant import fp8_amax
 from ..core.cost import Cost
 from .layer_specs import FUSED_RECIPES, get_layer_spec, placed_spec
 from ..moe.router import ScoreFunc
-from ..core.names import Category, Pass, Recipe
+from ..core.names import Category, Pass, Recipe, Wgrad, parse_wgrad
 from ..layouts.padding import padded_rows
 from .pipeline import Stage, bind_stage, check_recipe, check_sizes, step_stages, with_impls
 from ..core.runtime import InputError
@@ -121,9 +131,19 @@ def _renamed(stages: Sequence[Stage], role: str, boundary: Mapping[str, str]) ->
             for s in stages]  # fmt: skip
 
 
-def _projection(recipe, role, M, N, K, E, names, mode, backend, fuse_scales) -> dict[Pass, list[Stage]]:
+def _projection(recipe, role, M, N, K, E, names, mode, backend, fuse_scales,
+                wgrad: Wgrad = Wgrad.RECIPE) -> dict[Pass, list[Stage]]:  # fmt: skip
     """The role's three passes: out (M, N) = a (M, K) @ w (E, N, K)^T per group; ``names`` maps the step's
-    a, w, offs, out, grad_out, grad_a, grad_w to the layer's tensors."""
+    a, w, offs, out, grad_out, grad_a, grad_w to the layer's tensors. ``wgrad`` bf16: the backward-weight pass is
+    the bf16 recipe's (one ``torch._grouped_mm`` of the bf16 grad_out and a, no quantizer), the others the recipe's."""
+    passes = _passes(recipe, role, M, N, K, E, names, mode, backend, fuse_scales)
+    if wgrad == Wgrad.BF16 and Recipe(recipe) != Recipe.BF16:
+        passes[Pass.BACKWARD_WEIGHT] = _passes(Recipe.BF16, role, M, N, K, E, names, mode, None,
+                                               False)[Pass.BACKWARD_WEIGHT]  # fmt: skip
+    return passes
+
+
+def _passes(recipe, role, M, N, K, E, names, mode, backend, fuse_scales) -> dict[Pass, list[Stage]]:
     stages = step_stages(recipe, M, N, K, E, mode=mode, backend=backend, fuse_scales=fuse_scales)
     if Recipe(recipe) == Recipe.BF16:
         stages = [replace(s, backend="bf16") if s.category == Category.GEMM else s for s in stages]
@@ -164,13 +184,16 @@ def layer_stages(
     backend: str | None = None,
     fuse: bool = False,
     impls: Mapping[str, StageImpl] | None = None,
+    wgrad: Wgrad | str = Wgrad.RECIPE,
 ) -> list[Stage]:
     """Every stage of the layer's forward and backward, in execution order (module doc).
 
     The environment starts with x (T, K), the weights (``shape.weights``), ``assign`` (T, top_k) int32 when the
     routing is forced, and, for the backward, dy (T, K); it ends with y and grad_x plus grad_<weight> for each.
+    ``wgrad``: the weight-gradient GEMMs' precision (module doc).
     """
     recipe = check_recipe(recipe)
+    wgrad = parse_wgrad(wgrad)
     check_fuse(recipe, fuse)
     s = shape
     if fuse and not s.fuse_up:
@@ -199,7 +222,8 @@ def layer_stages(
 
     # The expert projections, bound to the layer's tensors.
     fuse_scales = fuse and recipe != Recipe.BF16
-    proj = lambda role, n, kk, names: _projection(recipe, role, rows, n, kk, E, names, mode, backend, fuse_scales)
+    proj = lambda role, n, kk, names: _projection(recipe, role, rows, n, kk, E, names, mode, backend, fuse_scales,
+                                                  wgrad)  # fmt: skip
     if s.fuse_up:
         ups = [proj("up", 2 * N, K, {"a": "xs", "w": "w13", "offs": "offs", "out": "h", "grad_out": "grad_h",
                                       "grad_a": "grad_xs", "grad_w": "grad_w13"})]  # fmt: skip
@@ -246,7 +270,7 @@ def layer_stages(
     y_routed = "y_routed" if s.shared else "y"
     b.add("combine", [(rows, K), (S,)], moe_rows.combine_rows_cost(T, K, k, not s.score_before), ("out", "dest", "top"),
           (y_routed,), comb_w)  # fmt: skip
-    shared = _shared_projections(recipe, s, mode, backend, fuse_scales) if s.shared else None
+    shared = _shared_projections(recipe, s, mode, backend, fuse_scales, wgrad) if s.shared else None
     if shared is not None:
         b.stages += shared[0][fwd]
         b.stages.append(_shared_swiglu(N * s.shared, T, fwd))
@@ -321,7 +345,7 @@ def layer_stages(
     return with_impls(b.stages, impls)
 
 
-def _shared_projections(recipe: Recipe, s: LayerShape, mode: str, backend, fuse_scales: bool):
+def _shared_projections(recipe: Recipe, s: LayerShape, mode: str, backend, fuse_scales: bool, wgrad: Wgrad):
     """The shared experts' gate/up and down projections in the recipe (``shared_in_recipe``): one-group grouped
     GEMMs over the T tokens, group end ``shared_offs``. None where they stay dense bf16."""
     if not s.shared_in_recipe or recipe == Recipe.BF16:
@@ -333,10 +357,10 @@ def _shared_projections(recipe: Recipe, s: LayerShape, mode: str, backend, fuse_
     Ns = s.N * s.shared
     up = _projection(recipe, "shared_up", s.T, 2 * Ns, s.K, 1, {"a": "x", "w": "ws13", "offs": "shared_offs",
                      "out": "hs", "grad_out": "grad_hs", "grad_a": "grad_xs_shared", "grad_w": "grad_ws13"}, mode,
-                     backend, fuse_scales)  # fmt: skip
+                     backend, fuse_scales, wgrad)  # fmt: skip
     down = _projection(recipe, "shared_down", s.T, s.K, Ns, 1, {"a": "acts", "w": "ws2", "offs": "shared_offs",
                        "out": "ys", "grad_out": "dy", "grad_a": "grad_acts", "grad_w": "grad_ws2"}, mode, backend,
-                       fuse_scales)  # fmt: skip
+                       fuse_scales, wgrad)  # fmt: skip
     return up, down
 
 

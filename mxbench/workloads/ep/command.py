@@ -208,7 +208,7 @@ def ep(ctx, K, N, preset, experts, tokens, top_k, whole, shared, shared_in_recip
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before mxkernels is imported below
     from mxkernels.stages.ep_layer import get_ep_layer_spec
     from mxkernels.stages.ep_stages import check_layer, check_strategy, get_ep_spec
-    from mxkernels.ep.wgrad import Wgrad
+    from mxkernels.core.names import Wgrad
     from mxkernels.core.runtime import InputError
 
     from ...implementations.registry import parse_impl

@@ -83,6 +83,9 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
               help="Forced balanced assignment (torchao's benchmark), a seeded skewed one, or the router's own top-k.")
 @click.option("--fuse", is_flag=True, help="Also measure each recipe with the fused stages (permute + quantize, "
               "SwiGLU + quantize and their backward), side by side with the chains.")
+@click.option("--wgrad", type=click.Choice(["recipe", "bf16"]), default="recipe", show_default=True,
+              help="Weight-gradient GEMMs: in the recipe (operands quantized along the tokens), or bf16 "
+              "(torch._grouped_mm on the bf16 activations and output gradient; forward and dgrad stay in the recipe).")
 @click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True, help="MX scales.")
 @click.option("--backend", help="MXFP8 GEMM backend. [default: the device's best]")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Inputs and routing.")
@@ -101,11 +104,11 @@ def _shape(K, N, preset, tokens, experts, top_k, shared, score_func, score_after
               help="Time another implementation of a layer stage (`mxbench check --layer` passes it first).")
 @force_option
 def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_func, score_after, separate, recipes,
-          routing, fuse, mode, backend, seed, samples, microbatches, hardware, denominator, out, plot_file, project,
+          routing, fuse, wgrad, mode, backend, seed, samples, microbatches, hardware, denominator, out, plot_file, project,
           impl_texts, force) -> None:  # fmt: skip
     """Time the MoE layer forward + backward per stage and as one graph, with each recipe's accuracy (SQNR against
     an fp32 run); without a GPU, print and save the analytic model."""
-    from mxkernels.stages.layer import check_fuse, layer_stages
+    from mxkernels.stages.layer import check_fuse
     from mxkernels.stages.layer_specs import FUSED_RECIPES
     from mxkernels.stages.pipeline import check_recipe
 
@@ -118,6 +121,9 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
     recipes = [check_recipe(r).value for r in dict.fromkeys(recipes)]
     if fuse and not any(r in FUSED_RECIPES for r in recipes):
         check_fuse(recipes[0], True)
+    if wgrad != "recipe" and all(r == "bf16" for r in recipes):
+        raise click.BadParameter("bf16's weight gradient is bf16 already: give a quantized --recipe",
+                                 param_hint="--wgrad")  # fmt: skip
     if fuse and separate:
         raise click.BadParameter("the fused SwiGLU stages write the fused gate/up layout: drop --separate-gate-up",
                                  param_hint="--fuse")  # fmt: skip
@@ -135,13 +141,13 @@ def layer(preset, K, N, tokens, experts, top_k, shared, shared_in_recipe, score_
     folder = common.card_dir() if gpu else f"model-{spec.key}"
     out = out or RESULTS_DIR / folder / f"layer-{label}-{common.stamp()}.json"
     common.check_outputs(out, plot_file, force)
-    from .measure import layer_points
+    from .measure import layer_points, point_stages
 
-    points = layer_points(shape, recipes, mode=mode, seed=seed, fuse=fuse)
+    points = layer_points(shape, recipes, mode=mode, seed=seed, fuse=fuse, wgrad=wgrad)
     common.check_replace(out, gpu, common.card_name() if gpu else spec.name, points, force)
     impls = _checked_impls(impl_texts, recipes, shape)
     for p in points:  # every point planned before any work: a shape a recipe cannot run is bad input (exit 2)
-        layer_stages(p.recipe, shape, mode=p.mode, fuse=p.fuse_scales, backend=None if p.recipe == "bf16" else "native")
+        point_stages(p, shape, backend=None if p.recipe == "bf16" else "native")
     if gpu:
         from ...instruments.kit import Instruments
         from ...measuring.stages import SweepOptions

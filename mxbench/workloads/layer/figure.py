@@ -30,7 +30,7 @@ def layer_figure(run: Run):
     bars: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     steps: dict[str, float] = {}
     for r in run.records:
-        label = r.point.recipe + ("\nfused" if r.point.fuse_scales else "")
+        label = r.point.recipe_label().replace(" (", "\n(") + ("\nfused" if r.point.fuse_scales else "")
         if not r.ok:
             continue
         if r.stage == END_TO_END_STAGE:

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 from mxkernels.stages.layer import LayerShape, layer_stages
 from mxkernels.autograd.layer import layer_inputs, layer_outputs, layer_sqnr, moe_layer
-from mxkernels.core.names import Recipe
+from mxkernels.core.names import Recipe, Wgrad, parse_wgrad
 from mxkernels.stages.pipeline import run_stages
 
 from ...measuring.loop import measure_points
@@ -40,29 +40,48 @@ def layer_step(point: Point, shape: LayerShape, stages: Sequence) -> LayerStep:
     return LayerStep(step.recipe, ((shape.T, shape.K), (shape.E, shape.N, shape.K)), step.cost, step.impl)
 
 
-def layer_points(shape: LayerShape, recipes: Sequence[str], *, mode: str, seed: int, fuse: bool) -> list[Point]:
-    """bf16 first (the baseline), then each recipe, and with ``fuse`` each recipe's fused twin beside it."""
+def layer_points(shape: LayerShape, recipes: Sequence[str], *, mode: str, seed: int, fuse: bool,
+                 wgrad: Wgrad | str = Wgrad.RECIPE) -> list[Point]:  # fmt: skip
+    """bf16 first (the baseline), then each recipe, and with ``fuse`` each recipe's fused twin beside it; each
+    recipe's points at the ``wgrad`` precision (bf16's own is bf16 whatever it says: its point keeps the default)."""
     base = dict(M=shape.copies, N=shape.N, K=shape.K, G=shape.E, mode=mode, groups=shape.routing.value, seed=seed)
     points = [Point(recipe=Recipe.BF16.value, **base)]
+    quantized = {**base, "wgrad": parse_wgrad(wgrad).value}
     for r in recipes:
         if r == Recipe.BF16:
             continue
-        points.append(Point(recipe=r, **base))
+        points.append(Point(recipe=r, **quantized))
         if fuse:
-            points.append(Point(recipe=r, fuse_scales=True, **base))
+            points.append(Point(recipe=r, fuse_scales=True, **quantized))
     return points
 
 
-def layer_meta(shape: LayerShape, label: str = "", microbatches: int = 1) -> dict:
+def point_stages(point: Point, shape: LayerShape, *, backend: str | None, impls=None) -> list:
+    """The layer's stages of ``point``: its recipe, scale mode, fused twin and wgrad precision."""
+    return layer_stages(point.recipe, shape, mode=point.mode, backend=backend, fuse=point.fuse_scales, impls=impls,
+                        wgrad=point.wgrad)  # fmt: skip
+
+
+def layer_meta(shape: LayerShape, label: str = "", microbatches: int = 1, wgrad: Wgrad | str = Wgrad.RECIPE) -> dict:
     """The layer's metadata; ``microbatches`` (gradient accumulation: weight-only stages once per that many steps,
-    ``amortize``) is stored only when above 1, so runs without it read as before."""
+    ``amortize``) is stored only when above 1, ``wgrad`` (each recipe point's too) only when bf16, so runs without
+    them read as before."""
     s = shape
     extra = {"microbatches": microbatches} if microbatches > 1 else {}
+    if parse_wgrad(wgrad) != Wgrad.RECIPE:
+        extra["wgrad"] = parse_wgrad(wgrad).value
     return {"kind": "layer", "layer": {**extra, "label": label or f"{s.K}x{s.N}", "tokens": s.T, "K": s.K, "N": s.N, "experts": s.E, "top_k": s.top_k,
             "shared_experts": s.shared, "score_func": s.score_func.value, "score_before_experts": s.score_before,
             "routing": s.routing.value, "fused_gate_up": s.fuse_up, "shared_in_recipe": s.shared_in_recipe,
-            "precision": "router gate in bf16; every grouped GEMM in the point's recipe; shared experts "
+            "precision": "router gate in bf16; every grouped GEMM in the point's recipe"
+                         + ("" if "wgrad" not in extra else " but the weight gradients' (bf16 _grouped_mm)")
+                         + "; shared experts "
                          + ("in the recipe (one-group grouped GEMMs)" if s.shared_in_recipe else "dense bf16")}}  # fmt: skip
+
+
+def wgrad_of(points: Sequence[Point]) -> str:
+    """The wgrad precision of a run's quantized points (``layer_points`` gives them all one)."""
+    return next((p.wgrad for p in points if p.wgrad != Wgrad.RECIPE), Wgrad.RECIPE.value)
 
 
 def shape_of(meta: dict) -> LayerShape:
@@ -82,8 +101,7 @@ class LayerTimer(StageTimer):
     def _stages(self, point: Point):
         backend = None if point.recipe == Recipe.BF16 else self.options.backend
         impls = {i.stage: i for i in self.options.impls if i.recipe in (Recipe.BF16, point.recipe)}  # common: bf16's
-        return layer_stages(point.recipe, self.shape, mode=point.mode, backend=backend, fuse=point.fuse_scales,
-                            impls=impls or None)  # fmt: skip
+        return point_stages(point, self.shape, backend=backend, impls=impls or None)
 
     def measure(self, point: Point) -> list[Record]:
         try:
@@ -140,7 +158,7 @@ def run_layer(shape: LayerShape, points: Sequence[Point], options: SweepOptions,
     """Measure every point (``loop.measure_points``: saved after each to ``options.out``; Ctrl-C keeps what was
     measured). ``microbatches`` > 1: each fwd+bwd record also holds the step amortized over them (``amortize``)."""
     meta_points = [replace(p, groups="balanced") for p in points]  # the layer's groups come from its router
-    run = Run(meta={**run_metadata(meta_points, options, ins), **layer_meta(shape, label, microbatches)})
+    run = Run(meta={**run_metadata(meta_points, options, ins), **layer_meta(shape, label, microbatches, wgrad_of(points))})
     _drop_group_sizes(run.meta)
     timer = LayerTimer(options, ins, shape, microbatches)
     return measure_points(run, points, timer, ins, options.out, progress)
@@ -173,11 +191,11 @@ def model_layer_run(shape: LayerShape, points: Sequence[Point], *, spec, hardwar
 
     meta_points = [replace(p, groups="balanced") for p in points]
     run = Run(meta={**common_metadata(meta_points, command), "hardware": hardware, "measured": False,
-                    "label": "model, not measured", "model": MODEL_ASSUMPTION, **layer_meta(shape, label, microbatches)})  # fmt: skip
+                    "label": "model, not measured", "model": MODEL_ASSUMPTION, **layer_meta(shape, label, microbatches, wgrad_of(points))})  # fmt: skip
     _drop_group_sizes(run.meta)
     for p in points:
         try:
-            stages = layer_stages(p.recipe, shape, mode=p.mode, fuse=p.fuse_scales, backend=_model_backend(p))
+            stages = point_stages(p, shape, backend=_model_backend(p))
             run.records += model_records(p, stages, spec)
         except Exception as e:  # noqa: BLE001 -- a point the model cannot price is its error row
             run.records.append(stage_record(p, layer_step(p, shape, []), measured=False, error=error_message(e)))

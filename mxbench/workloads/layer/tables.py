@@ -1,7 +1,7 @@
 """Tables of a stored layer run, from its Records only.
 
-``--kind layer``: the seed's form, one row per recipe (and fused twin): Model | total_M | N | K | bf16 (ms) | recipe
-(ms) | speedup (with ``--microbatches N``: the amortized step and speedup beside, ``amortize``), then the stage sum beside the one-graph time and the SQNR (dB) of the output and every gradient
+``--kind layer``: the seed's form, one row per recipe (and fused twin; the Recipe column names a bf16 weight
+gradient, ``--wgrad bf16``): Model | total_M | N | K | bf16 (ms) | recipe (ms) | speedup (with ``--microbatches N``: the amortized step and speedup beside, ``amortize``), then the stage sum beside the one-graph time and the SQNR (dB) of the output and every gradient
 against the fp32 run; the seed's own B200 rows follow, labelled as the seed's. With a projection, each recipe's
 stages carried to the target card (``projection.project``) give its projected layer time and speedup.
 ``--kind layer-stages``: every stage of every point with its category, time and efficiency against a named peak.
@@ -64,7 +64,7 @@ def layer_rows(run: Run, project: str | None = None) -> list[Row]:
             continue
         p = records[0].point
         us, step = times.get((recipe, fused)), next((r for r in records if r.stage == END_TO_END_STAGE), None)
-        row: Row = {"Model": meta.get("label"), "total_M": p.M, "N": p.N, "K": p.K, "Recipe": recipe,
+        row: Row = {"Model": meta.get("label"), "total_M": p.M, "N": p.N, "K": p.K, "Recipe": p.recipe_label(),
                     "Fused": fused, "bf16 (ms)": _ms(base), "recipe (ms)": _ms(us),
                     "speedup": f"{base / us:.3f}x" if base and us else None}  # fmt: skip
         if microbatches > 1 and not project:  # the weight-only stages' times are the measured ones
@@ -106,10 +106,10 @@ def _projected(run: Run, target: str) -> dict[tuple[str, bool], float]:
 
 def stage_rows(run: Run, peaks: dict | None) -> list[Row]:
     rows = []
-    for (recipe, fused), records in _by_point(run).items():
+    for (_, fused), records in _by_point(run).items():
         for r in records:
             eff = efficiency(r, peaks or {})
-            rows.append({"Recipe": recipe, "Fused": fused, "Pass": r.pass_name, "Stage": r.stage,
+            rows.append({"Recipe": r.point.recipe_label(), "Fused": fused, "Pass": r.pass_name, "Stage": r.stage,
                          "Category": r.category, "Kernel": r.kernel, "Time (us)": None if r.median_us is None
                          else f"{r.median_us:.1f}", "Efficiency": None if eff is None
                          else f"{eff[0]:.1f}% of {eff[1].label}", "error": r.failure})  # fmt: skip

@@ -82,17 +82,20 @@ def _check_backend(backend: str | None, recipes, gpu: bool) -> None:
               help="Recipes, each beside bf16 (always measured: the baseline).")
 @click.option("--backend", help="GEMM backend of every recipe besides bf16, e.g. native (torch's "
               "_scaled_grouped_mm) to map torch's GEMM against ours. [default: the device's best]")
+@click.option("--wgrad", type=click.Choice(["recipe", "bf16"]), default="recipe", show_default=True,
+              help="The layer's weight-gradient GEMMs: in each recipe, or bf16 torch._grouped_mm (`mxbench layer "
+              "--wgrad`); the forward and dgrad stay in the recipe.")
 @click.option("--mode", type=click.Choice(["rceil", "floor"]), default="rceil", show_default=True, help="MX scales.")
 @click.option("--seed", type=Seed(), default=0, show_default=True, help="Inputs.")
 @click.option("--samples", type=click.IntRange(min=1), default=10, show_default=True, help="Samples per stage.")
 @click.option("--hardware", help=f"Spec of the analytic model without a GPU. [default: {DEFAULT_CARD}]")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Results JSON. [default: results/<card>/map-<preset or KxN>-<scope>[-<backend>]-<date>.json]")
+              help="Results JSON. [default: results/<card>/map-<preset or KxN>-<scope>[-<backend>][-bf16-wgrad]-<date>.json]")
 @click.option("--plot-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder of the heatmaps, one per recipe, named after the results file. [default: plots/<card>/]")
 @force_option
-def map_cmd(preset, K, N, scope, experts, per_expert, total, top_k, shared, score_func, recipes, backend, mode, seed,
-            samples, hardware, out, plot_dir, force) -> None:  # fmt: skip
+def map_cmd(preset, K, N, scope, experts, per_expert, total, top_k, shared, score_func, recipes, backend, wgrad, mode,
+            seed, samples, hardware, out, plot_dir, force) -> None:  # fmt: skip
     """Each recipe's forward + backward speedup over bf16 at every cell of G experts x tokens (at most 64 cells),
     with a heatmap per recipe (the 1.0x line drawn) and its table; without a GPU, the analytic model (labelled so).
 
@@ -112,7 +115,7 @@ def map_cmd(preset, K, N, scope, experts, per_expert, total, top_k, shared, scor
     if scope is Scope.PROJECTION:
         common.refuse_ignored(("top_k", "shared", "score_func"), "the projection has no router or shared experts")
     K, N, model, label = _model(preset, K, N, scope, top_k, shared, score_func)
-    grid = Grid(K, N, tuple(experts), tuple(values), scope, axis, model, label)
+    grid = Grid(K, N, tuple(experts), tuple(values), scope, axis, model, label, wgrad)
     check_grid(grid)
     recipes = [check_recipe(r).value for r in dict.fromkeys(recipes) if r != "bf16"]
     if not recipes:
@@ -126,7 +129,8 @@ def map_cmd(preset, K, N, scope, experts, per_expert, total, top_k, shared, scor
     if not gpu:
         common.refuse_ignored(("samples",), "without a GPU the analytic model is shown, which is not timed")
     folder = common.card_dir() if gpu else f"model-{spec.key}"
-    stem = f"map-{label}-{scope.value}" + (f"-{backend}" if backend else "")
+    stem = f"map-{label}-{scope.value}" + (f"-{backend}" if backend else "") + ("" if wgrad == "recipe" else
+                                                                                   f"-{wgrad}-wgrad")  # fmt: skip
     out = out or RESULTS_DIR / folder / f"{stem}-{common.stamp()}.json"
     plot_dir = plot_dir or PLOTS_DIR / folder
     common.check_outputs(out, None)
@@ -170,6 +174,6 @@ def _plan_every_cell(grid, points) -> None:
     for p in points:
         backend = None if p.recipe == "bf16" else "native"
         if grid.scope is Scope.LAYER:
-            layer_stages(p.recipe, grid.layer_shape(grid.cell_of(p)), mode=p.mode, backend=backend)
+            layer_stages(p.recipe, grid.layer_shape(grid.cell_of(p)), mode=p.mode, backend=backend, wgrad=p.wgrad)
         else:
             plan_step(p.recipe, p.M, p.N, p.K, p.G, point_group_sizes(p), mode=p.mode, backend=backend)

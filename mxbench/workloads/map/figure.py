@@ -52,7 +52,7 @@ def map_figure(view: MapView, recipe: str, card: str) -> Figure:
     ax.set_ylabel("experts on the GPU (G)")
     kind = f"{card}, measured" if view.measured else card  # a model's card label says it is one
     top = f", top-{g.model.top_k}" if g.scope is Scope.LAYER else ""
-    ax.set_title(f"{recipe} fwd+bwd speedup over bf16\n{g.label} {g.scope.value} (K={g.K}, N={g.N}{top})\n"
+    ax.set_title(f"{g.recipe_label(recipe)} fwd+bwd speedup over bf16\n{g.label} {g.scope.value} (K={g.K}, N={g.N}{top})\n"
                  f"{kind}; {_line_text(finite, crosses)}", fontsize=9)  # fmt: skip
     fig.colorbar(image, ax=ax, label="speedup over bf16 (x)")
     return fig
@@ -81,7 +81,8 @@ def figure_data(view: MapView, recipe: str) -> dict:
     """What ``map_figure`` draws, as stored beside it."""
     g = view.grid
     return {"recipe": recipe, "scope": g.scope.value, "axis": g.axis.value, "experts": list(g.experts),
-            "values": list(g.values), "speedup": view.matrix(recipe), "measured": view.measured}  # fmt: skip
+            "values": list(g.values), "speedup": view.matrix(recipe), "measured": view.measured,
+            **({} if g.wgrad == "recipe" else {"wgrad": g.wgrad.value})}  # fmt: skip
 
 
 def plot_map(run: Run, out: str | Path, project: str | None = None) -> list[Path]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mxkernels.core.errors import InputError
-from mxkernels.core.names import BASELINE
+from mxkernels.core.names import BASELINE, Wgrad, parse_wgrad
 from mxkernels.core.runtime import MAX_GROUPS
 
 from ...plan.points import MAX_TOKENS, check_fits, check_shape, check_step_fits
@@ -69,9 +69,11 @@ class Grid:
     axis: TokenAxis = TokenAxis.PER_EXPERT
     model: LayerModel = LayerModel()
     label: str = ""
+    wgrad: Wgrad = Wgrad.RECIPE  # the quantized recipes' weight-gradient precision (the layer's ``--wgrad``)
 
     def __post_init__(self):
         object.__setattr__(self, "scope", Scope(self.scope))
+        object.__setattr__(self, "wgrad", parse_wgrad(self.wgrad))
         object.__setattr__(self, "axis", TokenAxis(self.axis))
         object.__setattr__(self, "experts", tuple(self.experts))
         object.__setattr__(self, "values", tuple(self.values))
@@ -103,8 +105,13 @@ class Grid:
     def points(self, cell: Cell, recipes: Sequence[str], *, mode: str = "rceil", seed: int = 0) -> list[Point]:
         """The cell's points, bf16 first (the baseline), then each recipe: a point's M is the cell's rows and its G
         the cell's experts, so every record names its cell (``cell_of``)."""
-        return [Point(cell.rows, self.N, self.K, cell.G, r, mode, "balanced", seed)
+        return [Point(cell.rows, self.N, self.K, cell.G, r, mode, "balanced", seed,
+                      wgrad=Wgrad.RECIPE.value if r == BASELINE else self.wgrad.value)
                 for r in dict.fromkeys((BASELINE, *recipes))]  # fmt: skip
+
+    def recipe_label(self, recipe: str) -> str:
+        """A recipe as the map's titles name it: with a bf16 weight gradient said (bf16's own is bf16 anyway)."""
+        return recipe if self.wgrad == Wgrad.RECIPE or recipe == BASELINE else f"{recipe} ({self.wgrad} wgrad)"
 
     def all_points(self, recipes: Sequence[str], *, mode: str = "rceil", seed: int = 0) -> list[Point]:
         return [p for c in self.cells() for p in self.points(c, recipes, mode=mode, seed=seed)]
@@ -121,7 +128,8 @@ class Grid:
         return {"label": self.label or f"{self.K}x{self.N}", "scope": self.scope.value, "axis": self.axis.value,
                 "K": self.K, "N": self.N, "experts": list(self.experts), "values": list(self.values),
                 "top_k": self.model.top_k, "shared_experts": self.model.shared, "score_func": self.model.score_func,
-                "routing": "balanced", "cells": [c.as_dict() for c in self.cells()]}  # fmt: skip
+                "routing": "balanced", "cells": [c.as_dict() for c in self.cells()],
+                **({} if self.wgrad == Wgrad.RECIPE else {"wgrad": self.wgrad.value})}  # fmt: skip
 
 
 def grid_of(meta: dict) -> Grid:
@@ -131,12 +139,15 @@ def grid_of(meta: dict) -> Grid:
         raise InputError("not a map run: its metadata has no map")
     model = LayerModel(m.get("top_k", 1), m.get("shared_experts", 0), m.get("score_func", "sigmoid"))
     return Grid(m["K"], m["N"], tuple(m["experts"]), tuple(m["values"]), m["scope"], m["axis"], model,
-                m.get("label", ""))  # fmt: skip
+                m.get("label", ""), m.get("wgrad", Wgrad.RECIPE))  # fmt: skip
 
 
 def check_grid(grid: Grid) -> None:
     """The whole grid checked before any work: bad input raises ``InputError`` naming the option and the value."""
     check_shape(grid.N, grid.K, 1)
+    if grid.wgrad != Wgrad.RECIPE and grid.scope is not Scope.LAYER:
+        raise InputError(f"--wgrad {grid.wgrad} is the layer's option: the projection's step runs its recipe's "
+                         "weight gradient (--scope layer)")  # fmt: skip
     for option, values in (("--experts", grid.experts), (f"--{grid.axis.value.replace('_', '-')}", grid.values)):
         if not values:
             raise InputError(f"{option} must list one or more values, got none")

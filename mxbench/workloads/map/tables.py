@@ -55,7 +55,7 @@ def map_table(run: Run, fmt: str = "markdown", recipes: Sequence[str] | None = N
     what += f", top-{g.model.top_k}, shared experts {g.model.shared})" if layer else ")"
     parts = [header_block(run, None, fmt)] if header and fmt != "csv" else []
     for recipe in [r for r in view.recipes if recipes is None or r in recipes]:
-        parts.append(_heading(f"{recipe} forward + backward speedup over bf16, {what}: {kind}", fmt))
+        parts.append(_heading(f"{g.recipe_label(recipe)} forward + backward speedup over bf16, {what}: {kind}", fmt))
         parts.append(render(_rows(view, view.matrix(recipe), speedup_text), fmt))
         parts.append(_break_even_line(view, recipe, fmt))
     parts.append(_heading(f"bf16 forward + backward (ms), {what}: {kind}", fmt))
