@@ -36,6 +36,7 @@ from mxbench.instruments.timing import time_fn
 # isort: on
 
 SCRIPT = "tune_weight_quantizers"
+DEVICE = "cuda"  # the tests run the whole script on CPU (the interpreter) with tiny cases
 DATASHEET_TBPS = 4.8  # NVIDIA H200 SXM, HBM3e (the issue's roof; the copy roof is measured beside it)
 
 
@@ -153,14 +154,14 @@ def shape_class(case: Case) -> int:
 
 def setup(case: Case):
     """(quantize(config) -> outputs, the oracle's outputs, tensors to keep) of a case, random normal bf16 values."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     if case.kind == "along_n":
-        w = (torch.randn(case.shape, device="cuda", generator=gen) * case.shape[2] ** -0.5).bfloat16()
+        w = (torch.randn(case.shape, device=DEVICE, generator=gen) * case.shape[2] ** -0.5).bfloat16()
         ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
         return (lambda c: F.quantize_fp8_rowwise_3d(w, along="N", config=c)), ref, (w,)
     M, R = case.shape
-    x = torch.randn(M, R, device="cuda", generator=gen).bfloat16()
-    offs = torch.arange(1, case.groups + 1, device="cuda", dtype=torch.int32) * (M // case.groups)
+    x = torch.randn(M, R, device=DEVICE, generator=gen).bfloat16()
+    offs = torch.arange(1, case.groups + 1, device=DEVICE, dtype=torch.int32) * (M // case.groups)
     ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
     return (lambda c: F.quantize_fp8_rowwise_k_groups(x, offs, config=c)), ref, (x, offs)
 
@@ -184,7 +185,7 @@ def measure(case: Case, config, run, ref, default_out, samples: int, roof: float
         got = run(config)
         wrong = differs(got, ref)
         row["bits_equal_oracle"] = wrong is None
-        row["bits_equal_default"] = default_out is not None and differs(got, default_out) is None
+        row["bits_equal_default"] = config is None or (default_out is not None and differs(got, default_out) is None)
         if wrong:
             row.update(ok=False, error=f"WRONG: {wrong}")
             return row
@@ -287,7 +288,8 @@ def main() -> int:
             rows.append(row)
             print(line(row, default_us), flush=True)
         del run, ref, keep, default_out
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     print(f"\n{session.device}; copy roof {session.roof:.2f} TB/s; TB/s over 3 bytes an element + scales")
     print(HEADER)
     for case in cases:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from mxkernels.quant import fp8_colwise as C
 from mxkernels.quant import fp8_hold as H
 
@@ -63,3 +64,49 @@ def test_labels_name_each_kernel_and_its_options():
     assert T.label(C.WalkConfig(64, 128, 4, 4, prefetch=False, num_stages=3)) == "walk 64x128 w4 4/SM s3"
     assert T.label(C.WalkConfig(64, 64, 2, 8, max_registers=128)) == "walk 64x64 w2 8/SM prefetch r128"
     assert T.label(C.K_GROUPS_CONFIG) == "strips 64x512 step 128 g1024 split"
+
+
+def test_the_script_runs_end_to_end_on_tiny_cases(monkeypatch, tmp_path, capsys):
+    """main() on CPU under the interpreter with two tiny cases (time_fn and the session stubbed: no GPU): every
+    candidate checked against the oracle and "timed", a candidate planted wrong reported WRONG and not timed, the
+    ship block printed, and finish() given every row."""
+    import argparse
+    import types
+
+    from mxkernels.quant import fp8_rowwise as F
+
+    cases = (T.Case("tiny k_groups", "k_groups", (96, 40), 3), T.Case("tiny along N", "along_n", (2, 48, 40)))
+    monkeypatch.setattr(T, "CASES", cases)
+    monkeypatch.setattr(T, "DEVICE", "cpu")
+    monkeypatch.setattr(T, "HOLDS", {32: [T._hold(16, 32, 2, 2, packed=True)], 64: [T._hold(8, 64, 2, 1, prefetch=True)]})
+    monkeypatch.setattr(T, "WALKS", [C.WalkConfig(16, 16, num_warps=2, programs_per_sm=2)])
+    planted = C.WalkConfig(8, 16, num_warps=1)
+    real_3d = F.quantize_fp8_rowwise_3d
+
+    def wrong_for_planted(w, along="K", *, config=None):  # a launch whose output is off by one byte
+        q, scale = real_3d(w, along, config=config)
+        if config is planted:
+            q.view(torch.uint8)[0, 0, 0] ^= 1
+        return q, scale
+
+    monkeypatch.setattr(F, "quantize_fp8_rowwise_3d", wrong_for_planted)
+    monkeypatch.setattr(T, "WALKS", [*T.WALKS, planted])
+    timed = []
+    monkeypatch.setattr(T, "time_fn", lambda fn, **kw: timed.append(fn()) or types.SimpleNamespace(median_us=10.0 + len(timed), iqr_us=0.1))
+    finished = {}
+    session = types.SimpleNamespace(
+        args=argparse.Namespace(quick=False, cases="", budget_s=1e9, samples=1, out=str(tmp_path / "run.json")),
+        t0=0.0, device="CPU", roof=3.0, finish=lambda script, rows, skipped, summary, timing: finished.update(
+            script=script, rows=rows, skipped=skipped, summary=summary))  # fmt: skip
+    monkeypatch.setattr(T, "start", lambda *a, **k: session)
+    monkeypatch.setattr(sys, "argv", ["tune_weight_quantizers.py"])
+    assert T.main() == 0
+    out = capsys.readouterr().out
+    rows = finished["rows"]
+    assert {r["case"] for r in rows} == {c.name for c in cases} and finished["script"] == "tune_weight_quantizers"
+    wrong = [r for r in rows if not r["ok"]]
+    assert [(r["case"], r["config"]) for r in wrong] == [("tiny along N", T.label(planted))]
+    assert wrong[0]["error"].startswith("WRONG") and "us" not in wrong[0] and "WRONG" in out
+    assert all(r["bits_equal_oracle"] and r["bits_equal_default"] for r in rows if r["ok"])
+    assert len(timed) == len(rows) - 1 and "ship, per shape class" in out
+    assert {(p["kind"], p["class"]) for p in finished["summary"]["ship"]} == {("k_groups", 512), ("along_n", 1024)}
