@@ -59,8 +59,16 @@ def spec_of(config, has_offs: bool) -> dict:
     from mxkernels.quant import fp8_hold as H
 
     if isinstance(config, H.HoldConfig):
-        constexprs = {"HAS_OFFS": has_offs, "STRIP": config.strip_cols, "HOLD": config.hold_rows,
-                      "STEP": config.step_rows, "PACKED": config.packed, "PREFETCH": config.prefetch, "EXACT": False}
+        constexprs = {
+            "HAS_OFFS": has_offs,
+            "STRIP": config.strip_cols,
+            "HOLD": config.hold_rows,
+            "STEP": config.step_rows,
+            "PACKED": config.packed,
+            "PREFETCH": config.prefetch,
+            "PERSISTENT": config.persistent,
+            "EXACT": False,
+        }
         options = {"num_warps": config.num_warps, **({"maxnreg": config.max_registers} if config.max_registers else {})}
         return {"kernel": "hold", "constexprs": constexprs, "options": options}
     constexprs = {"HAS_OFFS": has_offs, "STRIP": config.strip_cols, "STEP": config.step_rows,
@@ -73,7 +81,7 @@ def compile_one(spec: dict) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1",
            "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="xq-")}  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(spec)], capture_output=True, text=True, env=env,
-                          timeout=1200)  # fmt: skip
+                          timeout=1200, check=False)  # fmt: skip
     if proc.returncode:
         return {"error": proc.stderr.strip().splitlines()[-1][:200]}
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -82,23 +82,33 @@ def _hold(strip, hold, warps, per_sm, **kw) -> H.HoldConfig:
 
 
 # Holding launches by the rows they hold (a case gets those whose hold_rows is its span's next power of two: a
-# larger hold only masks registers off). Each list best guess first (--quick keeps the first two). Two programs an SM
-# of 8 warps need at most 128 registers a thread, two of 16 warps 64: the caps say so where ptxas' own count (sm_90,
-# triton 3.6, scripts/crosscompile_weight_quantizers.py) was above, at the price of a spill. The current default
-# (the rule) is timed as "default" and not repeated.
+# larger hold only masks registers off). Each list best guess first (--quick keeps the first two). The comments give
+# ptxas' registers and stack bytes a thread (sm_90, triton 3.6; scripts/crosscompile_weight_quantizers.py) and so the
+# programs an SM: "grid" (one program a strip, no loop) needs ~94-108 registers at 64 elements a thread where the
+# persistent loop needs 150-165, so two 8-warp programs share an SM uncapped; caps force the count elsewhere. The
+# current default (the rule) is timed as "default" and not repeated.
 HOLDS = {
-    512: [_hold(64, 512, 8, 2, packed=True, max_registers=128),  # two programs an SM: one loads, one stores
-          _hold(64, 512, 16, 1, packed=True, prefetch=True),  # one program, the next strip's loads in flight
-          _hold(32, 512, 8, 2, max_registers=128),  # plain, half lines
-          _hold(64, 512, 16, 2, packed=True, max_registers=64)],
-    1024: [_hold(32, 1024, 8, 2, packed=True, max_registers=128),
-           _hold(32, 1024, 16, 1, packed=True, prefetch=True),
-           _hold(64, 1024, 16, 1, packed=True),  # whole lines, one program
-           _hold(32, 1024, 16, 2, packed=True, max_registers=64)],
-    2048: [_hold(32, 2048, 16, 1, packed=True),  # one read of Qwen3's experts along N
-           _hold(16, 2048, 8, 2, packed=True, max_registers=128),  # one-sector rows, two programs
-           _hold(16, 2048, 16, 1, packed=True, prefetch=True)],
-    4096: [_hold(16, 4096, 16, 1, packed=True)],  # gpt-oss-120b's 2880 and DeepSeek-V3's 4096 along N
+    512: [
+        _hold(32, 512, 8, 1, persistent=False),  # 94 regs: 2 an SM, the hardware overlaps them
+        _hold(32, 512, 8, 2, max_registers=128),  # persistent, 2 an SM (stack 8)
+        _hold(32, 512, 16, 1, prefetch=True),  # the next strip's loads in flight (128, stack 0)
+        _hold(32, 512, 8, 1, persistent=False, max_registers=80),  # 3 an SM, if the spill is small
+        _hold(64, 512, 16, 1, packed=True, prefetch=True),  # whole lines, next strip in flight (stack 88)
+        _hold(64, 512, 8, 1, persistent=False, packed=True, max_registers=128),
+    ],  # whole lines, 2 an SM (170 -> cap)
+    1024: [
+        _hold(16, 1024, 8, 1, persistent=False),  # 108 regs: 2 an SM (one-sector rows)
+        _hold(32, 1024, 16, 1, packed=True, prefetch=True),  # next strip in flight (stack 64)
+        _hold(16, 1024, 16, 1, prefetch=True),  # (128, stack 0)
+        _hold(16, 1024, 8, 2, max_registers=128),  # persistent, 2 an SM (stack 24)
+        _hold(32, 1024, 8, 1, persistent=False, packed=True, max_registers=128),
+    ],  # 2 an SM (171 -> cap)
+    2048: [
+        _hold(16, 2048, 16, 1, packed=True, prefetch=True),  # one read of Qwen3's experts along N (stack 112)
+        _hold(16, 2048, 8, 1, persistent=False, packed=True, max_registers=128),  # 2 an SM (176 -> cap)
+        _hold(32, 2048, 16, 1, packed=True),
+    ],  # whole strip of 64 bytes a row, one program (stack 216)
+    4096: [_hold(16, 4096, 16, 1, packed=True)],  # gpt-oss-120b's 2880 and DeepSeek-V3's 4096 along N (stack 584)
 }
 # Walking launches (two passes, the second from L2 while the strips in flight fit there), for every case: the old
 # along-N default (timed where it is not the default), more programs an SM, and shared-memory pipelined loads
@@ -200,12 +210,16 @@ def measure(case: Case, config, run, ref, default_out, samples: int, roof: float
     return row
 
 
-HEADER = f"{'case':36s} {'candidate':44s} {'us':>9s} {'TB/s':>6s} {'%4.8':>6s} {'%copy':>6s} {'bits':>6s} {'x dflt':>6s}"
+HEADER = (
+    f"{'case':36s} {'candidate':44s} {'us':>9s} {'TB/s':>6s} {'%4.8':>6s} {'%copy':>6s} {'bits':>6s} {'x dflt':>6s}"
+)
 
 
 def line(r: dict, default_us: float | None) -> str:
     if not r["ok"]:
-        return f"{r['case'][:36]:36s} {r['config'][:44]:44s} {'WRONG' if 'WRONG' in r['error'] else 'FAILED'} {r['error']}"
+        return (
+            f"{r['case'][:36]:36s} {r['config'][:44]:44s} {'WRONG' if 'WRONG' in r['error'] else 'FAILED'} {r['error']}"
+        )
     speed = f"{default_us / r['us']:6.2f}" if default_us else "     -"
     return (f"{r['case'][:36]:36s} {r['config'][:44]:44s} {r['us']:9.1f} {r['tbps']:6.2f} {r['pct_datasheet']:6.1%} "
             f"{r['pct_copy']:6.1%} {'=' if r['bits_equal_oracle'] else 'WRONG':>6s} {speed}")  # fmt: skip
@@ -240,8 +254,10 @@ def print_ship(picks: list[dict]) -> None:
     for p in picks:
         table = "ALONG_N_DEFAULTS" if p["kind"] == "along_n" else "K_GROUPS_DEFAULTS"
         gain = f"{p['speedup']:.2f}x the default" if p["speedup"] else "default not timed"
-        print(f"  {table} rows <= {p['class']}: {p['ship']}  ({p['total_us']:.1f} us over {len(p['cases'])} "
-              f"case(s), {gain})")
+        print(
+            f"  {table} rows <= {p['class']}: {p['ship']}  ({p['total_us']:.1f} us over {len(p['cases'])} "
+            f"case(s), {gain})"
+        )
         if p["ship"] != "default":
             print(f"    ({p['class']}, {p['config_repr']}),")
 
@@ -251,8 +267,10 @@ def print_plan(quick: bool) -> None:
     kernels = set()
     for case in CASES:
         configs = candidates(case, quick)
-        print(f"{case.name} {case.shape} span {case.span}, class <= {shape_class(case)}, "
-              f"default {label(default_config(case))}: {len(configs)} candidates")
+        print(
+            f"{case.name} {case.shape} span {case.span}, class <= {shape_class(case)}, "
+            f"default {label(default_config(case))}: {len(configs)} candidates"
+        )
         for config in configs:
             print(f"    {label(config)}")
             kernels.add((case.kind, repr(config if config is not None else default_config(case))))

@@ -12,7 +12,7 @@ from mxkernels.quant import fp8_colwise as C
 from mxkernels.quant import fp8_hold as H
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import tune_weight_quantizers as T  # noqa: E402 -- a script, from the scripts folder
+import tune_weight_quantizers as T  # a script, from the scripts folder
 
 
 def test_minimal_bytes_are_three_an_element_and_the_scales():
@@ -60,7 +60,9 @@ def test_ship_picks_the_least_total_time_over_the_class_among_launches_right_eve
 
 def test_labels_name_each_kernel_and_its_options():
     assert T.label(None) == "default"
-    assert T.label(H.HoldConfig(64, 512, num_warps=8, packed=True, prefetch=True)) == "hold 64x512 w8 2/SM packed prefetch"
+    assert (
+        T.label(H.HoldConfig(64, 512, num_warps=8, packed=True, prefetch=True)) == "hold 64x512 w8 2/SM packed prefetch"
+    )
     assert T.label(C.WalkConfig(64, 128, 4, 4, prefetch=False, num_stages=3)) == "walk 64x128 w4 4/SM s3"
     assert T.label(C.WalkConfig(64, 64, 2, 8, max_registers=128)) == "walk 64x64 w2 8/SM prefetch r128"
     assert T.label(C.K_GROUPS_CONFIG) == "strips 64x512 step 128 g1024 split"
@@ -78,7 +80,9 @@ def test_the_script_runs_end_to_end_on_tiny_cases(monkeypatch, tmp_path, capsys)
     cases = (T.Case("tiny k_groups", "k_groups", (96, 40), 3), T.Case("tiny along N", "along_n", (2, 48, 40)))
     monkeypatch.setattr(T, "CASES", cases)
     monkeypatch.setattr(T, "DEVICE", "cpu")
-    monkeypatch.setattr(T, "HOLDS", {32: [T._hold(16, 32, 2, 2, packed=True)], 64: [T._hold(8, 64, 2, 1, prefetch=True)]})
+    monkeypatch.setattr(
+        T, "HOLDS", {32: [T._hold(16, 32, 2, 2, packed=True)], 64: [T._hold(8, 64, 2, 1, prefetch=True)]}
+    )
     monkeypatch.setattr(T, "WALKS", [C.WalkConfig(16, 16, num_warps=2, programs_per_sm=2)])
     planted = C.WalkConfig(8, 16, num_warps=1)
     real_3d = F.quantize_fp8_rowwise_3d
@@ -92,7 +96,11 @@ def test_the_script_runs_end_to_end_on_tiny_cases(monkeypatch, tmp_path, capsys)
     monkeypatch.setattr(F, "quantize_fp8_rowwise_3d", wrong_for_planted)
     monkeypatch.setattr(T, "WALKS", [*T.WALKS, planted])
     timed = []
-    monkeypatch.setattr(T, "time_fn", lambda fn, **kw: timed.append(fn()) or types.SimpleNamespace(median_us=10.0 + len(timed), iqr_us=0.1))
+    monkeypatch.setattr(
+        T,
+        "time_fn",
+        lambda fn, **kw: timed.append(fn()) or types.SimpleNamespace(median_us=10.0 + len(timed), iqr_us=0.1),
+    )
     finished = {}
     session = types.SimpleNamespace(
         args=argparse.Namespace(quick=False, cases="", budget_s=1e9, samples=1, out=str(tmp_path / "run.json")),

@@ -22,10 +22,14 @@ LAUNCHES = {
     "plain": H.HoldConfig(strip_cols=16, hold_rows=64, step_rows=16, num_warps=2),
     "packed": H.HoldConfig(strip_cols=16, hold_rows=64, step_rows=16, num_warps=2, packed=True),
     "prefetch": H.HoldConfig(strip_cols=8, hold_rows=64, step_rows=16, num_warps=2, prefetch=True),
-    "packed + prefetch": H.HoldConfig(strip_cols=16, hold_rows=64, step_rows=16, num_warps=2, programs_per_sm=1,
-                                      packed=True, prefetch=True),  # fmt: skip
-    "packed, 2-column strips, capped": H.HoldConfig(strip_cols=2, hold_rows=32, step_rows=16, num_warps=1,
-                                                    packed=True, max_registers=128),  # fmt: skip
+    "packed + prefetch": H.HoldConfig(
+        strip_cols=16, hold_rows=64, step_rows=16, num_warps=2, programs_per_sm=1, packed=True, prefetch=True
+    ),
+    "packed, 2-column strips, capped": H.HoldConfig(
+        strip_cols=2, hold_rows=32, step_rows=16, num_warps=1, packed=True, max_registers=128
+    ),
+    "grid": H.HoldConfig(strip_cols=16, hold_rows=64, step_rows=16, num_warps=2, persistent=False),
+    "grid, packed": H.HoldConfig(strip_cols=8, hold_rows=64, step_rows=16, num_warps=2, persistent=False, packed=True),
 }
 # Empty groups first, inside and last; groups held (16, 32, 48, 64 rows), one too long to hold (80: walks), one off
 # the 16-row boundaries (5, and every group after it: walks); rows past offs[-1] (the input has 260).
@@ -107,7 +111,14 @@ def test_hold_config_checks_its_fields():
         H.HoldConfig(16, 64, max_registers=300)
     with pytest.raises(InputError, match="strip_cols"):
         H.HoldConfig(1, 64, packed=True)
-    assert H.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1, packed=True).label() == "hold 32x1024 w16 1/SM packed"
+    with pytest.raises(InputError, match="persistent"):
+        H.HoldConfig(16, 64, persistent=0)
+    with pytest.raises(InputError, match="prefetch needs persistent"):
+        H.HoldConfig(16, 64, prefetch=True, persistent=False)
+    assert H.HoldConfig(16, 64, num_warps=4, persistent=False).label() == "hold 16x64 w4 grid"
+    assert (
+        H.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1, packed=True).label() == "hold 32x1024 w16 1/SM packed"
+    )
 
 
 def test_defaults_table_picks_by_shape_class(monkeypatch):
@@ -118,7 +129,9 @@ def test_defaults_table_picks_by_shape_class(monkeypatch):
     assert H.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG
     mine = H.HoldConfig(64, 2048, num_warps=16, programs_per_sm=1, packed=True)
     monkeypatch.setattr(H, "ALONG_N_DEFAULTS", ((1024, H.RULE), (2048, mine), (1 << 31, C.ALONG_N_CONFIG)))
-    assert H.along_n_config(1536) is mine and H.along_n_config(2048) is mine and H.along_n_config(2049) is C.ALONG_N_CONFIG
+    assert (
+        H.along_n_config(1536) is mine and H.along_n_config(2048) is mine and H.along_n_config(2049) is C.ALONG_N_CONFIG
+    )
     monkeypatch.setattr(H, "K_GROUPS_DEFAULTS", ((512, mine),))
     assert H.k_groups_config(65536, 128) is mine and H.k_groups_config(131072, 128) is C.K_GROUPS_CONFIG
 
@@ -126,15 +139,16 @@ def test_defaults_table_picks_by_shape_class(monkeypatch):
 _SIG = {"x_ptr": "*bf16", "xw_ptr": "*i32", "offs_ptr": "*i32", "q_ptr": "*u8", "scale_ptr": "*fp32",
         **{a: "i32" for a in ("rows", "cols", "G", "PROGRAMS", "stride_xg", "stride_xm")}, "stride_xc": "constexpr",
         **{a: "i32" for a in ("stride_wg", "stride_wm", "stride_qg", "stride_qc")},
-        **{c: "constexpr" for c in ("HAS_OFFS", "STRIP", "HOLD", "STEP", "PACKED", "PREFETCH", "EXACT")}}  # fmt: skip
+        **{c: "constexpr" for c in ("HAS_OFFS", "STRIP", "HOLD", "STEP", "PACKED", "PREFETCH", "PERSISTENT", "EXACT")}}  # fmt: skip
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
-def test_packed_kernel_compiles_to_16_byte_loads_and_stores(prefetch):
+@pytest.mark.parametrize("prefetch, persistent", [(False, True), (True, True), (False, False)],
+                         ids=["", "prefetch", "grid"])  # fmt: skip
+def test_packed_kernel_compiles_to_16_byte_loads_and_stores(prefetch, persistent):
     """Packed 64 x 512 at 8 warps for sm_90: the words are loaded 16 bytes at a time (no narrower global loads of
     x) and both columns of each pair stored transposed in 16-byte vectors, with the e4m3 hardware cast."""
     constexprs = {"HAS_OFFS": True, "STRIP": 64, "HOLD": 512, "STEP": 256, "EXACT": False, "stride_xc": 1,
-                  "PACKED": True, "PREFETCH": prefetch}  # fmt: skip
+                  "PACKED": True, "PREFETCH": prefetch, "PERSISTENT": persistent}  # fmt: skip
     aligned = ("x_ptr", "xw_ptr", "q_ptr", "scale_ptr", "rows", "cols", "stride_xg", "stride_xm", "stride_wg",
                "stride_wm", "stride_qg", "stride_qc")  # fmt: skip
     ptx = compile_ptx("mxkernels.quant.fp8_hold", "_hold_kernel", _SIG, constexprs, 90, aligned, {"num_warps": 8})
@@ -148,7 +162,8 @@ def test_gpu_packed_and_prefetched_holds_bit_exact_at_fine_grained_shapes(poison
     gen = torch.Generator(device="cuda").manual_seed(9)
     ragged = [512] * 120 + [0, 1, 16, 37, 1000, 2048, 0, 512]
     x = torch.randn(65536 + 4096, 768, device="cuda", generator=gen).bfloat16()
-    for config in (H.HoldConfig(64, 512, num_warps=8, programs_per_sm=2, packed=True, max_registers=128),
+    for config in (H.HoldConfig(32, 512, num_warps=8, persistent=False),
+                   H.HoldConfig(64, 512, num_warps=8, persistent=False, packed=True, max_registers=128),
                    H.HoldConfig(64, 512, num_warps=16, programs_per_sm=1, packed=True, prefetch=True),
                    H.HoldConfig(32, 512, num_warps=8, programs_per_sm=2, max_registers=128)):  # fmt: skip
         _assert_k_groups(x, ragged, config)

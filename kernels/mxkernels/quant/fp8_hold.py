@@ -52,7 +52,7 @@ def _fetch(item, items, n_strips, x_ptr, xw_ptr, q_ptr, offs_ptr, rows, cols, st
     """The loads of work item ``item``'s held rows, issued and not waited for: a (HOLD, STRIP) tile of x, or with
     PACKED a (HOLD, STRIP / 2) tile of 32-bit words, each two neighbouring bf16 columns (xw_ptr: x viewed as int32,
     strides in words). Rows not held (a walking strip, an item past the last) are masked off: no traffic."""
-    g, c, col_ok, start, end, x_cols, q_cols, held, lo, hi = _strip_rows(
+    g, _, col_ok, _, _, x_cols, _, _, lo, hi = _strip_rows(
         item, items, n_strips, x_ptr, q_ptr, offs_ptr, rows, cols, stride_xg, stride_xc, stride_qg, stride_qc, STRIP,
         HOLD, HAS_OFFS)  # fmt: skip
     m = lo + tl.arange(0, HOLD)
@@ -115,7 +115,7 @@ def _hold_kernel(
     x_ptr, xw_ptr, offs_ptr, q_ptr, scale_ptr, rows, cols, G, PROGRAMS,
     stride_xg, stride_xm, stride_xc, stride_wg, stride_wm, stride_qg, stride_qc,
     HAS_OFFS: tl.constexpr, STRIP: tl.constexpr, HOLD: tl.constexpr, STEP: tl.constexpr, PACKED: tl.constexpr,
-    PREFETCH: tl.constexpr, EXACT: tl.constexpr,
+    PREFETCH: tl.constexpr, PERSISTENT: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """Per-group column scales, the output transposed (groups and strides as in ``_colwise_kernel``), by PROGRAMS
     persistent programs walking strips (STRIP columns of one group) as ``_walk_kernel`` does. A strip of at most
@@ -123,10 +123,18 @@ def _hold_kernel(
     layer's padded routing) is read once and held whole: one read from device memory, many loads in flight per
     program. A longer or unaligned strip takes the walking kernel's two passes in STEP-row steps. PACKED: held as
     32-bit words of two bf16 columns (half the registers). PREFETCH: the next item's loads are issued before this
-    item is reduced and stored (two strips in registers), so a program's loads overlap its own stores."""
+    item is reduced and stored (two strips in registers), so a program's loads overlap its own stores. Not
+    PERSISTENT: one program a work item (PROGRAMS = the items), no loop (whose loop-carried and hoisted values cost
+    ~50-70 registers a thread, sm_90), so more programs fit an SM and the hardware overlaps them."""
     n_strips = tl.cdiv(cols, STRIP)
     items = G * n_strips
-    if PREFETCH:
+    if not PERSISTENT:
+        tile = _fetch(tl.program_id(0), items, n_strips, x_ptr, xw_ptr, q_ptr, offs_ptr, rows, cols, stride_xg,
+                      stride_xm, stride_xc, stride_wg, stride_wm, stride_qg, stride_qc, STRIP, HOLD, HAS_OFFS,
+                      PACKED)  # fmt: skip
+        _finish(tile, tl.program_id(0), items, n_strips, x_ptr, q_ptr, scale_ptr, offs_ptr, rows, cols, stride_xg,
+                stride_xm, stride_xc, stride_qg, stride_qc, STRIP, HOLD, STEP, HAS_OFFS, PACKED, EXACT)  # fmt: skip
+    elif PREFETCH:
         tile = _fetch(tl.program_id(0), items, n_strips, x_ptr, xw_ptr, q_ptr, offs_ptr, rows, cols, stride_xg,
                       stride_xm, stride_xc, stride_wg, stride_wm, stride_qg, stride_qc, STRIP, HOLD, HAS_OFFS,
                       PACKED)  # fmt: skip
@@ -177,6 +185,10 @@ class HoldConfig:
     # Issue the next strip's loads before reducing and storing this one (a register double buffer): a program's
     # reads stay in flight through its own stores. Costs a second strip's registers.
     prefetch: bool = False
+    # False: one program a strip (a grid of every strip, no loop): ~94 registers a thread at 64 elements where the
+    # persistent loop takes ~150-165 (sm_90, triton 3.6), so two or more programs share an SM and the hardware
+    # overlaps one's loads with another's stores. programs_per_sm and prefetch then play no part.
+    persistent: bool = True
     # ptxas register cap (maxnreg), 0: the compiler's choice. A cap of 65536 / (32 x warps x programs_per_sm) lets
     # that many programs share an SM, at the price of spills if the strip does not fit.
     max_registers: int = 0
@@ -185,20 +197,26 @@ class HoldConfig:
         check_fields_power_of_two(self, "strip_cols", "hold_rows", "step_rows", "num_warps")
         check_int("HoldConfig.programs_per_sm", self.programs_per_sm, 1, 32)
         check_int("HoldConfig.max_registers", self.max_registers, 0, 255)
-        for flag in ("packed", "prefetch"):
+        for flag in ("packed", "prefetch", "persistent"):
             if not isinstance(getattr(self, flag), bool):
                 raise InputError(f"HoldConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
         if self.packed and self.strip_cols < 2:
             raise InputError(f"HoldConfig.strip_cols must be at least 2 when packed, got {self.strip_cols}")
+        if self.prefetch and not self.persistent:
+            raise InputError("HoldConfig.prefetch needs persistent=True (a program prefetches its next strip)")
 
     def holds(self, rows: int) -> bool:
         """Whether a strip of ``rows`` rows on 16-row boundaries is read once."""
         return rows <= self.hold_rows
 
     def label(self) -> str:
-        """A short name: ``hold 32x1024 w16 1/SM`` plus ``packed``, ``prefetch``, ``r<cap>`` where set."""
-        extra = [f for f in ("packed", "prefetch") if getattr(self, f)] + ([f"r{self.max_registers}"] if self.max_registers else [])
-        return " ".join([f"hold {self.strip_cols}x{self.hold_rows} w{self.num_warps} {self.programs_per_sm}/SM", *extra])
+        """A short name: ``hold 32x1024 w16 1/SM`` (``grid`` for one program a strip) plus ``packed``, ``prefetch``,
+        ``r<cap>`` where set."""
+        extra = [f for f in ("packed", "prefetch") if getattr(self, f)] + (
+            [f"r{self.max_registers}"] if self.max_registers else []
+        )
+        grid = f"{self.programs_per_sm}/SM" if self.persistent else "grid"
+        return " ".join([f"hold {self.strip_cols}x{self.hold_rows} w{self.num_warps} {grid}", *extra])
 
 
 # The holding kernel's rule for strips of few rows: each thread holds HOLD_PER_THREAD elements, a program up to
@@ -293,12 +311,14 @@ def _words(x: torch.Tensor, cols: int, x_strides) -> tuple[torch.Tensor, tuple[i
 def launch_hold(x, offs, q, scale, groups, *, rows, cols, x_strides, q_strides, config: HoldConfig) -> None:
     """The holding kernel on inputs the caller has checked; groups, strides and outputs as in
     ``fp8_colwise.launch_colwise``."""
-    programs = persistent_programs(groups * triton.cdiv(cols, config.strip_cols), x.device, config.programs_per_sm)
+    items = groups * triton.cdiv(cols, config.strip_cols)
+    programs = persistent_programs(items, x.device, config.programs_per_sm) if config.persistent else items
     words = _words(x, cols, x_strides) if config.packed else None
     xw, (stride_wg, stride_wm) = words if words is not None else (x, (0, 0))
     cap = {"maxnreg": config.max_registers} if config.max_registers and not INTERPRET else {}
     _hold_kernel[(programs,)](
         x, xw, offs, q.view(torch.uint8), scale, rows, cols, groups, programs, *x_strides, stride_wg, stride_wm,
         *q_strides, HAS_OFFS=offs is not None, STRIP=config.strip_cols, HOLD=config.hold_rows, STEP=config.step_rows,
-        PACKED=words is not None, PREFETCH=config.prefetch, EXACT=INTERPRET, num_warps=config.num_warps, **cap,
+        PACKED=words is not None, PREFETCH=config.prefetch, PERSISTENT=config.persistent, EXACT=INTERPRET,
+        num_warps=config.num_warps, **cap,
     )  # fmt: skip
