@@ -28,9 +28,13 @@ from tuning import start
 
 import torch
 import triton
+from mxkernels.core.format import quantize_reference as mx_quantize_reference
+from mxkernels.layouts import scale_layout
 from mxkernels.quant import fp8_colwise as C
 from mxkernels.quant import fp8_hold as H
 from mxkernels.quant import fp8_rowwise as F
+from mxkernels.quant import quantize_blocked as QB
+from mxkernels.quant.quantize_cols import ColsConfig
 from mxbench.instruments.timing import time_fn
 
 # isort: on
@@ -52,12 +56,19 @@ class Case:
 
     @property
     def span(self) -> int:
-        """The rows one scale spans: the defaults tables' key (N; the average group)."""
+        """The rows one scale spans: the defaults tables' key (N; the average group); 32 for MXFP8's blocks."""
+        if self.kind.startswith("mx_"):
+            return 32
         return self.shape[1] if self.kind == "along_n" else -(-self.shape[0] // self.groups)
 
     @property
     def min_bytes(self) -> int:
-        """bf16 read once, e4m3 written once, one fp32 scale a column of each expert or group."""
+        """bf16 read once, e4m3 written once, one fp32 scale a column of each expert or group; MXFP8: the blocked
+        quantizers' own costs (e8m0 scales in their blocked images, padding included)."""
+        if self.kind == "mx_along_n":
+            return QB.quantize_3d_blocked_cost(*self.shape, torch.bfloat16, "N").bytes
+        if self.kind == "mx_k_groups":
+            return QB.quantize_dim1_blocked_cost(*self.shape, self.groups, torch.bfloat16).bytes
         scales = self.shape[0] * self.shape[2] if self.kind == "along_n" else self.groups * self.shape[1]
         return 3 * prod(self.shape) + 4 * scales
 
@@ -75,6 +86,22 @@ CASES = (
     Case("deepseek-v3 w13 along N", "along_n", (8, 4096, 7168)),
     Case("deepseek-v3 w2 along N", "along_n", (8, 7168, 2048)),
 )
+
+
+# --mx: MXFP8's blocked quantizers at the same shapes, the scale a 32-row block along N or the groups' rows (dim1 +
+# K-groups, wgrad), each with its blocked scale image: ``quantize_blocked``'s defaults against cols-kernel launches.
+MX_CASES = (
+    Case("mx gpt-oss-120b dim1+K-groups 131072x2880", "mx_k_groups", (131072, 2880), 128),
+    Case("mx qwen3-30b-a3b dim1+K-groups 65536x2048", "mx_k_groups", (65536, 2048), 128),
+    Case("mx qwen3-30b-a3b w13 along N", "mx_along_n", (128, 1536, 2048)),
+    Case("mx gpt-oss-120b w2 along N", "mx_along_n", (128, 2880, 2880)),
+    Case("mx qwen3-30b-a3b w2 along N", "mx_along_n", (128, 2048, 768)),
+    Case("mx gpt-oss-120b w13 along N", "mx_along_n", (128, 5760, 2880)),
+)
+MX_COLS = [ColsConfig((128, 64), 1, 3, 2048), ColsConfig((32, 64), 1, 1, 512), ColsConfig((64, 64), 1, 2, 1024),
+           ColsConfig((128, 64), 1, 3, 512), ColsConfig((64, 64), 1, 1, 512, prefetch=True),
+           ColsConfig((128, 32), 1, 1, 2048, prefetch=True), ColsConfig((32, 128), 1, 1, 1024),
+           ColsConfig((64, 128), 2, 2, 1024)]  # fmt: skip
 
 
 def _hold(strip, hold, warps, per_sm, **kw) -> H.HoldConfig:
@@ -129,6 +156,9 @@ def label(config) -> str:
         how = "prefetch" if config.prefetch else f"s{config.num_stages}"
         cap = f" r{config.max_registers}" if config.max_registers else ""
         return f"walk {config.strip_cols}x{config.step_rows} w{config.num_warps} {config.programs_per_sm}/SM {how}{cap}"
+    if isinstance(config, ColsConfig):
+        how = "prefetch" if config.prefetch else f"s{config.num_stages}"
+        return f"cols {config.tile[0]}x{config.tile[1]} w{config.num_warps} {how} g{config.group_cols}"
     if isinstance(config, C.ColwiseConfig):
         return f"strips {config.strip_cols}x{config.chunk_rows} step {config.step_rows} g{config.group_cols}" + (
             " split" if config.split else "")  # fmt: skip
@@ -137,7 +167,10 @@ def label(config) -> str:
 
 def candidates(case: Case, quick: bool) -> list:
     """The default (None) first, the old split launch for k_groups, then the holds sized for the case's span and
-    the walking launches; --quick: the default and two of each."""
+    the walking launches; --quick: the default and two of each. MXFP8: the default and the cols launches."""
+    if case.kind.startswith("mx_"):
+        cols = [c for c in MX_COLS if c != default_config(case)]
+        return [None, *cols[: 3 if quick else None]]
     holds = HOLDS.get(triton.next_power_of_2(case.span), [])
     walks = [w for w in WALKS if w != C.ALONG_N_CONFIG]
     old = [C.K_GROUPS_CONFIG, C.ALONG_N_CONFIG] if case.kind == "k_groups" else [C.ALONG_N_CONFIG]
@@ -148,13 +181,17 @@ def candidates(case: Case, quick: bool) -> list:
 
 
 def default_config(case: Case):
+    if case.kind.startswith("mx_"):
+        return QB.ALONG_N_BLOCKED if case.kind == "mx_along_n" else QB.DIM1_BLOCKED
     if case.kind == "along_n":
         return H.along_n_config(case.span)
     return H.k_groups_config(case.shape[0], case.groups)
 
 
 def shape_class(case: Case) -> int:
-    """The bound of the defaults table's row that ``case`` falls in."""
+    """The bound of the defaults table's row that ``case`` falls in (MXFP8: one class a kind, 1 << 31)."""
+    if case.kind.startswith("mx_"):
+        return 1 << 31
     table = H.ALONG_N_DEFAULTS if case.kind == "along_n" else H.K_GROUPS_DEFAULTS
     return next(bound for bound, _ in table if case.span <= bound)
 
@@ -165,6 +202,8 @@ def shape_class(case: Case) -> int:
 def setup(case: Case):
     """(quantize(config) -> outputs, the oracle's outputs, tensors to keep) of a case, random normal bf16 values."""
     gen = torch.Generator(device=DEVICE).manual_seed(0)
+    if case.kind.startswith("mx_"):
+        return _mx_setup(case, gen)
     if case.kind == "along_n":
         w = (torch.randn(case.shape, device=DEVICE, generator=gen) * case.shape[2] ** -0.5).bfloat16()
         ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
@@ -174,6 +213,28 @@ def setup(case: Case):
     offs = torch.arange(1, case.groups + 1, device=DEVICE, dtype=torch.int32) * (M // case.groups)
     ref = F.quantize_fp8_rowwise_k_groups_reference(x, offs)
     return (lambda c: F.quantize_fp8_rowwise_k_groups(x, offs, config=c)), ref, (x, offs)
+
+
+def _mx_oracle(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 (RCEIL) oracle bytes of t (..., L), blocks along L, 8192 rows at a time (fp32 temporaries)."""
+    rows = t.reshape(-1, t.shape[-1])
+    parts = [mx_quantize_reference(rows[i : i + 8192].contiguous(), "rceil") for i in range(0, rows.shape[0], 8192)]
+    q = torch.cat([p[0].view(torch.uint8) for p in parts]).view(t.shape)
+    return q, torch.cat([p[1].view(torch.uint8) for p in parts]).view(*t.shape[:-1], -1)
+
+
+def _mx_setup(case: Case, gen: torch.Generator):
+    if case.kind == "mx_along_n":
+        w = (torch.randn(case.shape, device=DEVICE, generator=gen) * case.shape[2] ** -0.5).bfloat16()
+        q, scales = _mx_oracle(w.transpose(1, 2))
+        ref = (q, scale_layout.rearrange_3d_reference(scales))
+        return (lambda c: QB.quantize_3d_blocked(w, "N", config=c)), ref, (w,)
+    M, R = case.shape
+    x = torch.randn(M, R, device=DEVICE, generator=gen).bfloat16()
+    offs = torch.arange(1, case.groups + 1, device=DEVICE, dtype=torch.int32) * (M // case.groups)
+    q, scales = _mx_oracle(x.t())
+    ref = (q, scale_layout.rearrange_k_groups_reference(scales, offs))
+    return (lambda c: QB.quantize_dim1_blocked(x, offs, config=c)), ref, (x, offs)
 
 
 def differs(got, ref) -> str | None:
@@ -252,7 +313,9 @@ def ship(rows: list[dict]) -> list[dict]:
 def print_ship(picks: list[dict]) -> None:
     print("\nship, per shape class (fp8_hold.ALONG_N_DEFAULTS / K_GROUPS_DEFAULTS rows; 'default' = keep the row):")
     for p in picks:
-        table = "ALONG_N_DEFAULTS" if p["kind"] == "along_n" else "K_GROUPS_DEFAULTS"
+        table = {"along_n": "ALONG_N_DEFAULTS", "k_groups": "K_GROUPS_DEFAULTS",
+                 "mx_along_n": "quantize_blocked.ALONG_N_BLOCKED (whole)",
+                 "mx_k_groups": "quantize_blocked.DIM1_BLOCKED (whole)"}[p["kind"]]  # fmt: skip
         gain = f"{p['speedup']:.2f}x the default" if p["speedup"] else "default not timed"
         print(
             f"  {table} rows <= {p['class']}: {p['ship']}  ({p['total_us']:.1f} us over {len(p['cases'])} "
@@ -262,10 +325,10 @@ def print_ship(picks: list[dict]) -> None:
             print(f"    ({p['class']}, {p['config_repr']}),")
 
 
-def print_plan(quick: bool) -> None:
+def print_plan(quick: bool, cases=CASES) -> None:
     """The cases, their shape classes and candidates, and the kernels to compile (no GPU needed)."""
     kernels = set()
-    for case in CASES:
+    for case in cases:
         configs = candidates(case, quick)
         print(
             f"{case.name} {case.shape} span {case.span}, class <= {shape_class(case)}, "
@@ -274,7 +337,7 @@ def print_plan(quick: bool) -> None:
         for config in configs:
             print(f"    {label(config)}")
             kernels.add((case.kind, repr(config if config is not None else default_config(case))))
-    print(f"{sum(len(candidates(c, quick)) for c in CASES)} launches, about {len(kernels)} kernels to compile")
+    print(f"{sum(len(candidates(c, quick)) for c in cases)} launches, about {len(kernels)} kernels to compile")
 
 
 def main() -> int:
@@ -282,14 +345,15 @@ def main() -> int:
         parser.add_argument("--quick", action="store_true", help="the default and two holds and walks a case")
         parser.add_argument("--cases", default="", help="comma-separated substrings of case names (default: all)")
         parser.add_argument("--list", action="store_true", help="print the cases and candidates and exit (no GPU)")
+        parser.add_argument("--mx", action="store_true", help="MXFP8's blocked quantizers instead (3D along N, dim1)")
 
     if "--list" in sys.argv:
-        print_plan("--quick" in sys.argv)
+        print_plan("--quick" in sys.argv, MX_CASES if "--mx" in sys.argv else CASES)
         return 0
     session = start(SCRIPT, __doc__.splitlines()[0], "all", "unused (see --cases)", 131072, 2880, options)
     args = session.args
     wanted = [s for s in args.cases.split(",") if s]
-    cases = [c for c in CASES if not wanted or any(w in c.name for w in wanted)]
+    cases = [c for c in (MX_CASES if args.mx else CASES) if not wanted or any(w in c.name for w in wanted)]
     print(f"copy roof {session.roof:.2f} TB/s; datasheet {DATASHEET_TBPS} TB/s", flush=True)
     print(HEADER, flush=True)
     rows, skipped = [], []

@@ -103,7 +103,7 @@ def test_the_script_runs_end_to_end_on_tiny_cases(monkeypatch, tmp_path, capsys)
     )
     finished = {}
     session = types.SimpleNamespace(
-        args=argparse.Namespace(quick=False, cases="", budget_s=1e9, samples=1, out=str(tmp_path / "run.json")),
+        args=argparse.Namespace(quick=False, cases="", budget_s=1e9, samples=1, out=str(tmp_path / "run.json"), mx=False),
         t0=0.0, device="CPU", roof=3.0, finish=lambda script, rows, skipped, summary, timing: finished.update(
             script=script, rows=rows, skipped=skipped, summary=summary))  # fmt: skip
     monkeypatch.setattr(T, "start", lambda *a, **k: session)
@@ -118,3 +118,33 @@ def test_the_script_runs_end_to_end_on_tiny_cases(monkeypatch, tmp_path, capsys)
     assert all(r["bits_equal_oracle"] and r["bits_equal_default"] for r in rows if r["ok"])
     assert len(timed) == len(rows) - 1 and "ship, per shape class" in out
     assert {(p["kind"], p["class"]) for p in finished["summary"]["ship"]} == {("k_groups", 512), ("along_n", 1024)}
+
+
+def test_the_mx_sweep_runs_end_to_end_on_tiny_cases(monkeypatch, capsys):
+    """--mx on CPU under the interpreter: MXFP8's blocked quantizers (3D along N, dim1 + K-groups) checked against
+    the MX oracle with its blocked scale images, one class a kind."""
+    import argparse
+    import types
+
+    from mxkernels.quant.quantize_cols import ColsConfig
+
+    cases = (T.Case("mx tiny dim1", "mx_k_groups", (128, 64), 2), T.Case("mx tiny along N", "mx_along_n", (2, 64, 32)))
+    monkeypatch.setattr(T, "MX_CASES", cases)
+    monkeypatch.setattr(T, "DEVICE", "cpu")
+    monkeypatch.setattr(T, "MX_COLS", [ColsConfig((32, 32), 1, 1, 0)])
+    monkeypatch.setattr(T, "time_fn", lambda fn, **kw: fn() and types.SimpleNamespace(median_us=5.0, iqr_us=0.1))
+    finished = {}
+    args = argparse.Namespace(quick=False, cases="", budget_s=1e9, samples=1, out=None, mx=True)
+    session = types.SimpleNamespace(args=args, t0=0.0, device="CPU", roof=3.0,
+                                    finish=lambda script, rows, skipped, summary, timing: finished.update(rows=rows))  # fmt: skip
+    monkeypatch.setattr(T, "start", lambda *a, **k: session)
+    monkeypatch.setattr(sys, "argv", ["tune_weight_quantizers.py", "--mx"])
+    assert T.main() == 0
+    rows = finished["rows"]
+    assert [(r["case"], r["config"], r["ok"]) for r in rows] == [
+        ("mx tiny dim1", "default", True), ("mx tiny dim1", "cols 32x32 w1 s1 g0", True),
+        ("mx tiny along N", "default", True), ("mx tiny along N", "cols 32x32 w1 s1 g0", True)]  # fmt: skip
+    assert "quantize_blocked.DIM1_BLOCKED" in capsys.readouterr().out
+    # dim1 + K-groups of (128, 64) in 2 groups: bf16 read, e4m3 written, the K-groups buffer (ceil_128(64) = 128 rows,
+    # 128 / 32 + 4 x 2 = 12 scale columns; docs: shared/reference/mxfp8.md section 2).
+    assert cases[0].min_bytes == 128 * 64 * 2 + 128 * 64 + 128 * 12
