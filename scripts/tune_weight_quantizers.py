@@ -137,14 +137,15 @@ HOLDS = {
     ],  # whole strip of 64 bytes a row, one program (stack 216)
     4096: [_hold(16, 4096, 16, 1, packed=True)],  # gpt-oss-120b's 2880 and DeepSeek-V3's 4096 along N (stack 584)
 }
-# Walking launches (two passes, the second from L2 while the strips in flight fit there), for every case: the old
-# along-N default (timed where it is not the default), more programs an SM, and shared-memory pipelined loads
-# (cp.async, num_stages) with few warps, capped so that the programs an SM fit.
+# Walking launches (two passes, the second from L2 while the strips in flight fit there), for every case: more
+# programs an SM (capped so that they fit: uncapped the walking kernel takes 150-255 registers), and shared-memory
+# pipelined loads (cp.async, num_stages) with few warps. The 1/SM ones keep the strips in flight small enough for L2
+# (132 x 7168 rows x 16 columns x 2 bytes = 30 MB at DeepSeek-V3's longest) with ~24-32 KB of loads in flight an SM.
 WALKS = [C.WalkConfig(32, 256, num_warps=4, programs_per_sm=4, prefetch=False, num_stages=3, max_registers=128),
+         C.WalkConfig(16, 256, num_warps=4, programs_per_sm=1, prefetch=False, num_stages=4),  # 128 regs
+         C.WalkConfig(32, 128, num_warps=4, programs_per_sm=1, prefetch=False, num_stages=4),  # 145 regs
          C.WalkConfig(64, 128, num_warps=4, programs_per_sm=4, prefetch=False, num_stages=3, max_registers=128),
-         C.WalkConfig(64, 256, num_warps=8, programs_per_sm=2, max_registers=128),
-         C.WalkConfig(32, 512, num_warps=8, programs_per_sm=2, max_registers=128),
-         C.WalkConfig(64, 64, num_warps=2, programs_per_sm=8, prefetch=False, num_stages=4, max_registers=128)]  # fmt: skip
+         C.WalkConfig(64, 256, num_warps=8, programs_per_sm=2, max_registers=128)]  # fmt: skip
 
 
 def label(config) -> str:
