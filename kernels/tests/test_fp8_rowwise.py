@@ -401,18 +401,20 @@ def test_hold_defaults_pick_by_rows():
 
 
 # In the kernel's parameter order: ``aligned`` names are placed by their index in this dict.
-_HOLD_SIG = {"x_ptr": "*bf16", "offs_ptr": "*i32", "q_ptr": "*u8", "scale_ptr": "*fp32",
+_HOLD_SIG = {"x_ptr": "*bf16", "xw_ptr": "*i32", "offs_ptr": "*i32", "q_ptr": "*u8", "scale_ptr": "*fp32",
              **{a: "i32" for a in ("rows", "cols", "G", "PROGRAMS", "stride_xg", "stride_xm")}, "stride_xc": "constexpr",
-             "stride_qg": "i32", "stride_qc": "i32",
-             **{c: "constexpr" for c in ("HAS_OFFS", "STRIP", "HOLD", "STEP", "EXACT")}}  # fmt: skip
+             **{a: "i32" for a in ("stride_wg", "stride_wm", "stride_qg", "stride_qc")},
+             **{c: "constexpr" for c in ("HAS_OFFS", "STRIP", "HOLD", "STEP", "PACKED", "PREFETCH", "PERSISTENT", "EXACT")}}  # fmt: skip
 
 
 @pytest.mark.parametrize("has_offs", [True, False], ids=["k_groups", "3d"])
 def test_hold_kernel_compiles_to_16_byte_loads_and_stores(has_offs):
     """The holding kernel at the Qwen3-30B-A3B default (16 x 2048, 16 warps) for sm_90: the held strip is loaded in
     16-byte vectors (no 2-byte loads) and stored transposed in 16-byte vectors, with the e4m3 hardware cast."""
-    constexprs = {"HAS_OFFS": has_offs, "STRIP": 16, "HOLD": 2048, "STEP": 256, "EXACT": False, "stride_xc": 1}
-    aligned = ("x_ptr", "q_ptr", "scale_ptr", "rows", "cols", "stride_xg", "stride_xm", "stride_qg", "stride_qc")
+    constexprs = {"HAS_OFFS": has_offs, "STRIP": 16, "HOLD": 2048, "STEP": 256, "EXACT": False, "stride_xc": 1,
+                  "PACKED": False, "PREFETCH": False, "PERSISTENT": True}
+    aligned = ("x_ptr", "xw_ptr", "q_ptr", "scale_ptr", "rows", "cols", "stride_xg", "stride_xm", "stride_wg",
+               "stride_wm", "stride_qg", "stride_qc")
     ptx = compile_ptx("mxkernels.quant.fp8_hold", "_hold_kernel", _HOLD_SIG, constexprs, 90, aligned,
                       {"num_warps": 16})  # fmt: skip
     assert "ld.global.v4.b32" in ptx and "ld.global.b16" not in ptx

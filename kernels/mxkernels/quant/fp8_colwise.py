@@ -373,11 +373,16 @@ class WalkConfig:
     # in registers); else num_stages (1 to 4) lets Triton pipeline them through shared memory.
     prefetch: bool = True
     num_stages: int = 1
+    # ptxas register cap (maxnreg), 0: the compiler's choice (sm_90, triton 3.6: 150-255 registers a thread, so
+    # fewer programs an SM run than programs_per_sm asks; a cap of 65536 / (32 x num_warps x programs_per_sm) lets
+    # them, at the price of spills).
+    max_registers: int = 0
 
     def __post_init__(self):
         check_fields_power_of_two(self, "strip_cols", "step_rows", "num_warps")
         check_int("WalkConfig.programs_per_sm", self.programs_per_sm, 1, 32)
         check_int("WalkConfig.num_stages", self.num_stages, 1, 4)
+        check_int("WalkConfig.max_registers", self.max_registers, 0, 255)
         if not isinstance(self.prefetch, bool):
             raise InputError(f"WalkConfig.prefetch must be a bool, got {self.prefetch!r}")
 
@@ -421,6 +426,7 @@ def launch_colwise(x, offs, q, scale, groups, *, rows, cols, x_strides, q_stride
             x, offs, q.view(torch.uint8), scale, rows, cols, groups, programs, *x_strides, *q_strides,
             HAS_OFFS=offs is not None, STRIP=config.strip_cols, STEP=config.step_rows, STAGES=config.num_stages,
             PREFETCH=config.prefetch, EXACT=INTERPRET, num_warps=config.num_warps,
+            **({"maxnreg": config.max_registers} if config.max_registers and not INTERPRET else {}),
         )  # fmt: skip
         return
     if isinstance(config, TwoPassColwiseConfig):
