@@ -124,8 +124,9 @@ def test_hold_config_checks_its_fields():
 def test_defaults_table_picks_by_shape_class(monkeypatch):
     """The first row whose bound the rows do not exceed; RULE is ``hold_config``; a row's launch is returned as is."""
     assert H.along_n_config(1024) == H.hold_config(1024) and H.along_n_config(1025) is C.ALONG_N_CONFIG
-    assert H.k_groups_config(131072, 128) == H.hold_config(1024)
-    assert H.k_groups_config(65536, 128) == H.hold_config(512)
+    assert H.along_n_config(2880) is H.ALONG_N_DEFAULTS[2][1] and H.along_n_config(4097) is H.ALONG_N_DEFAULTS[3][1]
+    assert H.k_groups_config(65536, 128) is H.K_GROUPS_DEFAULTS[0][1]  # average group 512
+    assert H.k_groups_config(131072, 128) is H.K_GROUPS_DEFAULTS[1][1]  # average group 1024
     assert H.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG
     mine = H.HoldConfig(64, 2048, num_warps=16, programs_per_sm=1, packed=True)
     monkeypatch.setattr(H, "ALONG_N_DEFAULTS", ((1024, H.RULE), (2048, mine), (1 << 31, C.ALONG_N_CONFIG)))

@@ -392,8 +392,9 @@ def test_hold_defaults_pick_by_rows():
     assert H.along_n_config(1536) is C.ALONG_N_CONFIG and H.along_n_config(2048) is C.ALONG_N_CONFIG
     assert H.along_n_config(768) == H.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1)
     assert H.along_n_config(40) == H.HoldConfig(64, 64, num_warps=4, programs_per_sm=2)
-    assert H.along_n_config(2880) is C.ALONG_N_CONFIG and H.along_n_config(7168) is C.ALONG_N_CONFIG
-    assert H.k_groups_config(131072, 128) == H.HoldConfig(32, 1024, num_warps=16, programs_per_sm=1)  # 1024 a group
+    # the wider classes and the fine-grained k_groups take the launches their table rows name (measured: perf-log)
+    assert H.along_n_config(2880) is H.ALONG_N_DEFAULTS[2][1] and H.along_n_config(7168) is H.ALONG_N_DEFAULTS[3][1]
+    assert H.k_groups_config(131072, 128) is H.K_GROUPS_DEFAULTS[1][1]  # 1024 a group
     assert H.k_groups_config(131072, 64) is C.K_GROUPS_CONFIG  # 2048 rows a group: 16-column strips, not held
     assert H.k_groups_config(131072, 8) is C.K_GROUPS_CONFIG  # 16384 rows a group: split strips
     with pytest.raises(ValueError, match="hold_rows"):

@@ -253,12 +253,22 @@ RULE = "rule"
 ALONG_N_DEFAULTS: tuple[tuple[int, object], ...] = (
     (1024, RULE),  # hold 64 x <=512 (w16 1/SM at 512), 32 x 1024 w16 1/SM
     (2048, ALONG_N_CONFIG),  # Qwen3-30B-A3B's 1536 / 2048: walking (16-column holds measured slower)
-    (4096, ALONG_N_CONFIG),  # gpt-oss-120b's 2880, DeepSeek-V3's 4096: walking
-    (1 << 31, ALONG_N_CONFIG),  # gpt-oss-120b's 5760, DeepSeek-V3's 7168: walking
+    # gpt-oss-120b's 2880, DeepSeek-V3's 4096: 64-column strips walked 256 rows a step, two programs an SM, the next
+    # step's loads issued before this one's stores (the fastest over the class's two cases, bit-exact: perf-log)
+    (4096, WalkConfig(strip_cols=64, step_rows=256, num_warps=8, programs_per_sm=2, prefetch=True, num_stages=1,
+                      max_registers=128)),  # fmt: skip
+    # gpt-oss-120b's 5760, DeepSeek-V3's 7168: the same walk
+    (1 << 31, WalkConfig(strip_cols=64, step_rows=256, num_warps=8, programs_per_sm=2, prefetch=True, num_stages=1,
+                         max_registers=128)),  # fmt: skip
 )
 K_GROUPS_DEFAULTS: tuple[tuple[int, object], ...] = (
-    (512, RULE),  # Qwen3-30B-A3B at 65536 routed rows (128 groups of 512): hold 64 x 512 w16 1/SM
-    (1024, RULE),  # 128 groups of 1024 (Qwen3, gpt-oss-120b at 131072): hold 32 x 1024 w16 1/SM
+    # Qwen3-30B-A3B at 65536 routed rows (128 groups of 512): a program a 32 x 512 strip (no loop), 8 warps capped at
+    # 80 registers so more programs share an SM (the fastest measured at both of the class's widths)
+    (512, HoldConfig(strip_cols=32, hold_rows=512, step_rows=256, num_warps=8, programs_per_sm=1, packed=False,
+                     prefetch=False, persistent=False, max_registers=80)),  # fmt: skip
+    # 128 groups of 1024 (Qwen3, gpt-oss-120b at 131072): a program a 16 x 1024 strip, 8 warps (measured fastest)
+    (1024, HoldConfig(strip_cols=16, hold_rows=1024, step_rows=256, num_warps=8, programs_per_sm=1, packed=False,
+                      prefetch=False, persistent=False, max_registers=0)),  # fmt: skip
     (1 << 31, K_GROUPS_CONFIG),  # DeepSeek-V3's 16384-row groups: split strips
 )
 
