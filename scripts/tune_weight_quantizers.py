@@ -7,6 +7,7 @@ to ship (rows to paste into ``ALONG_N_DEFAULTS`` / ``K_GROUPS_DEFAULTS``), and t
 
     python scripts/tune_weight_quantizers.py --out $OUT/tune_weight_quantizers.json   # under 4 minutes, one H200
     python scripts/tune_weight_quantizers.py --quick                                 # a few candidates a case
+    python scripts/tune_weight_quantizers.py --table tune_weight_quantizers.json      # a stored run, no GPU
 
 Shapes (bf16): weights (G, N, K) along N, the scale over N: Qwen3-30B-A3B (128, 1536, 2048) gate|up and
 (128, 2048, 768) down; gpt-oss-120b (128, 5760, 2880) and (128, 2880, 2880); DeepSeek-V3 (8, 4096, 7168) and
@@ -16,11 +17,13 @@ x 5760 (128 groups of 1024); Qwen3-30B-A3B 65536 x 2048 and x 768 (128 groups of
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from math import prod
+from pathlib import Path
 
 # tuning first: it makes mxkernels and mxbench importable from a checkout where they are not installed.
 # isort: off
@@ -341,13 +344,32 @@ def print_plan(quick: bool, cases=CASES) -> None:
     print(f"{sum(len(candidates(c, quick)) for c in cases)} launches, about {len(kernels)} kernels to compile")
 
 
+def print_table(rows: list[dict]) -> list[dict]:
+    """Every case's launches fastest first, the picks per shape class, and what was not bit-exact; the picks."""
+    print(HEADER)
+    for case in dict.fromkeys(r["case"] for r in rows):
+        mine = [r for r in rows if r["case"] == case]
+        default_us = next((r["us"] for r in mine if r["config"] == "default" and r["ok"]), None)
+        for r in sorted(mine, key=lambda r: r.get("us", float("inf"))):
+            print(line(r, default_us))
+    picks = ship(rows)
+    print_ship(picks)
+    wrong = [f"{r['case']} / {r['config']}" for r in rows if not r["ok"]]
+    print(f"not ok: {'; '.join(wrong)}" if wrong else "every candidate bit-exact against the oracle")
+    return picks
+
+
 def main() -> int:
     def options(parser):
         parser.add_argument("--quick", action="store_true", help="the default and two holds and walks a case")
         parser.add_argument("--cases", default="", help="comma-separated substrings of case names (default: all)")
         parser.add_argument("--list", action="store_true", help="print the cases and candidates and exit (no GPU)")
+        parser.add_argument("--table", metavar="JSON", help="print a stored run's table and picks and exit (no GPU)")
         parser.add_argument("--mx", action="store_true", help="MXFP8's blocked quantizers instead (3D along N, dim1)")
 
+    if "--table" in sys.argv:  # a stored run's table and picks, no GPU
+        print_table(json.loads(Path(sys.argv[sys.argv.index("--table") + 1]).read_text())["rows"])
+        return 0
     if "--list" in sys.argv:
         print_plan("--quick" in sys.argv, MX_CASES if "--mx" in sys.argv else CASES)
         return 0
@@ -374,16 +396,7 @@ def main() -> int:
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     print(f"\n{session.device}; copy roof {session.roof:.2f} TB/s; TB/s over 3 bytes an element + scales")
-    print(HEADER)
-    for case in cases:
-        mine = [r for r in rows if r["case"] == case.name]
-        default_us = next((r["us"] for r in mine if r["config"] == "default" and r["ok"]), None)
-        for r in sorted(mine, key=lambda r: r.get("us", float("inf"))):
-            print(line(r, default_us))
-    picks = ship(rows)
-    print_ship(picks)
-    wrong = [f"{r['case']} / {r['config']}" for r in rows if not r["ok"]]
-    print(f"not ok: {'; '.join(wrong)}" if wrong else "every candidate bit-exact against the oracle")
+    picks = print_table(rows)
     session.finish(SCRIPT, rows, skipped, {"ship": picks, "datasheet_tbps": DATASHEET_TBPS,
                                            "cases": [c.__dict__ for c in cases]},
                    timing={"target_replay_ms": 5.0})  # fmt: skip

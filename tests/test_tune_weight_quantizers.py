@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -118,6 +119,13 @@ def test_the_script_runs_end_to_end_on_tiny_cases(monkeypatch, tmp_path, capsys)
     assert all(r["bits_equal_oracle"] and r["bits_equal_default"] for r in rows if r["ok"])
     assert len(timed) == len(rows) - 1 and "ship, per shape class" in out
     assert {(p["kind"], p["class"]) for p in finished["summary"]["ship"]} == {("k_groups", 512), ("along_n", 1024)}
+    # --table reprints a stored run's table and picks without a GPU
+    (tmp_path / "run.json").write_text(json.dumps({"rows": rows}))
+    monkeypatch.setattr(sys, "argv", ["tune_weight_quantizers.py", "--table", str(tmp_path / "run.json")])
+    assert T.main() == 0
+    table = capsys.readouterr().out
+    assert table.count("tiny along N") >= len([r for r in rows if r["case"] == "tiny along N"])
+    assert "ship, per shape class" in table and "not ok: tiny along N" in table
 
 
 def test_the_mx_sweep_runs_end_to_end_on_tiny_cases(monkeypatch, capsys):
