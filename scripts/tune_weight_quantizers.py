@@ -359,6 +359,25 @@ def print_table(rows: list[dict]) -> list[dict]:
     return picks
 
 
+def sweep(cases, args, session, rows: list, skipped: list) -> None:
+    """Every case's candidates into ``rows`` (those past the time budget into ``skipped``), each printed as done."""
+    for case in cases:
+        run, ref, keep = setup(case)
+        default_out, default_us = None, None
+        for config in candidates(case, args.quick):
+            if time.monotonic() - session.t0 > args.budget_s:
+                skipped.append({"case": case.name, "config": label(config), "why": "budget"})
+                continue
+            row = measure(case, config, run, ref, default_out, args.samples, session.roof)
+            if config is None and row.get("bits_equal_oracle"):
+                default_out, default_us = ref, row.get("us")  # the default equals the oracle: compare to either
+            rows.append(row)
+            print(line(row, default_us), flush=True)
+        del run, ref, keep, default_out
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main() -> int:
     def options(parser):
         parser.add_argument("--quick", action="store_true", help="the default and two holds and walks a case")
@@ -380,21 +399,13 @@ def main() -> int:
     print(f"copy roof {session.roof:.2f} TB/s; datasheet {DATASHEET_TBPS} TB/s", flush=True)
     print(HEADER, flush=True)
     rows, skipped = [], []
-    for case in cases:
-        run, ref, keep = setup(case)
-        default_out, default_us = None, None
-        for config in candidates(case, args.quick):
-            if time.monotonic() - session.t0 > args.budget_s:
-                skipped.append({"case": case.name, "config": label(config)})
-                continue
-            row = measure(case, config, run, ref, default_out, args.samples, session.roof)
-            if config is None and row.get("bits_equal_oracle"):
-                default_out, default_us = ref, row.get("us")  # the default equals the oracle: compare to either
-            rows.append(row)
-            print(line(row, default_us), flush=True)
-        del run, ref, keep, default_out
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+    try:
+        sweep(cases, args, session, rows, skipped)
+    except KeyboardInterrupt:  # SIGINT (a session's deadline): keep what was measured, write it, say what was not
+        done = {(r["case"], r["config"]) for r in rows} | {(r["case"], r["config"]) for r in skipped}
+        skipped += [{"case": c.name, "config": label(k), "why": "interrupted"} for c in cases
+                    for k in candidates(c, args.quick) if (c.name, label(k)) not in done]  # fmt: skip
+        print(f"interrupted: {len(rows)} launches measured, {len(skipped)} not", flush=True)
     print(f"\n{session.device}; copy roof {session.roof:.2f} TB/s; TB/s over 3 bytes an element + scales")
     picks = print_table(rows)
     session.finish(SCRIPT, rows, skipped, {"ship": picks, "datasheet_tbps": DATASHEET_TBPS,
