@@ -120,24 +120,25 @@ def _hold(strip, hold, warps, per_sm, **kw) -> H.HoldConfig:
 HOLDS = {
     512: [
         _hold(32, 512, 8, 1, persistent=False),  # 94 regs: 2 an SM, the hardware overlaps them
+        _hold(64, 512, 16, 1, persistent=False, max_registers=64),  # whole lines, 2 an SM (stack 72)
         _hold(32, 512, 8, 2, max_registers=128),  # persistent, 2 an SM (stack 8)
         _hold(32, 512, 16, 1, prefetch=True),  # the next strip's loads in flight (128, stack 0)
-        _hold(32, 512, 8, 1, persistent=False, max_registers=80),  # 3 an SM, if the spill is small
+        _hold(32, 512, 8, 1, persistent=False, max_registers=80),  # 3 an SM (stack 24)
         _hold(64, 512, 16, 1, packed=True, prefetch=True),  # whole lines, next strip in flight (stack 88)
-        _hold(64, 512, 8, 1, persistent=False, packed=True, max_registers=128),
-    ],  # whole lines, 2 an SM (170 -> cap)
+    ],
     1024: [
         _hold(16, 1024, 8, 1, persistent=False),  # 108 regs: 2 an SM (one-sector rows)
-        _hold(32, 1024, 16, 1, packed=True, prefetch=True),  # next strip in flight (stack 64)
+        _hold(32, 1024, 16, 1, persistent=False, max_registers=64),  # 2 an SM (stack 96)
+        _hold(32, 1024, 16, 1, packed=True, prefetch=True),  # (stack 64)
         _hold(16, 1024, 16, 1, prefetch=True),  # (128, stack 0)
         _hold(16, 1024, 8, 2, max_registers=128),  # persistent, 2 an SM (stack 24)
-        _hold(32, 1024, 8, 1, persistent=False, packed=True, max_registers=128),
-    ],  # 2 an SM (171 -> cap)
-    2048: [
-        _hold(16, 2048, 16, 1, packed=True, prefetch=True),  # one read of Qwen3's experts along N (stack 112)
-        _hold(16, 2048, 8, 1, persistent=False, packed=True, max_registers=128),  # 2 an SM (176 -> cap)
-        _hold(32, 2048, 16, 1, packed=True),
-    ],  # whole strip of 64 bytes a row, one program (stack 216)
+    ],
+    2048: [  # one read of Qwen3's experts along N
+        _hold(16, 2048, 16, 1, packed=True, prefetch=True),  # (stack 112)
+        _hold(16, 2048, 16, 1, persistent=False, max_registers=64),  # 2 an SM (stack 80)
+        _hold(16, 2048, 8, 1, persistent=False, packed=True, max_registers=128),  # 2 an SM (stack 256)
+        _hold(32, 2048, 16, 1, packed=True),  # 64 bytes a row, one program (stack 216)
+    ],
     4096: [_hold(16, 4096, 16, 1, packed=True)],  # gpt-oss-120b's 2880 and DeepSeek-V3's 4096 along N (stack 584)
 }
 # Walking launches (two passes, the second from L2 while the strips in flight fit there), for every case: more
