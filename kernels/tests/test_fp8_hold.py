@@ -165,6 +165,7 @@ def test_gpu_packed_and_prefetched_holds_bit_exact_at_fine_grained_shapes(poison
     ragged = [512] * 120 + [0, 1, 16, 37, 1000, 2048, 0, 512]
     x = torch.randn(65536 + 4096, 768, device="cuda", generator=gen).bfloat16()
     for config in (H.HoldConfig(32, 512, num_warps=8, persistent=False),
+                   H.HoldConfig(64, 512, num_warps=16, persistent=False, max_registers=64),
                    H.HoldConfig(64, 512, num_warps=8, persistent=False, packed=True, max_registers=128),
                    H.HoldConfig(64, 512, num_warps=16, programs_per_sm=1, packed=True, prefetch=True),
                    H.HoldConfig(32, 512, num_warps=8, programs_per_sm=2, max_registers=128)):  # fmt: skip
