@@ -6,10 +6,16 @@ spans all of a group's rows (2048 to all M), more than a program holds. At fine-
 whole: 2048 rows x 16 columns x 2 bytes = 64 KiB, 64 elements a thread at 16 warps. The holding kernel reads such a
 strip once, reduces, scales, casts and stores it transposed (one read: 3 bytes an element where the others move
 5), and walks a longer or unaligned strip in ``fp8_colwise``'s two passes. Same arithmetic as every column kernel
-(``block_math``), so bit-exact against ``fp8_rowwise``'s references.
+(``block_math``), so bit-exact against ``fp8_rowwise``'s references, whatever the launch.
+
+A program that holds a strip has no loads in flight while it reduces, exchanges and stores it, so the launch options
+(``HoldConfig``) are ways to keep reads going meanwhile: several programs an SM (``persistent=False``: one program a
+strip, fewer registers; ``max_registers``), the next strip's loads issued first (``prefetch``), bf16 pairs held as
+words (``packed``). ``scripts/tune_weight_quantizers.py`` times them at the fine-grained shapes.
 
 ``along_n_config(N)`` and ``k_groups_config(M, G)`` are the defaults of ``fp8_rowwise``'s 3D-along-N and k_groups
-wrappers: this kernel where a strip fits, else ``fp8_colwise``'s walking / split strips launches.
+wrappers, read from two small tables by shape class (``ALONG_N_DEFAULTS``, ``K_GROUPS_DEFAULTS``): this kernel where
+a strip fits, else ``fp8_colwise``'s walking / split strips launches.
 """
 
 from __future__ import annotations
