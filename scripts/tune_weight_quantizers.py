@@ -115,7 +115,7 @@ def _hold(strip, hold, warps, per_sm, **kw) -> H.HoldConfig:
 # larger hold only masks registers off). Each list best guess first (--quick keeps the first two). The comments give
 # ptxas' registers and stack bytes a thread (sm_90, triton 3.6; scripts/crosscompile_weight_quantizers.py) and so the
 # programs an SM: "grid" (one program a strip, no loop) needs ~94-108 registers at 64 elements a thread where the
-# persistent loop needs 150-165, so two 8-warp programs share an SM uncapped; caps force the count elsewhere. The
+# persistent loop needs 165-206, so two 8-warp programs share an SM uncapped; caps force the count elsewhere. The
 # current default (the rule) is timed as "default" and not repeated.
 HOLDS = {
     512: [

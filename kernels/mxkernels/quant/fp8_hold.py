@@ -131,7 +131,7 @@ def _hold_kernel(
     32-bit words of two bf16 columns (half the registers). PREFETCH: the next item's loads are issued before this
     item is reduced and stored (two strips in registers), so a program's loads overlap its own stores. Not
     PERSISTENT: one program a work item (PROGRAMS = the items), no loop (whose loop-carried and hoisted values cost
-    ~50-70 registers a thread, sm_90), so more programs fit an SM and the hardware overlaps them."""
+    ~70-110 registers a thread, sm_90), so more programs fit an SM and the hardware overlaps them."""
     n_strips = tl.cdiv(cols, STRIP)
     items = G * n_strips
     if not PERSISTENT:
@@ -192,7 +192,7 @@ class HoldConfig:
     # reads stay in flight through its own stores. Costs a second strip's registers.
     prefetch: bool = False
     # False: one program a strip (a grid of every strip, no loop): ~94 registers a thread at 64 elements where the
-    # persistent loop takes ~150-165 (sm_90, triton 3.6), so two or more programs share an SM and the hardware
+    # persistent loop takes ~165-206 (sm_90, triton 3.6), so two or more programs share an SM and the hardware
     # overlaps one's loads with another's stores. programs_per_sm and prefetch then play no part.
     persistent: bool = True
     # ptxas register cap (maxnreg), 0: the compiler's choice. A cap of 65536 / (32 x warps x programs_per_sm) lets
