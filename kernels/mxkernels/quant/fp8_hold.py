@@ -130,8 +130,9 @@ def _hold_kernel(
     program. A longer or unaligned strip takes the walking kernel's two passes in STEP-row steps. PACKED: held as
     32-bit words of two bf16 columns (half the registers). PREFETCH: the next item's loads are issued before this
     item is reduced and stored (two strips in registers), so a program's loads overlap its own stores. Not
-    PERSISTENT: one program a work item (PROGRAMS = the items), no loop (whose loop-carried and hoisted values cost
-    ~70-110 registers a thread, sm_90), so more programs fit an SM and the hardware overlaps them."""
+    PERSISTENT: one program a work item (PROGRAMS = the items), no loop (the loop costs ~70-110 registers a thread,
+    sm_90; why is not known, per-element offsets hoisted out of it the suspect), so more programs fit an SM and the
+    hardware overlaps them."""
     n_strips = tl.cdiv(cols, STRIP)
     items = G * n_strips
     if not PERSISTENT:
