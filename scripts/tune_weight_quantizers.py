@@ -7,6 +7,7 @@ to ship (rows to paste into ``ALONG_N_DEFAULTS`` / ``K_GROUPS_DEFAULTS``), and t
 
     python scripts/tune_weight_quantizers.py --out $OUT/tune_weight_quantizers.json   # under 4 minutes, one H200
     python scripts/tune_weight_quantizers.py --quick                                 # a few candidates a case
+    python scripts/tune_weight_quantizers.py --table tune_weight_quantizers.json      # a stored run, no GPU
 
 Shapes (bf16): weights (G, N, K) along N, the scale over N: Qwen3-30B-A3B (128, 1536, 2048) gate|up and
 (128, 2048, 768) down; gpt-oss-120b (128, 5760, 2880) and (128, 2880, 2880); DeepSeek-V3 (8, 4096, 7168) and
@@ -16,11 +17,13 @@ x 5760 (128 groups of 1024); Qwen3-30B-A3B 65536 x 2048 and x 768 (128 groups of
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from math import prod
+from pathlib import Path
 
 # tuning first: it makes mxkernels and mxbench importable from a checkout where they are not installed.
 # isort: off
@@ -112,29 +115,30 @@ def _hold(strip, hold, warps, per_sm, **kw) -> H.HoldConfig:
 # larger hold only masks registers off). Each list best guess first (--quick keeps the first two). The comments give
 # ptxas' registers and stack bytes a thread (sm_90, triton 3.6; scripts/crosscompile_weight_quantizers.py) and so the
 # programs an SM: "grid" (one program a strip, no loop) needs ~94-108 registers at 64 elements a thread where the
-# persistent loop needs 150-165, so two 8-warp programs share an SM uncapped; caps force the count elsewhere. The
+# persistent loop needs 165-206, so two 8-warp programs share an SM uncapped; caps force the count elsewhere. The
 # current default (the rule) is timed as "default" and not repeated.
 HOLDS = {
     512: [
         _hold(32, 512, 8, 1, persistent=False),  # 94 regs: 2 an SM, the hardware overlaps them
+        _hold(64, 512, 16, 1, persistent=False, max_registers=64),  # whole lines, 2 an SM (stack 72)
         _hold(32, 512, 8, 2, max_registers=128),  # persistent, 2 an SM (stack 8)
         _hold(32, 512, 16, 1, prefetch=True),  # the next strip's loads in flight (128, stack 0)
-        _hold(32, 512, 8, 1, persistent=False, max_registers=80),  # 3 an SM, if the spill is small
+        _hold(32, 512, 8, 1, persistent=False, max_registers=80),  # 3 an SM (stack 24)
         _hold(64, 512, 16, 1, packed=True, prefetch=True),  # whole lines, next strip in flight (stack 88)
-        _hold(64, 512, 8, 1, persistent=False, packed=True, max_registers=128),
-    ],  # whole lines, 2 an SM (170 -> cap)
+    ],
     1024: [
         _hold(16, 1024, 8, 1, persistent=False),  # 108 regs: 2 an SM (one-sector rows)
-        _hold(32, 1024, 16, 1, packed=True, prefetch=True),  # next strip in flight (stack 64)
+        _hold(32, 1024, 16, 1, persistent=False, max_registers=64),  # 2 an SM (stack 96)
+        _hold(32, 1024, 16, 1, packed=True, prefetch=True),  # (stack 64)
         _hold(16, 1024, 16, 1, prefetch=True),  # (128, stack 0)
         _hold(16, 1024, 8, 2, max_registers=128),  # persistent, 2 an SM (stack 24)
-        _hold(32, 1024, 8, 1, persistent=False, packed=True, max_registers=128),
-    ],  # 2 an SM (171 -> cap)
-    2048: [
-        _hold(16, 2048, 16, 1, packed=True, prefetch=True),  # one read of Qwen3's experts along N (stack 112)
-        _hold(16, 2048, 8, 1, persistent=False, packed=True, max_registers=128),  # 2 an SM (176 -> cap)
-        _hold(32, 2048, 16, 1, packed=True),
-    ],  # whole strip of 64 bytes a row, one program (stack 216)
+    ],
+    2048: [  # one read of Qwen3's experts along N
+        _hold(16, 2048, 16, 1, packed=True, prefetch=True),  # (stack 112)
+        _hold(16, 2048, 16, 1, persistent=False, max_registers=64),  # 2 an SM (stack 80)
+        _hold(16, 2048, 8, 1, persistent=False, packed=True, max_registers=128),  # 2 an SM (stack 256)
+        _hold(32, 2048, 16, 1, packed=True),  # 64 bytes a row, one program (stack 216)
+    ],
     4096: [_hold(16, 4096, 16, 1, packed=True)],  # gpt-oss-120b's 2880 and DeepSeek-V3's 4096 along N (stack 584)
 }
 # Walking launches (two passes, the second from L2 while the strips in flight fit there), for every case: more
@@ -341,13 +345,51 @@ def print_plan(quick: bool, cases=CASES) -> None:
     print(f"{sum(len(candidates(c, quick)) for c in cases)} launches, about {len(kernels)} kernels to compile")
 
 
+def print_table(rows: list[dict]) -> list[dict]:
+    """Every case's launches fastest first, the picks per shape class, and what was not bit-exact; the picks."""
+    print(HEADER)
+    for case in dict.fromkeys(r["case"] for r in rows):
+        mine = [r for r in rows if r["case"] == case]
+        default_us = next((r["us"] for r in mine if r["config"] == "default" and r["ok"]), None)
+        for r in sorted(mine, key=lambda r: r.get("us", float("inf"))):
+            print(line(r, default_us))
+    picks = ship(rows)
+    print_ship(picks)
+    wrong = [f"{r['case']} / {r['config']}" for r in rows if not r["ok"]]
+    print(f"not ok: {'; '.join(wrong)}" if wrong else "every candidate bit-exact against the oracle")
+    return picks
+
+
+def sweep(cases, args, session, rows: list, skipped: list) -> None:
+    """Every case's candidates into ``rows`` (those past the time budget into ``skipped``), each printed as done."""
+    for case in cases:
+        run, ref, keep = setup(case)
+        default_out, default_us = None, None
+        for config in candidates(case, args.quick):
+            if time.monotonic() - session.t0 > args.budget_s:
+                skipped.append({"case": case.name, "config": label(config), "why": "budget"})
+                continue
+            row = measure(case, config, run, ref, default_out, args.samples, session.roof)
+            if config is None and row.get("bits_equal_oracle"):
+                default_out, default_us = ref, row.get("us")  # the default equals the oracle: compare to either
+            rows.append(row)
+            print(line(row, default_us), flush=True)
+        del run, ref, keep, default_out
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main() -> int:
     def options(parser):
         parser.add_argument("--quick", action="store_true", help="the default and two holds and walks a case")
         parser.add_argument("--cases", default="", help="comma-separated substrings of case names (default: all)")
         parser.add_argument("--list", action="store_true", help="print the cases and candidates and exit (no GPU)")
+        parser.add_argument("--table", metavar="JSON", help="print a stored run's table and picks and exit (no GPU)")
         parser.add_argument("--mx", action="store_true", help="MXFP8's blocked quantizers instead (3D along N, dim1)")
 
+    if "--table" in sys.argv:  # a stored run's table and picks, no GPU
+        print_table(json.loads(Path(sys.argv[sys.argv.index("--table") + 1]).read_text())["rows"])
+        return 0
     if "--list" in sys.argv:
         print_plan("--quick" in sys.argv, MX_CASES if "--mx" in sys.argv else CASES)
         return 0
@@ -358,32 +400,15 @@ def main() -> int:
     print(f"copy roof {session.roof:.2f} TB/s; datasheet {DATASHEET_TBPS} TB/s", flush=True)
     print(HEADER, flush=True)
     rows, skipped = [], []
-    for case in cases:
-        run, ref, keep = setup(case)
-        default_out, default_us = None, None
-        for config in candidates(case, args.quick):
-            if time.monotonic() - session.t0 > args.budget_s:
-                skipped.append({"case": case.name, "config": label(config)})
-                continue
-            row = measure(case, config, run, ref, default_out, args.samples, session.roof)
-            if config is None and row.get("bits_equal_oracle"):
-                default_out, default_us = ref, row.get("us")  # the default equals the oracle: compare to either
-            rows.append(row)
-            print(line(row, default_us), flush=True)
-        del run, ref, keep, default_out
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+    try:
+        sweep(cases, args, session, rows, skipped)
+    except KeyboardInterrupt:  # SIGINT (a session's deadline): keep what was measured, write it, say what was not
+        done = {(r["case"], r["config"]) for r in rows} | {(r["case"], r["config"]) for r in skipped}
+        skipped += [{"case": c.name, "config": label(k), "why": "interrupted"} for c in cases
+                    for k in candidates(c, args.quick) if (c.name, label(k)) not in done]  # fmt: skip
+        print(f"interrupted: {len(rows)} launches measured, {len(skipped)} not", flush=True)
     print(f"\n{session.device}; copy roof {session.roof:.2f} TB/s; TB/s over 3 bytes an element + scales")
-    print(HEADER)
-    for case in cases:
-        mine = [r for r in rows if r["case"] == case.name]
-        default_us = next((r["us"] for r in mine if r["config"] == "default" and r["ok"]), None)
-        for r in sorted(mine, key=lambda r: r.get("us", float("inf"))):
-            print(line(r, default_us))
-    picks = ship(rows)
-    print_ship(picks)
-    wrong = [f"{r['case']} / {r['config']}" for r in rows if not r["ok"]]
-    print(f"not ok: {'; '.join(wrong)}" if wrong else "every candidate bit-exact against the oracle")
+    picks = print_table(rows)
     session.finish(SCRIPT, rows, skipped, {"ship": picks, "datasheet_tbps": DATASHEET_TBPS,
                                            "cases": [c.__dict__ for c in cases]},
                    timing={"target_replay_ms": 5.0})  # fmt: skip

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -118,6 +119,13 @@ def test_the_script_runs_end_to_end_on_tiny_cases(monkeypatch, tmp_path, capsys)
     assert all(r["bits_equal_oracle"] and r["bits_equal_default"] for r in rows if r["ok"])
     assert len(timed) == len(rows) - 1 and "ship, per shape class" in out
     assert {(p["kind"], p["class"]) for p in finished["summary"]["ship"]} == {("k_groups", 512), ("along_n", 1024)}
+    # --table reprints a stored run's table and picks without a GPU
+    (tmp_path / "run.json").write_text(json.dumps({"rows": rows}))
+    monkeypatch.setattr(sys, "argv", ["tune_weight_quantizers.py", "--table", str(tmp_path / "run.json")])
+    assert T.main() == 0
+    table = capsys.readouterr().out
+    assert table.count("tiny along N") >= len([r for r in rows if r["case"] == "tiny along N"])
+    assert "ship, per shape class" in table and "not ok: tiny along N" in table
 
 
 def test_the_mx_sweep_runs_end_to_end_on_tiny_cases(monkeypatch, capsys):
@@ -148,3 +156,41 @@ def test_the_mx_sweep_runs_end_to_end_on_tiny_cases(monkeypatch, capsys):
     # dim1 + K-groups of (128, 64) in 2 groups: bf16 read, e4m3 written, the K-groups buffer (ceil_128(64) = 128 rows,
     # 128 / 32 + 4 x 2 = 12 scale columns; docs: shared/reference/mxfp8.md section 2).
     assert cases[0].min_bytes == 128 * 64 * 2 + 128 * 64 + 128 * 12
+
+
+def test_an_interrupted_sweep_still_writes_what_it_measured(monkeypatch, capsys):
+    """SIGINT (a session's deadline) in the middle: the launches measured are kept and written, the rest listed as
+    skipped ("interrupted"), the table and picks printed."""
+    import argparse
+    import types
+
+    cases = (T.Case("tiny k_groups", "k_groups", (96, 40), 3),)
+    monkeypatch.setattr(T, "CASES", cases)
+    monkeypatch.setattr(T, "DEVICE", "cpu")
+    monkeypatch.setattr(T, "HOLDS", {32: [T._hold(16, 32, 2, 2)]})
+    monkeypatch.setattr(T, "WALKS", [C.WalkConfig(16, 16, num_warps=2)])
+    calls = []
+
+    def time_fn(fn, **kw):
+        calls.append(fn())
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return types.SimpleNamespace(median_us=7.0, iqr_us=0.1)
+
+    monkeypatch.setattr(T, "time_fn", time_fn)
+    finished = {}
+    args = argparse.Namespace(quick=False, cases="", budget_s=1e9, samples=1, out=None, mx=False)
+    session = types.SimpleNamespace(args=args, t0=0.0, device="CPU", roof=3.0,
+                                    finish=lambda script, rows, skipped, summary, timing: finished.update(
+                                        rows=rows, skipped=skipped))  # fmt: skip
+    monkeypatch.setattr(T, "start", lambda *a, **k: session)
+    monkeypatch.setattr(sys, "argv", ["tune_weight_quantizers.py"])
+    try:
+        assert T.main() == 0
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped the sweep: nothing written")
+    configs = [T.label(c) for c in T.candidates(cases[0], quick=False)]
+    assert [r["config"] for r in finished["rows"]] == configs[:1]
+    assert [s["config"] for s in finished["skipped"]] == configs[1:]
+    assert all(s["why"] == "interrupted" for s in finished["skipped"])
+    assert "interrupted: 1 launches measured" in capsys.readouterr().out

@@ -109,6 +109,8 @@ def test_hold_config_checks_its_fields():
         H.HoldConfig(16, 64, prefetch="yes")
     with pytest.raises(InputError, match="max_registers"):
         H.HoldConfig(16, 64, max_registers=300)
+    with pytest.raises(InputError, match="WalkConfig.max_registers"):
+        C.WalkConfig(16, 64, max_registers=-1)
     with pytest.raises(InputError, match="strip_cols"):
         H.HoldConfig(1, 64, packed=True)
     with pytest.raises(InputError, match="persistent"):
@@ -164,13 +166,17 @@ def test_gpu_packed_and_prefetched_holds_bit_exact_at_fine_grained_shapes(poison
     ragged = [512] * 120 + [0, 1, 16, 37, 1000, 2048, 0, 512]
     x = torch.randn(65536 + 4096, 768, device="cuda", generator=gen).bfloat16()
     for config in (H.HoldConfig(32, 512, num_warps=8, persistent=False),
+                   H.HoldConfig(64, 512, num_warps=16, persistent=False, max_registers=64),
                    H.HoldConfig(64, 512, num_warps=8, persistent=False, packed=True, max_registers=128),
                    H.HoldConfig(64, 512, num_warps=16, programs_per_sm=1, packed=True, prefetch=True),
                    H.HoldConfig(32, 512, num_warps=8, programs_per_sm=2, max_registers=128)):  # fmt: skip
         _assert_k_groups(x, ragged, config)
     w = (torch.randn(128, 2048, 768, device="cuda", generator=gen) * 0.03).bfloat16()
     q_ref, scale_ref = F.quantize_fp8_rowwise_reference(w.transpose(-2, -1))
+    capped_walk = C.WalkConfig(64, 128, num_warps=4, programs_per_sm=4, prefetch=False, num_stages=3, max_registers=128)
     for config in (H.HoldConfig(32, 2048, num_warps=16, programs_per_sm=1, packed=True),
-                   H.HoldConfig(16, 2048, num_warps=16, programs_per_sm=1, packed=True, prefetch=True)):  # fmt: skip
+                   H.HoldConfig(16, 2048, num_warps=16, programs_per_sm=1, packed=True, prefetch=True),
+                   H.HoldConfig(16, 2048, num_warps=8, persistent=False, packed=True, max_registers=128),
+                   capped_walk):  # fmt: skip
         q, scale = F.quantize_fp8_rowwise_3d(w, along="N", config=config)
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(scale, scale_ref)

@@ -6,10 +6,16 @@ spans all of a group's rows (2048 to all M), more than a program holds. At fine-
 whole: 2048 rows x 16 columns x 2 bytes = 64 KiB, 64 elements a thread at 16 warps. The holding kernel reads such a
 strip once, reduces, scales, casts and stores it transposed (one read: 3 bytes an element where the others move
 5), and walks a longer or unaligned strip in ``fp8_colwise``'s two passes. Same arithmetic as every column kernel
-(``block_math``), so bit-exact against ``fp8_rowwise``'s references.
+(``block_math``), so bit-exact against ``fp8_rowwise``'s references, whatever the launch.
+
+A program that holds a strip has no loads in flight while it reduces, exchanges and stores it, so the launch options
+(``HoldConfig``) are ways to keep reads going meanwhile: several programs an SM (``persistent=False``: one program a
+strip, fewer registers; ``max_registers``), the next strip's loads issued first (``prefetch``), bf16 pairs held as
+words (``packed``). ``scripts/tune_weight_quantizers.py`` times them at the fine-grained shapes.
 
 ``along_n_config(N)`` and ``k_groups_config(M, G)`` are the defaults of ``fp8_rowwise``'s 3D-along-N and k_groups
-wrappers: this kernel where a strip fits, else ``fp8_colwise``'s walking / split strips launches.
+wrappers, read from two small tables by shape class (``ALONG_N_DEFAULTS``, ``K_GROUPS_DEFAULTS``): this kernel where
+a strip fits, else ``fp8_colwise``'s walking / split strips launches.
 """
 
 from __future__ import annotations
@@ -124,8 +130,9 @@ def _hold_kernel(
     program. A longer or unaligned strip takes the walking kernel's two passes in STEP-row steps. PACKED: held as
     32-bit words of two bf16 columns (half the registers). PREFETCH: the next item's loads are issued before this
     item is reduced and stored (two strips in registers), so a program's loads overlap its own stores. Not
-    PERSISTENT: one program a work item (PROGRAMS = the items), no loop (whose loop-carried and hoisted values cost
-    ~50-70 registers a thread, sm_90), so more programs fit an SM and the hardware overlaps them."""
+    PERSISTENT: one program a work item (PROGRAMS = the items), no loop (the loop costs ~70-110 registers a thread,
+    sm_90; why is not known, per-element offsets hoisted out of it the suspect), so more programs fit an SM and the
+    hardware overlaps them."""
     n_strips = tl.cdiv(cols, STRIP)
     items = G * n_strips
     if not PERSISTENT:
@@ -186,7 +193,7 @@ class HoldConfig:
     # reads stay in flight through its own stores. Costs a second strip's registers.
     prefetch: bool = False
     # False: one program a strip (a grid of every strip, no loop): ~94 registers a thread at 64 elements where the
-    # persistent loop takes ~150-165 (sm_90, triton 3.6), so two or more programs share an SM and the hardware
+    # persistent loop takes ~165-206 (sm_90, triton 3.6), so two or more programs share an SM and the hardware
     # overlaps one's loads with another's stores. programs_per_sm and prefetch then play no part.
     persistent: bool = True
     # ptxas register cap (maxnreg), 0: the compiler's choice. A cap of 65536 / (32 x warps x programs_per_sm) lets
