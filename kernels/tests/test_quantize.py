@@ -231,6 +231,7 @@ def test_the_interpreter_fits_only_its_own_default_launch_to_a_small_matrix(monk
 
     interpreted, measured = (getattr(importlib.import_module(f"mxkernels.quant.{module}"), n) for n in (default, gpu))
     assert interpreted.tile == (128, 512)
+    monkeypatch.setattr(runtime, "INTERPRET", True)  # on a GPU box too: what the interpreter would launch
     assert runtime.fit_interpreted(interpreted, interpreted, 32, 1).tile == (32, 32)
     assert runtime.fit_interpreted(interpreted, interpreted, 40, 100).tile == (64, 128)
     assert runtime.fit_interpreted(interpreted, interpreted, 4096, 4096) is interpreted
