@@ -19,14 +19,14 @@ from kernel_fixtures import device, poisoned_empty, skip_gpu_tests  # noqa: E402
 SLOWEST_FIRST = (
     "tests/test_readme.py::test_each_cpu_command_of_the_readme_runs_as_written[mxbench check --layer",
     "tests/test_cli_registry.py::test_a_plain_check_on_a_clean_cpu_install_exits_0",
-    "tests/test_ep.py::test_four_and_eight_processes_check_those_world_sizes_paths",
-    "tests/test_ep_layer.py::test_two_processes_check_every_strategy",
+    "tests/test_ep.py::test_eight_processes_check_that_world_sizes_paths",
+    # the README's two-process EP checks, which test_ep and test_ep_layer read too (readme_runs.py)
+    "tests/test_readme.py::test_each_cpu_command_of_the_readme_runs_as_written[mxbench ep --layer --nproc 2 --check",
     "tests/test_ep_layer.py::test_three_processes_check",
     "tests/test_layer.py::test_fused_layer_is_bit_identical_to_the_chains",
-    "kernels/tests/test_quantize.py::test_512_experts",
     "tests/test_b200_first_run.py::test_the_first_run_commands_pass",
     "tests/test_ep_multinode.py::test_two_launchers",
-    "tests/test_ep.py::test_two_processes_check_every_strategy",
+    "tests/test_readme.py::test_each_cpu_command_of_the_readme_runs_as_written[mxbench ep --nproc 2 --check",
 )
 """Tests of 10 s to a minute on CI's two cores (`--durations`), run first: pytest-xdist hands tests out in collection
 order, and one of these drawn last keeps a worker busy while the other has nothing left (no module-scoped fixtures
@@ -81,6 +81,16 @@ def stored(tmp_path):
         return path
 
     return store
+
+
+@pytest.fixture(scope="session")
+def readme_run(tmp_path_factory):
+    """``readme_run(line)``: the README's CPU command ``line`` run as a user types it, once per session
+    (readme_runs.py): the xdist workers share the session's folder, the parent of each one's own."""
+    from readme_runs import session_runner
+
+    root = tmp_path_factory.getbasetemp()
+    return session_runner((root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "readme-runs")
 
 
 @pytest.fixture

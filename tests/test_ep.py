@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import FakeTiming
+from readme_runs import readme_line
 from mxkernels.ep import comm
 from mxkernels.reference import ep as ep_reference
 from mxkernels.stages import ep_stages
@@ -260,8 +261,12 @@ def mxbench_ep(*args: str, extra_path: str | None = None, timeout: int = 240) ->
                           text=True, timeout=timeout, check=False)  # fmt: skip
 
 
-def test_two_processes_check_every_strategy_with_skewed_top_k_routing():
-    done = mxbench_ep("--nproc", "2", "--check", *TINY, "--top-k", "2", "--groups", "skewed", "--seed", "1")
+def test_two_processes_check_every_strategy_with_skewed_top_k_routing(readme_run):
+    # The README's line, run once for test_readme too (readme_runs.py): every default strategy, skewed top-2 routing.
+    line = readme_line("mxbench ep --nproc 2 --check ")
+    assert {"--top-k 2", "--groups skewed", "--experts 2"} <= {" ".join(p) for p in zip(line.split(), line.split()[1:])}
+    assert "--strategy" not in line and "--layer" not in line
+    done = readme_run(line)
     assert done.returncode == 0, done.stdout + done.stderr
     for strategy in DEFAULT_STRATEGIES.split(","):  # the FP8 rowwise ones: tests/test_ep_fp8.py
         assert f"{strategy}: " in done.stdout and "stages match their oracle on all 2 ranks" in done.stdout
@@ -275,8 +280,10 @@ def test_two_processes_fail_the_check_of_a_broken_permutation():
     assert "FAIL bf16/permute on rank 0" in done.stdout and "FAIL bf16/permute on rank 1" in done.stdout
 
 
-@pytest.mark.parametrize("world", [4, 8])  # the EP degrees of the 4- and 8-GPU runs, on gloo
-def test_four_and_eight_processes_check_those_world_sizes_paths(world):
+def test_eight_processes_check_that_world_sizes_paths():
+    """The EP degree of the 8-GPU runs, on gloo (the 4-GPU runs' degree: test_ep_fp8's four-process layer check; each
+    rank costs a torch import and its pipeline's interpreted run, so one world size above 3 here)."""
+    world = 8
     done = mxbench_ep("--nproc", str(world), "--check", *TINY, "--top-k", "3", "--groups", "skewed", "--seed", "1",
                       "--strategy", "mxfp8_a2a", timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -17,6 +17,7 @@ from mxkernels.stages import ep_stages
 from mxkernels.reference.ep_layer import ep_moe_layer_reference
 from mxkernels.ep.wgrad import Wgrad
 from mxkernels.layouts.padding import padded_rows
+from readme_runs import readme_line
 from test_ep import fake_time_on_ranks, mxbench_ep
 
 from mxbench.workloads.ep.command import DEFAULT_STRATEGIES
@@ -234,17 +235,22 @@ def test_scored_stage_oracles_follow_the_layers_formulas_by_hand():
     assert scored_oracle("unsort_grad", True)(ys, pos, top, weighted=False)[0].tolist() == [[1.25, 1.0], [4.0, 10.0]]
 
 
-def test_two_processes_check_every_strategy_with_the_mxfp8_wgrad_skewed_top_2():
-    done = mxbench_ep("--nproc", "2", "--check", *TINY, "--top-k", "2", "--groups", "skewed", "--seed", "1",
-                      "--wgrad", "recipe", timeout=600)  # fmt: skip
+def test_two_processes_check_every_strategy_with_its_default_wgrad_skewed_top_2(readme_run):
+    # The README's line, run once for test_readme too (readme_runs.py); each strategy's default wgrad (mxfp8_a2a's
+    # bf16 one; its MXFP8 one: the three-process check below; every strategy x wgrad in one process: above).
+    line = readme_line("mxbench ep --layer --nproc 2 --check ")
+    assert {"--top-k 2", "--groups skewed", "--experts 2"} <= {" ".join(p) for p in zip(line.split(), line.split()[1:])}
+    assert "--strategy" not in line and "--wgrad" not in line
+    done = readme_run(line)
     assert done.returncode == 0, done.stdout + done.stderr
     for strategy in DEFAULT_STRATEGIES.split(","):
         assert f"{strategy}: " in done.stdout and "stages match their oracle on all 2 ranks" in done.stdout
     assert "FAIL" not in done.stdout and "grad_w13" in done.stdout
 
 
-def test_three_processes_check_balanced_scores_after_with_the_bf16_wgrad():
-    done = mxbench_ep("--nproc", "3", "--check", *TINY, "--top-k", "3", "--score-after", "--wgrad", "bf16",
+def test_three_processes_check_balanced_scores_after_with_the_mxfp8_wgrad():
+    # mxfp8's bf16 wgrad is bf16's (bf16 rows cross in both); mxfp8_a2a's bf16 one: the README's line above.
+    done = mxbench_ep("--nproc", "3", "--check", *TINY, "--top-k", "3", "--score-after", "--wgrad", "recipe",
                       "--strategy", "mxfp8,mxfp8_a2a", timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "stages match their oracle on all 3 ranks" in done.stdout and "FAIL" not in done.stdout

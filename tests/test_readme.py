@@ -19,7 +19,6 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
-from helpers import committed_results
 
 from mxbench.cli import cli
 
@@ -161,9 +160,6 @@ GPU_ONLY = {
     "mxbench compare results/baselines/nvidia-h200.json regress/run.json --format json > regress/verdict.json":
         "compares what `make regress` measured on the GPU",
 }  # fmt: skip
-CWD = {"mxbench check --impl": REPO / "examples" / "plain_quantizer"}
-"""Where a command is typed, as the text before it says."""
-
 
 def test_every_readme_command_is_run_on_a_cpu_or_named_gpu_only():
     inline = re.findall(r"`(mxbench history [^`]*)`", README)
@@ -175,17 +171,8 @@ def test_every_readme_command_is_run_on_a_cpu_or_named_gpu_only():
 @pytest.mark.parametrize("line", [x for x in dict.fromkeys(BASH_LINES) if x not in GPU_ONLY and
                                   not x.startswith("mxbench table ")] +  # the tables: run and compared above
                          ["mxbench history results/nvidia-h200 results/baselines"])  # fmt: skip
-def test_each_cpu_command_of_the_readme_runs_as_written(line, tmp_path):
-    cwd = next((folder for prefix, folder in CWD.items() if line.startswith(prefix)), tmp_path)
-    if cwd == tmp_path:  # the committed runs readable, what a command writes kept in tmp_path
-        (tmp_path / "results").mkdir()
-        # only the committed folders: a user's results/model-b200 (the main job's) linked here would take this run
-        for name in sorted({p.relative_to(REPO / "results").parts[0] for p in committed_results()}):
-            (tmp_path / "results" / name).symlink_to(REPO / "results" / name)
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    done = subprocess.run([sys.executable, "-m", *shlex.split(line)], capture_output=True, text=True, timeout=600,
-                          env=env, cwd=cwd, check=False)  # fmt: skip
+def test_each_cpu_command_of_the_readme_runs_as_written(line, readme_run):
+    done = readme_run(line)  # as a user types it, in a folder that sees the committed runs (readme_runs.py)
     assert done.returncode == 0, done.stdout + done.stderr
     for text in TEXTS.values():
         shown = re.search(re.escape(line) + r"\n```\n\n```\n(.*?)```", text, flags=re.DOTALL)

@@ -16,6 +16,14 @@ if not HAS_CUDA:
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
+if "OMP_NUM_THREADS" not in os.environ:
+    # One intra-op thread, in this process and every process a test starts (they inherit the variable; torch read it
+    # on import here, so this one is set directly). The suite's tensors are small and CI runs a worker per core:
+    # torch's default (a thread per core) made each worker's OpenMP threads spin-wait for the core the other worker
+    # held, about two thirds of a CPU check's time (`mxbench check --stage gemm_fwd,...`: 12.7 CPU s, 4.5 with one).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 POISON = 0xA5
 
 

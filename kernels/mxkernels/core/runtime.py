@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 
@@ -69,6 +70,19 @@ def default_launch(measured, interpreted):
     program computes which elements, so the results are the same bit for bit; the kernel tests that need several
     programs per block, or the GPU default's own path, pass those configs explicitly."""
     return interpreted if INTERPRET else measured
+
+
+def fit_interpreted(config, default, rows: int, cols: int):
+    """``config`` with its tile shrunk to a (rows, cols) matrix smaller than it (powers of two, at least 32 each)
+    when it is ``default``, the interpreter's own default launch, and the interpreter runs; otherwise ``config``
+    as given (a launch a caller chose; every launch on a GPU). The interpreter pays for every element of a tile,
+    masked or not: a 128 x 512 tile over a 32 x 1 expert did 512 times the work (512 such experts: a minute), over
+    the EP check's 64-wide rows 8 times. The tile decides only which program computes which elements, so the
+    results are the same bit for bit."""
+    if not (INTERPRET and config is default):
+        return config
+    tile = tuple(min(t, max(32, 1 << (n - 1).bit_length())) for t, n in zip(config.tile, (rows, cols)))
+    return config if tile == config.tile else replace(config, tile=tile)
 
 
 MAX_GROUPS = 512

@@ -47,7 +47,7 @@ _BF16 = torch.bfloat16
 # plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
 MX_FUSED = quantize.RowsConfig(tile=(8, 512), num_warps=2)
 # config=None under the interpreter (runtime.default_launch): a whole 128-row block per program.
-_MX_LAUNCH = default_launch(MX_FUSED, quantize.RowsConfig(tile=(128, 512), num_warps=8))
+_MX_LAUNCH = default_launch(MX_FUSED, quantize.INTERPRETER_ROWS)
 FP8_GATHER = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
 FP8_SWIGLU = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
 FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8, block_rows=1)

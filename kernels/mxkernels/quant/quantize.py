@@ -59,6 +59,7 @@ from ..core.runtime import (
     MAX_GROUPS,
     InputError,
     default_launch,
+    fit_interpreted,
     check_config,
     check_multiple,
     check_tensor,
@@ -90,7 +91,8 @@ class RowsConfig:
 # (``DIM1_COLS``, ``ALONG_N_COLS``) are in ``quantize_cols``.
 ROWS_CONFIG = RowsConfig(tile=(32, 512), num_warps=8)
 # config=None under the interpreter (runtime.default_launch): 128-row tiles; the cols kernel's in quantize_cols.
-_ROWS_LAUNCH = default_launch(ROWS_CONFIG, RowsConfig(tile=(128, 512), num_warps=8))
+INTERPRETER_ROWS = RowsConfig(tile=(128, 512), num_warps=8)
+_ROWS_LAUNCH = default_launch(ROWS_CONFIG, INTERPRETER_ROWS)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Kernels
@@ -179,8 +181,9 @@ def _quantize_rows(
     (``layouts.m_groups_shape``); "3d", the blocked buffer of R / group_rows experts (``layouts.blocked_3d_shape``).
     ``producer`` (M-groups only): x is the bf16 output the producer writes, every row of it (``moe_fused``)."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
-    (tr, tc), num_warps = config.tile, config.num_warps
     R, C = x.shape
+    config = fit_interpreted(config, INTERPRETER_ROWS, R, C)
+    (tr, tc), num_warps = config.tile, config.num_warps
     Cb = C // BLOCK_SIZE
     q = torch.empty((R, C), dtype=DATA_DTYPE, device=x.device)
     G, kind = 1, _SCALE_KINDS[scales]

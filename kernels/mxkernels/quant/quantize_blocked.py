@@ -33,7 +33,7 @@ from ..layouts.scale_layout import (
     rearrange_k_groups_reference,
     rearrange_m_groups_reference,
 )
-from .quantize import IN_DTYPES, RowsConfig, _quantize_rows, check_quantize_3d, quantize_2d_cost
+from .quantize import IN_DTYPES, INTERPRETER_ROWS, RowsConfig, _quantize_rows, check_quantize_3d, quantize_2d_cost
 from .quantize_cols import INTERPRETER_COLS, ColsConfig, _quantize_cols
 from ..core.runtime import (
     InputError,
@@ -53,7 +53,7 @@ ALONG_N_BLOCKED = ColsConfig(tile=(128, 64), num_warps=1, num_stages=3, group_co
 DIM1_BLOCKED = ColsConfig(tile=(32, 64), num_warps=1, num_stages=1, group_cols=512)
 # config=None under the interpreter (runtime.default_launch): a whole 128-row block per rows program; the cols kernel's
 # interpreter tile.
-_ROWS_LAUNCH = default_launch(ROWS_BLOCKED, RowsConfig(tile=(128, 512), num_warps=8))
+_ROWS_LAUNCH = default_launch(ROWS_BLOCKED, INTERPRETER_ROWS)
 _ALONG_N_LAUNCH = default_launch(ALONG_N_BLOCKED, INTERPRETER_COLS)
 _DIM1_LAUNCH = default_launch(DIM1_BLOCKED, INTERPRETER_COLS)
 

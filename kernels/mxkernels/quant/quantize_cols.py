@@ -20,7 +20,7 @@ from ..core.block_math import masked_load, masked_store, quantize_blocks
 from ..core.format import BLOCK_SIZE, DATA_DTYPE, SCALE_DTYPE, ScaleMode
 from ..layouts.scale_layout import blocked_3d_shape, blocked_byte, k_groups_images, k_groups_shape
 from ..layouts.padding import locate, pick
-from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, default_launch
+from ..core.runtime import INTERPRET, InputError, check_int, check_power_of_two, default_launch, fit_interpreted
 
 # The cols kernel packs a column's scale bytes of one tile into an int64: at most 8 blocks (256 rows) per tile.
 COLS_MAX_ROWS = 8 * BLOCK_SIZE
@@ -263,6 +263,7 @@ def _quantize_cols(
     buffer of the groups of rows that ``offs`` ends (``layouts.k_groups_shape(C, R/32, G)``)."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     B, R, C = x.shape
+    config = fit_interpreted(config, INTERPRETER_COLS, R, C)
     (tr, tc), group_cols = config.tile, config.group_cols
     steps, Rb, G = tr // BLOCK_SIZE, R // BLOCK_SIZE, 1
     q = torch.empty((B, C, R), dtype=DATA_DTYPE, device=x.device)
