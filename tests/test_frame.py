@@ -88,7 +88,7 @@ def test_a_folder_loads_every_run_in_it_and_passes_over_the_ceilings_store():
     runs = [p for p in committed_results() if p.parent == RESULTS and "records" in raw(p)]
     df = mxbench.load(RESULTS)
     df = df[df["file"].isin([str(p) for p in runs])]  # a run the user made in this folder is theirs, not the test's
-    assert len(runs) == 8 and (RESULTS / "ceilings.json").exists()
+    assert len(runs) >= 8 and (RESULTS / "ceilings.json").exists()  # the roofline, peers, layer and map runs
     assert df.groupby("file").size().to_dict() == {str(p): len(raw(p)["records"]) for p in runs}
     assert set(df["run_kind"]) == {"roofline", "peers", "layer", "map"}
     peers = df[df["file"] == str(PEERS)]

@@ -55,8 +55,12 @@ def _assert_k_groups(x, sizes, config):
     assert torch.equal(scale, scale_ref), f"scales differ, groups {sizes}"
 
 
-@pytest.mark.parametrize("name", list(LAUNCHES))
-@pytest.mark.parametrize("R", [40, 48])
+# Every launch at 40 columns (a partial last strip) and 48; the 2-column strips (the interpreter's slowest launch:
+# a program per column pair) at 40 only, where its partial-strip path is.
+K_GROUPS_RUNS = [(name, R) for R in (40, 48) for name in LAUNCHES if not (R == 48 and name.startswith("packed, 2"))]
+
+
+@pytest.mark.parametrize("name, R", K_GROUPS_RUNS, ids=[f"{R}-{name}" for name, R in K_GROUPS_RUNS])
 def test_k_groups_launches_give_the_oracles_bits(device, name, R, poisoned_empty):
     gen = torch.Generator().manual_seed(11)
     for sizes in GROUP_SIZES:
