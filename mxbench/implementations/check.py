@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -263,12 +263,8 @@ def check_step(
     results = list(_check_here(*job, here, timeout_s))
     wheres = [f"{m}, {scenario.label()}" for m in modes for scenario in scenarios(M, G, pad, padding_alignment(recipe))]
     for stage, impl in apart:
-        ran = run_apart(_check_in_child, (*job, stage, impl), timeout_s=timeout_s)
-        results += ran.results
-        if ran.failure is not None:
-            where = wheres[min(len(ran.results), len(wheres) - 1)]
-            results.append(CheckResult(Recipe(recipe), stage, impl.name, Verdict.ERROR, ran.failure.splitlines()[0],
-                                       trace=ran.failure, where=where))  # fmt: skip
+        results += checked_apart(_check_in_child, (*job, stage, impl), Recipe(recipe), stage, impl, timeout_s,
+                                 lambda done: wheres[min(done, len(wheres) - 1)])  # fmt: skip
     order = [s.name for s in step_to_check(recipe, M, N, K, G, modes[0], pad)]
     names = {(stage, i.name): n for stage, found in impls.items() for n, i in enumerate(found)}
     return sorted(results, key=lambda r: (wheres.index(r.where), order.index(r.stage), names[r.stage, r.impl]))
@@ -287,6 +283,18 @@ def _check_here(recipe: str, M: int, N: int, K: int, G: int, modes: Sequence[str
             stages = step_to_check(recipe, scenario.M, N, K, scenario.G, m, scenario.pad)
             where = f"{m}, {scenario.label()}"
             yield from check_stages(stages, env, by_key, device=device, timeout_s=timeout_s, where=where)
+
+
+def checked_apart(target, args: tuple, recipe: Recipe, stage: str, impl: Implementation, timeout_s: float,
+                  where_of: Callable[[int], str]) -> list[CheckResult]:
+    """``target(send, *args)``, the check of ``impl`` of ``stage``, in a child process (``apart.run_apart``): the
+    results it sent, then, when it ended early, one ERROR row naming why, ``where_of(results sent)`` saying where."""
+    ran = run_apart(target, args, timeout_s=timeout_s)
+    results = list(ran.results)
+    if ran.failure is not None:
+        results.append(CheckResult(recipe, stage, impl.name, Verdict.ERROR, ran.failure.splitlines()[0],
+                                   trace=ran.failure, where=where_of(len(ran.results))))  # fmt: skip
+    return results
 
 
 def watched_in_child(impl: Implementation, send, device: str) -> Implementation:

@@ -27,8 +27,8 @@ from mxkernels.core.names import OURS, Recipe, Wgrad, parse_wgrad
 from mxkernels.stages.layer import LayerShape, layer_stages
 from mxkernels.stages.layer_specs import FUSED_RECIPES, get_layer_spec, layer_specs
 
-from ...implementations.apart import picklable, run_apart
-from ...implementations.check import CheckResult, Verdict, check_stages, watched_in_child
+from ...implementations.apart import picklable
+from ...implementations.check import CheckResult, Verdict, check_stages, checked_apart, watched_in_child
 from ...implementations.check_inputs import plant
 from ...implementations.registry import Implementation, Registry
 
@@ -139,11 +139,8 @@ def check_layer_apart(recipe: str, K: int, N: int, G: int, T: int,
     if here or wgrad == Wgrad.BF16:
         results = check_layer(*job[:5], here, modes=modes, device=device, seed=seed, timeout_s=timeout_s, wgrad=wgrad)
     for key, impl in apart:
-        ran = run_apart(_check_layer_in_child, (*job, key, impl), timeout_s=timeout_s)
-        results += ran.results
-        if ran.failure is not None:
-            results.append(CheckResult(Recipe(recipe), key[1], impl.name, Verdict.ERROR, ran.failure.splitlines()[0],
-                                       trace=ran.failure, where="layer"))  # fmt: skip
+        results += checked_apart(_check_layer_in_child, (*job, key, impl), Recipe(recipe), key[1], impl, timeout_s,
+                                 lambda _: "layer")  # fmt: skip
     return results
 
 
