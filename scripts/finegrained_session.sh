@@ -46,7 +46,8 @@ for step in "$@"; do
           | grep -v "Warning\|t = self" | tee "$OUT/layer-$p-wgrad-bf16.log" | grep -A5 "^Model"; done ;;
     step)  # issue 34: the FP8 rowwise step with torch's GEMM and ours against one bf16 baseline (DeepSeek-V3)
       timeout -s INT "$(within 330)" python3 scripts/step_backends.py --preset deepseek-v3 --M 131072 \
-        --recipe fp8_rowwise --backends native,triton_ws --fuse-scales --denominator measured --samples "$SAMPLES" \
+        --recipe fp8_rowwise --backends native,triton_ws --fuse-scales --fused-only --denominator measured \
+        --samples "$SAMPLES" \
         --out-dir "results/$CARD" 2>&1 | grep -v "Warning\|t = self" | tee "$OUT/step.log" | tail -12 ;;
     *) echo "unknown step $step" >&2 ;;
   esac

@@ -42,6 +42,8 @@ def main() -> int:
     p.add_argument("--recipe", default="fp8_rowwise")
     p.add_argument("--backends", default="native,triton_ws", help="comma list, two or more")
     p.add_argument("--fuse-scales", action="store_true")
+    p.add_argument("--fused-only", action="store_true",
+                   help="with --fuse-scales, only the fused-scales points beside bf16 (one device call fits them)")
     p.add_argument("--samples", type=int, default=10)
     p.add_argument("--denominator", default="measured")
     p.add_argument("--out-dir", type=Path, required=True)
@@ -51,6 +53,8 @@ def main() -> int:
     backends = [b for b in a.backends.split(",") if b]
     shape = get_preset(a.preset)
     points = plan_points(a.M, shape.N, shape.K, shape.G, [a.recipe], fuse_scales=a.fuse_scales)
+    if a.fused_only:
+        points = [p for p in points if p.recipe == "bf16" or p.fuse_scales]
     options = SweepOptions(samples=a.samples, denominator=a.denominator, command=" ".join(sys.argv))
     runs = compare_backends(points, backends, options=options, instruments=Instruments.real())
     for path in save_backends(runs, a.out_dir, f"roofline-{a.preset}-{a.recipe}"):

@@ -44,13 +44,14 @@ from ..core.runtime import (
     default_launch,
 )
 
-# The defaults (config=None); not measured yet (docs/perf-log.md has the predictions). Rows kernel: the unfused
-# default's tile (32 rows x 512 columns, 8 warps) already lies inside one 128-row block. Cols kernel along N: 128-row
-# tiles, so each column's four scale bytes of a tile are one aligned int32 word of the image; K-groups: the unfused
-# dim1 default (32 x 64, one warp, column groups of 512).
+# The defaults (config=None). Rows kernel: the unfused default's tile (32 rows x 512 columns, 8 warps) already lies
+# inside one 128-row block. Cols kernel along N: 128-row tiles, so each column's four scale bytes of a tile are one
+# aligned int32 word of the image (scripts/tune_weight_quantizers.py --mx found none faster at the fine-grained
+# shapes). K-groups: 128-row tiles in three stages, so each program keeps four blocks' loads in flight; the unfused
+# dim1 default (32 x 64, one stage) kept too few in flight at 512-1024-row groups (docs/perf-log.md).
 ROWS_BLOCKED = RowsConfig(tile=(32, 512), num_warps=8)
 ALONG_N_BLOCKED = ColsConfig(tile=(128, 64), num_warps=1, num_stages=3, group_cols=2048)
-DIM1_BLOCKED = ColsConfig(tile=(32, 64), num_warps=1, num_stages=1, group_cols=512)
+DIM1_BLOCKED = ColsConfig(tile=(128, 64), num_warps=1, num_stages=3, group_cols=512)
 # config=None under the interpreter (runtime.default_launch): a whole 128-row block per rows program; the cols kernel's
 # interpreter tile.
 _ROWS_LAUNCH = default_launch(ROWS_BLOCKED, INTERPRETER_ROWS)
