@@ -20,6 +20,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import torch
 from mxkernels.core.names import END_TO_END_STAGE
 
+from mxbench.clikit.common import detected_spec
 from mxbench.instruments.kit import Instruments
 from mxbench.measuring.stages import SweepOptions
 from mxbench.plan.points import plan_points
@@ -54,8 +55,10 @@ def main() -> int:
     shape = get_preset(a.preset)
     points = plan_points(a.M, shape.N, shape.K, shape.G, [a.recipe], fuse_scales=a.fuse_scales)
     if a.fused_only:
-        points = [p for p in points if p.recipe == "bf16" or p.fuse_scales]
-    options = SweepOptions(samples=a.samples, denominator=a.denominator, command=" ".join(sys.argv))
+        points = [p for p in points if p.fuse_scales]  # compare_backends adds the bf16 baselines
+    # The card's own spec, as `roofline` and `peers` take it (SweepOptions' default prices the B200 model).
+    options = SweepOptions(samples=a.samples, denominator=a.denominator, command=" ".join(sys.argv),
+                           hardware=detected_spec())
     runs = compare_backends(points, backends, options=options, instruments=Instruments.real())
     for path in save_backends(runs, a.out_dir, f"roofline-{a.preset}-{a.recipe}"):
         print(f"results: {path}")

@@ -4,7 +4,7 @@ fake instruments: each bf16 point is measured once and its records are the same 
 from __future__ import annotations
 
 import pytest
-from helpers import FakeGPU
+from helpers import REPO, FakeGPU
 
 from mxbench.measuring.stages import SweepOptions
 from mxbench.plan.points import plan_points
@@ -47,3 +47,35 @@ def test_each_backend_divides_by_the_one_bf16_measurement(tmp_path):
 def test_one_backend_is_no_comparison():
     with pytest.raises(ValueError, match="two or more distinct backends"):
         compare_backends([], ["native", "native"], options=SweepOptions(), instruments=None)
+
+
+def test_the_script_prices_the_card_it_runs_on_and_takes_only_fused_points(tmp_path, monkeypatch):
+    """scripts/step_backends.py on a (faked) H200: its runs name the H200's spec, not SweepOptions' B200 default,
+    and ``--fused-only`` leaves only the fused-scales points."""
+    import runpy
+    import sys
+
+    import torch
+
+    from mxbench.clikit import common
+    from mxbench.storage.results import Run
+    from mxbench.workloads.step import backends
+
+    seen = {}
+
+    def fake_compare(points, names, *, options, instruments):
+        seen.update(hardware=options.hardware, points=[(p.recipe, p.fuse_scales) for p in points])
+        return {name: Run(meta={}) for name in names}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(common, "detected_spec", lambda device=0: "h200")
+    monkeypatch.setattr(backends, "compare_backends", fake_compare)
+    monkeypatch.setattr(backends, "save_backends", lambda runs, folder, stem: [])
+    script = str(REPO / "scripts" / "step_backends.py")
+    monkeypatch.setattr(sys, "argv", [script, "--preset", "deepseek-v3", "--M", "4096", "--fuse-scales",
+                                      "--fused-only", "--out-dir", str(tmp_path)])  # fmt: skip
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(script, run_name="__main__")
+    assert done.value.code == 0
+    assert seen["hardware"] == "h200"
+    assert seen["points"] == [("fp8_rowwise", True)]  # the bf16 baselines: compare_backends adds them
