@@ -4,6 +4,7 @@ committed H200 runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -79,6 +80,22 @@ def test_the_runs_of_one_commit_are_pooled(tmp_path):
     gemm = next(r for r in rows if r["Stage"] == "gemm_fwd" and "mxfp8" in r["Point"])
     pooled = sorted(samples(50.0, 1) + samples(50.0, 6))
     assert gemm["1: aaaaaaa"] == f"{(pooled[14] + pooled[15]) / 2:.1f}"  # the median of the 30 pooled samples
+
+
+def test_a_point_with_bf16_weight_gradients_is_another_point_not_a_change(tmp_path):
+    """The same recipe and shape with ``--wgrad bf16`` at the next commit: its stages are rows of their own (named
+    "bf16 wgrad"), not a step of the recipe's own rows, so a slower bf16-wgrad GEMM marks nothing SLOWER."""
+    old = run_at("a" * 40, "2026-01-01T00:00:00+00:00", seed=0)
+    new = run_at("b" * 40, "2026-01-02T00:00:00+00:00", gemm_us=60.0, seed=10)
+    new.records = [dataclasses.replace(r, point=dataclasses.replace(r.point, wgrad="bf16")) if r.point.recipe == "mxfp8"
+                   else r for r in new.records]  # fmt: skip
+    h = history(load_runs(stored(tmp_path, {"old": old, "new": new})))
+    rows = {(r["Point"], r["Stage"]): r for r in history_rows(h)}
+    mx = "M=1024 N=2048 K=7168 G=8 mxfp8/rceil balanced"
+    assert (rows[(mx, "gemm_fwd")]["1: aaaaaaa"], rows[(mx, "gemm_fwd")]["2: bbbbbbb"]) == ("50.0", None)
+    assert (rows[(mx + " bf16 wgrad", "gemm_fwd")]["1: aaaaaaa"], rows[(mx + " bf16 wgrad", "gemm_fwd")]["2: bbbbbbb"]) \
+        == (None, "60.0")  # a time and no mark: nothing before it to be slower than
+    assert not h.latest_failed
 
 
 def test_a_slower_step_is_marked_and_fails_the_latest_gate(tmp_path):

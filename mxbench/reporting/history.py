@@ -24,7 +24,7 @@ from mxkernels.core.errors import InputError
 
 from ..gate.compare import Comparison, MatchKey, compare_runs
 from ..instruments.provenance import REPO_ROOT
-from ..storage.results import Record, Run
+from ..storage.results import DEFAULT_WGRAD, Record, Run
 from ..views.frame import PASS_TITLES, POINT_FIELDS, implementation_info, samples_of, select
 from ..views.render import Row, card_label
 
@@ -33,7 +33,8 @@ COMMIT_TIME_KEY = "git_commit_time"
 """Where a run records its commit's time, when the machine that made it could tell."""
 CHANGES = ("SLOWER", "FASTER")
 """The verdicts a history marks (a SAME or UNSURE step is not a change)."""
-_KEY_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w", "fuse_scales", "pass_name", "stage", "impl")
+_KEY_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "power_limit_w", "fuse_scales", "wgrad", "pass_name",
+               "stage", "impl")
 
 
 @dataclass
@@ -245,14 +246,15 @@ def match_key(row: pd.Series) -> MatchKey:
     limit = None if pd.isna(row["power_limit_w"]) else float(row["power_limit_w"])
     return MatchKey(M=int(row["M"]), N=int(row["N"]), K=int(row["K"]), G=int(row["G"]), recipe=row["recipe"],
                     mode=row["mode"], groups=row["groups"], power_limit_w=limit, fuse_scales=bool(row["fuse_scales"]),
-                    pass_name=row["pass_name"], stage=row["stage"], impl=row["impl"])  # fmt: skip
+                    pass_name=row["pass_name"], stage=row["stage"], impl=row["impl"], wgrad=row["wgrad"])  # fmt: skip
 
 
 def key_text(key: MatchKey) -> str:
     recipe = f"{key.recipe}/{key.mode}" if key.recipe == "mxfp8" else key.recipe
     limit = "" if key.power_limit_w is None else f" @{key.power_limit_w:g}W"
     fused = " fused scales" if key.fuse_scales else ""
-    return f"M={key.M} N={key.N} K={key.K} G={key.G} {recipe} {key.groups}{limit}{fused}"
+    wgrad = f" {key.wgrad} wgrad" if key.wgrad != DEFAULT_WGRAD else ""
+    return f"M={key.M} N={key.N} K={key.K} G={key.G} {recipe} {key.groups}{limit}{fused}{wgrad}"
 
 
 def history_rows(h: History, changed_only: bool = False, **filters) -> list[Row]:

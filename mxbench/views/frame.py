@@ -30,7 +30,7 @@ PASS_TITLES = {
     str(Pass.BACKWARD_WEIGHT): "Backward (dB)",
     str(Pass.END_TO_END): "End to end",
 }
-POINT_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w", "fuse_scales")
+POINT_FIELDS = ("M", "N", "K", "G", "recipe", "mode", "groups", "seed", "power_limit_w", "fuse_scales", "wgrad")
 SM_CLOCK_KEY = "sm_clock_mhz"
 """Telemetry key of a record's median SM clock during its samples (MHz)."""
 ENERGY_KEY = "energy_j_per_call"
@@ -58,6 +58,7 @@ COLUMNS = {
     "power_limit_w": "power limit mxbench set (W); NaN: the card's limit as found",
     "fuse_scales": "True where the quantizers fused their scales: MXFP8's wrote the blocked scales themselves (no "
     "rearrange stages), FP8 rowwise's second copy of each tensor was scaled from column amaxes its first folded",
+    "wgrad": 'the weight-gradient GEMMs\' precision: "recipe" (the recipe\'s own) or "bf16" (`--wgrad bf16`)',
     # the stage and what ran
     "pass_name": '"forward", "backward_input", "backward_weight" or "end_to_end"',
     "stage": 'the stage in its pass ("quantize_a", "gemm_fwd", ..., "fwd+bwd")',

@@ -46,7 +46,7 @@ GEMM_SPEEDUP_COLUMNS = {
 BASELINE_RECIPE = "bf16"
 POINT_KEY = ["file", *POINT_FIELDS]
 """What names one point of one run in a frame of several runs."""
-STEP_KEY = ["file", *(f for f in POINT_FIELDS if f not in ("recipe", "mode", "fuse_scales"))]
+STEP_KEY = ["file", *(f for f in POINT_FIELDS if f not in ("recipe", "mode", "fuse_scales", "wgrad"))]
 """A point without its recipe: where a recipe's step finds its bf16 counterpart, the same point of the same run
 in any scale mode (it means nothing to bf16)."""
 
