@@ -137,6 +137,9 @@ def test_ep_check_out_never_replaces_a_file_that_is_not_a_check_record(tmp_path,
     [*ROOFLINE, "--out", ""],
     [*ROOFLINE, "--out", "."],
     ["ep-project", EP_RUN, "--out", ""],
+    ["plot", EP_RUN, "--out", ""],  # '' read as the working folder: the figure landed there
+    ["history", RUN, "--plot", ""],
+    ["map", "--K", "256", "--N", "128", "--experts", "4", "--tokens-per-expert", "64", "--plot-dir", ""],
 ])  # fmt: skip
 def test_an_empty_output_name_is_refused_with_one_line(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -9,6 +9,7 @@ so a test that stands in for a GPU replaces them in one place.
 
 from __future__ import annotations
 
+import copy
 import math
 import shlex
 import sys
@@ -126,10 +127,25 @@ class Int64(click.IntRange):
         return super()._describe_range()
 
 
+class NamedPath(click.Path):
+    """A path that names something: an empty one (an unset shell variable, ``--out "$DIR"``) would read as the
+    working folder, and a command would write its figures there, or read it, though the user named no folder."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value == "":
+            self.fail("an empty name; give a file or folder name", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def harden(param: click.Parameter) -> None:
     """Make ``param``'s type one that cannot lie: a float finite (``FiniteFloat``, its range kept), an integer
-    within int64 (``Int64``, its range kept where narrower). Types already bounded are left as they are."""
+    within int64 (``Int64``, its range kept where narrower), a path not empty (``NamedPath``, its rules kept).
+    Types already bounded are left as they are."""
     kind = param.type
+    if isinstance(kind, click.Path) and not isinstance(kind, NamedPath):
+        param.type = copy.copy(kind)
+        param.type.__class__ = NamedPath  # the same attributes (exists, dir_okay, path_type...), one more rule
+        return
     if isinstance(kind, click.types.FloatParamType) and not isinstance(kind, FiniteFloat):
         bounds = ({"min": kind.min, "max": kind.max, "min_open": kind.min_open, "max_open": kind.max_open,
                    "clamp": kind.clamp} if isinstance(kind, click.FloatRange) else {})  # fmt: skip
