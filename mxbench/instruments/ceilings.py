@@ -22,7 +22,6 @@ limit (entries written before the shape fields existed load with them None).
 from __future__ import annotations
 
 import gc
-import json
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,7 +36,8 @@ import triton.language as tl
 from mxkernels.core.errors import InputError
 from mxkernels.core.runtime import check_tensor
 
-from ..storage.validation import Published, read_json, schema_file, validate
+from ..storage.entries import read_entries, write_entries
+from ..storage.validation import Published, schema_file
 from .hardware import Peak, card_slug, device_properties
 
 SCHEMA_VERSION: int = schema_file(Published.CEILINGS)["x-mxbench-schema"]
@@ -394,32 +394,6 @@ def _same_limit(a: float | None, b: float | None) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return abs(a - b) <= _LIMIT_TOLERANCE_W
-
-
-def read_entries(path: Path, kind: Published) -> list[dict[str, Any]]:
-    """The entries of a stored ceilings file of ``kind`` ([] when there is none), every field checked against its
-    published schema: a malformed file raises ``InputError`` naming it and the field."""
-    if not path.exists():
-        return []
-    payload = read_json(path, f"mxbench {kind.value} file")
-    version = schema_file(kind)["x-mxbench-schema"]
-    if not isinstance(payload, dict) or payload.get("schema") != version:
-        found = payload.get("schema") if isinstance(payload, dict) else type(payload).__name__
-        raise InputError(f"{path}: not an mxbench {kind.value} file (schema {found!r}; readable: {version})")
-    try:
-        validate(payload, kind)
-    except InputError as e:
-        raise InputError(f"{path}: {e}") from None
-    return [dict(e) for e in payload["entries"]]
-
-
-def write_entries(path: Path, schema: int, card: str, entries: list[dict[str, Any]]) -> Path:
-    """Write a ceilings file through the one write path (``storage.writing``: atomic, the file it replaces kept in
-    .replaced/; the caller read it first as ceilings, so it never replaces another kind of file); returns ``path``."""
-    from ..storage.writing import write_files
-
-    write_files({path: json.dumps({"schema": schema, "card": card, "entries": entries}, indent=1)})
-    return path
 
 
 def _read_entries(path: Path) -> list[Ceilings]:
