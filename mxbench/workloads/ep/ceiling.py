@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...storage.entries import read_entries, write_entries
 from ...instruments.hardware import Peak, card_slug
+from ...storage.entries import read_entries, write_entries
 from ...storage.validation import Published, schema_file
 
 if TYPE_CHECKING:
