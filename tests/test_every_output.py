@@ -36,6 +36,18 @@ def refused(result, wanted: str) -> None:
     assert wanted in " ".join(result.output.split()), result.output
 
 
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    """RUN cut to its first record (one stage at one point): its figures still go through the one write path, a sheet
+    of two panels rather than every panel of 200 records (the write path does not depend on what is drawn)."""
+    from mxbench.storage.results import Run, load_run, save_run
+
+    full = load_run(RUN)
+    path = tmp_path_factory.mktemp("small-run") / "roofline-one-record.json"
+    save_run(Run(full.meta, full.records[:1]), path)
+    return path
+
+
 @pytest.fixture
 def ep_run(tmp_path) -> Path:
     path = tmp_path / "ep.json"
@@ -80,18 +92,18 @@ def test_a_users_json_is_not_replaced_by_a_projection(ep_run, tmp_path):
 
 
 @pytest.mark.parametrize("command", [
-    lambda out: ["plot", RUN, "--out", out],
-    lambda out: ["history", RUN, "--plot", out],
-    lambda out: ["ep-project", EP_RUN, "--plot-file", out],
-    lambda out: [*ROOFLINE, "--out", out.with_name("r.json"), "--plot-file", out],
+    lambda out, run: ["plot", run, "--out", out],
+    lambda out, run: ["history", run, "--plot", out],
+    lambda out, run: ["ep-project", EP_RUN, "--plot-file", out],
+    lambda out, run: [*ROOFLINE, "--out", out.with_name("r.json"), "--plot-file", out],
 ])  # fmt: skip
-def test_a_figure_path_holding_a_file_that_is_not_our_figure_is_refused_then_forced(tmp_path, command):
+def test_a_figure_path_holding_a_file_that_is_not_our_figure_is_refused_then_forced(tmp_path, command, small_run):
     out = tmp_path / "existing.png"
     out.write_bytes(b"\x89PNG\r\n\x1a\n my holiday photo")
-    refused(invoke(*command(out)), "is not a figure mxbench wrote; give --force")
+    refused(invoke(*command(out, small_run)), "is not a figure mxbench wrote; give --force")
     assert out.read_bytes() == b"\x89PNG\r\n\x1a\n my holiday photo"
     assert not list(tmp_path.glob("r.*"))  # checked before any work: no run written either
-    forced = invoke(*command(out), "--force")
+    forced = invoke(*command(out, small_run), "--force")
     assert forced.exit_code == 0, forced.output
     (kept,) = (tmp_path / REPLACED_DIR).glob("existing.*.png")
     assert kept.read_bytes() == b"\x89PNG\r\n\x1a\n my holiday photo" and f"the old copy is at {kept}" in forced.output
@@ -99,25 +111,25 @@ def test_a_figure_path_holding_a_file_that_is_not_our_figure_is_refused_then_for
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
-def test_our_figure_is_recognized_and_replaced_with_its_copy_kept(tmp_path, suffix):
+def test_our_figure_is_recognized_and_replaced_with_its_copy_kept(tmp_path, suffix, small_run):
     out = tmp_path / f"fig{suffix}"
-    assert invoke("plot", RUN, "--out", out).exit_code == 0
+    assert invoke("plot", small_run, "--out", out).exit_code == 0
     first = out.read_bytes()
     assert FIGURE_MARK.encode() in first
-    again = invoke("plot", RUN, "--out", out)
+    again = invoke("plot", small_run, "--out", out)
     assert again.exit_code == 0, again.output
     (kept,) = (tmp_path / REPLACED_DIR).glob(f"fig.*{suffix}")
     assert kept.read_bytes() == first
 
 
-def test_a_folder_of_figures_does_not_replace_a_users_file_in_it(tmp_path):
+def test_a_folder_of_figures_does_not_replace_a_users_file_in_it(tmp_path, small_run):
     folder = tmp_path / "figs"
-    assert invoke("plot", RUN, "--out", folder).exit_code == 0
+    assert invoke("plot", small_run, "--out", folder).exit_code == 0
     mine = sorted(folder.glob("*.png"))[0]
     mine.write_bytes(b"not a figure of mxbench's")
-    refused(invoke("plot", RUN, "--out", folder), "is not a figure mxbench wrote")
+    refused(invoke("plot", small_run, "--out", folder), "is not a figure mxbench wrote")
     assert mine.read_bytes() == b"not a figure of mxbench's"
-    assert invoke("plot", RUN, "--out", folder, "--force").exit_code == 0
+    assert invoke("plot", small_run, "--out", folder, "--force").exit_code == 0
 
 
 def test_ep_check_out_never_replaces_a_file_that_is_not_a_check_record(tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ from mxkernels.core.errors import InputError
 from mxkernels.core.names import END_TO_END_STAGE, MEMORY_CATEGORIES, Category, Pass
 
 from ..storage.results import OURS, Point, Record, Run
+from .ceiling_store import Ceilings, measured_peaks
 from .hardware import HardwareSpec, Peak, datasheet_peaks, get_spec
 
 if TYPE_CHECKING:
@@ -109,9 +110,6 @@ def peaks_for_run(run: Run, denominator: str = "datasheet") -> dict[str, Peak]:
         raise InputError(f"denominator must be one of {DENOMINATORS}, got {denominator!r}")
     if denominator == "datasheet":
         return datasheet_peaks(spec_for_run(run))
-    # imported on use: measuring ceilings needs the timing stack, which a datasheet-only table never loads
-    from .ceilings import Ceilings, measured_peaks
-
     stored = run.meta.get("ceilings")
     if run.meta.get("measured") is False:
         raise InputError("denominator='measured' needs a card's measured ceilings, and a model run (model, not "

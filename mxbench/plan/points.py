@@ -16,13 +16,11 @@ from mxkernels.stages.pipeline import RECIPES
 from mxkernels.core.runtime import MAX_GROUPS
 
 from ..storage.results import Point
+from .skew import SKEW_ALPHA, skewed_shares
 
 BLOCK = 32  # K and N must hold whole MX blocks
 GROUP_KINDS = ("balanced", "skewed")
 MODES = ("rceil", "floor")
-# Concentration of the skewed (router-like) split: Dirichlet(0.5) over experts gives the heavy few and the idle
-# many of an imperfectly balanced router (the largest of 8 groups typically holds 2-4x the balanced share).
-SKEW_ALPHA = 0.5
 # The recipes with a fused-scales step (``pipeline.step_stages(fuse_scales=True)``).
 FUSED_RECIPES = (Recipe.MXFP8, Recipe.FP8_ROWWISE)
 SKEW_METHOD = f"dirichlet(alpha={SKEW_ALPHA}) from numpy.random.default_rng(seed), largest-remainder rounding"
@@ -133,9 +131,7 @@ def group_sizes(M: int, G: int, kind: str = "balanced", seed: int = 0, alignment
         base, extra = divmod(units, G)
         sizes = [base + (g < extra) for g in range(G)]
     elif kind == "skewed":
-        import numpy as np
-
-        shares = np.random.default_rng(seed).dirichlet(np.full(G, SKEW_ALPHA))
+        shares = skewed_shares(G, seed)
         sizes = _largest_remainder([float(s) * units for s in shares], units)
     else:
         raise InputError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {kind!r}")

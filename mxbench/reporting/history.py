@@ -241,7 +241,7 @@ def _key_cells(r: Record) -> dict:
     }
 
 
-def match_key(row: pd.Series) -> MatchKey:
+def match_key(row: pd.Series | dict) -> MatchKey:
     """The ``compare`` key of a ``trends`` row (what its marks are filed under)."""
     limit = None if pd.isna(row["power_limit_w"]) else float(row["power_limit_w"])
     return MatchKey(M=int(row["M"]), N=int(row["N"]), K=int(row["K"]), G=int(row["G"]), recipe=row["recipe"],
@@ -267,13 +267,14 @@ def history_rows(h: History, changed_only: bool = False, **filters) -> list[Row]
     pass_order = {p: i for i, p in enumerate(PASS_TITLES)}
     order = t.groupby(list(_KEY_FIELDS), sort=False, dropna=False).ngroup()
     t = t.assign(order=order, pass_rank=t["pass_name"].map(pass_order))
-    for _, stage in t.sort_values(["M", "N", "K", "recipe", "pass_rank", "order"], kind="stable").groupby(
-        "order", sort=False
-    ):
-        key = match_key(stage.iloc[0])
+    stages: dict[int, list] = {}  # one pass over the frame: a groupby's frame per stage cost most of `history`
+    for r in t.sort_values(["M", "N", "K", "recipe", "pass_rank", "order"], kind="stable").itertuples(index=False):
+        stages.setdefault(r.order, []).append(r)
+    for stage in stages.values():
+        key = match_key(stage[0]._asdict())
         cells = dict.fromkeys(columns)
         changed = False
-        for r in stage.itertuples():
+        for r in stage:
             mark = marks[r.step].get(key)
             changed |= mark is not None
             text = f"{r.median:.1f}"

@@ -253,8 +253,17 @@ def frame_of(runs: Run | Sequence[Run], files: Sequence[str | None] | None = Non
         parts.append(part.reindex(columns=list(COLUMNS)))
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(COLUMNS))
     df = _typed(df)
-    df.attrs["runs"] = {file: run.meta for run, file in zip(runs, files, strict=True)}
+    df.attrs["runs"] = RunsMeta({file: run.meta for run, file in zip(runs, files, strict=True)})
     return df
+
+
+class RunsMeta(dict):
+    """``df.attrs["runs"]``: each file's run metadata, read-only and shared by every frame derived from ``df``.
+    pandas deep-copies ``attrs`` into the result of every operation; a run's metadata (its command, versions,
+    telemetry) copied on each filter and groupby was a fifth of drawing a roofline run's figures."""
+
+    def __deepcopy__(self, memo: dict) -> RunsMeta:
+        return self
 
 
 _DERIVED = ("gbps", "tflops", "flop_per_byte", "eff_datasheet_pct", "peak_datasheet", "eff_measured_pct",

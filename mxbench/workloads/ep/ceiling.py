@@ -12,17 +12,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-
-from ...instruments.ceilings import read_entries, write_entries
 from ...instruments.hardware import Peak, card_slug
-from ...measuring.dist import Context, gather
+from ...storage.entries import read_entries, write_entries
 from ...storage.validation import Published, schema_file
-from .metadata import nccl_version
-from .rank_timing import across_ranks, time_on_ranks
+
+if TYPE_CHECKING:
+    from ...measuring.dist import Context
 
 FILE = "alltoall_ceilings.json"
 SCHEMA_VERSION: int = schema_file(Published.ALLTOALL_CEILINGS)["x-mxbench-schema"]
@@ -31,6 +28,14 @@ DEFAULT_BYTES = 2**30
 
 def measure_alltoall_ceiling(ctx: Context, size_bytes: int = DEFAULT_BYTES, samples: int = 20) -> dict | None:
     """The ceiling entry on rank 0 (None elsewhere); see the module doc. Needs a GPU per rank."""
+    # here, not at the top: the EP tables read a stored ceiling (alltoall_peak) and need no torch (a 3 s import)
+    import torch
+    import torch.distributed as dist
+
+    from ...measuring.dist import gather
+    from .metadata import nccl_version
+    from .rank_timing import across_ranks, time_on_ranks
+
     world = ctx.world
     if size_bytes < world or size_bytes % world:
         raise ValueError(f"size_bytes must be a positive multiple of the world size {world}, got {size_bytes}")

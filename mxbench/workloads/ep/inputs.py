@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...plan.points import GROUP_KINDS, SKEW_ALPHA
+from ...plan.points import GROUP_KINDS
+from ...plan.skew import SKEW_ALPHA, skewed_shares
 
 ROUTING_METHOD = {
     "balanced": "copy c of rank r -> expert (c + r*top_k) mod (W*E), tokens shuffled (torch.randperm, "
@@ -36,7 +37,7 @@ def _generator(seed: int, rank: int, device: torch.device | str = "cpu") -> torc
 
 def expert_shares(num_experts: int, seed: int) -> np.ndarray:
     """The skewed router's preference over the experts (the same on every rank; module doc)."""
-    return np.random.default_rng(seed).dirichlet(np.full(num_experts, SKEW_ALPHA))
+    return skewed_shares(num_experts, seed)
 
 
 def routing(T: int, top_k: int, num_experts: int, kind: str, seed: int, rank: int) -> torch.Tensor:

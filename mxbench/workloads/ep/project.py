@@ -97,9 +97,9 @@ def rank_shares(groups: str, seed: int, ep: int, experts_per_rank: int) -> np.nd
 
     if groups != "skewed":
         return np.full(ep, 1.0 / ep)
-    from .inputs import expert_shares
+    from ...plan.skew import skewed_shares  # inputs.expert_shares' draw, without the torch that inputs imports
 
-    return expert_shares(ep * experts_per_rank, seed).reshape(ep, experts_per_rank).sum(axis=1)
+    return skewed_shares(ep * experts_per_rank, seed).reshape(ep, experts_per_rank).sum(axis=1)
 
 
 def imbalance(shares: np.ndarray) -> float:

@@ -10,9 +10,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from matplotlib.figure import Figure
-
-from ...views.panels import save
 from ...views.render import Row, render
 from .project import DEEPEP_SOURCE, LinkModel, Measured, Prediction
 from .scaling import degree_axes
@@ -115,6 +112,11 @@ def json_output(model: LinkModel, runs: Sequence[Measured], rows: list[Row], val
 def plot_projection(preds: Sequence[Prediction], measured: Sequence[Measured], path: str | Path) -> Path:
     """Step time and all-to-all share against EP degree: predictions as lines (one per run and strategy),
     the measured runs as points in the same colour."""
+    # here, not at the top: a projection printed as a table needs no matplotlib (a second of import)
+    from matplotlib.figure import Figure
+
+    from ...views.panels import save
+
     fig = Figure(figsize=(13, 5.5), layout="constrained")
     step_ax, share_ax = fig.subplots(1, 2)
     strategies = list(dict.fromkeys(p.strategy for p in preds))

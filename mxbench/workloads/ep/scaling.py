@@ -12,11 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from ...instruments.roofline import achieved_tbps
 from ...storage.results import Run
-from ...views.panels import save
 from ...views.render import Row, render
 from .tables import A2A, STEP, ep_part, ep_peaks, in_step, summary_rows
 
@@ -80,6 +77,11 @@ def plot_scaling(runs: Sequence[Run], path: str | Path) -> Path:
     """Three panels against EP degree, one line per strategy (solid balanced, dashed skewed routing): the measured
     fwd+bwd step, the all-to-alls' share of the stage sum, and their rate beside the datasheet link roof and each
     degree's measured all-to-all ceiling."""
+    # here, not at the top: the scaling table and the EP projection's tables need no matplotlib (a second of import)
+    from matplotlib.figure import Figure
+
+    from ...views.panels import save
+
     runs = ordered(runs)
     fig = Figure(figsize=(16, 5.5), layout="constrained")
     step_ax, share_ax, rate_ax = fig.subplots(1, 3)

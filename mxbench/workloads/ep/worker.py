@@ -101,7 +101,7 @@ def _quiet(_: str) -> None:
 
 
 def _measure(ctx: Context, strategies, o: EPOptions, impls, m: MeasureOptions, echo) -> int:
-    from ...instruments.ceilings import load_ceilings
+    from ...instruments.ceiling_store import load_ceilings
     from ...measuring.metadata import implementation_modules
     from ...instruments.provenance import implementations_meta
     from .ceiling import load_alltoall_ceiling
