@@ -17,7 +17,7 @@ from mxkernels.quant.quantize import RowsConfig
 
 # Group ends over 300 rows: an empty group, groups not multiples of 128, and 40 rows past the last end (tail rows).
 OFFS = [[50, 50, 180, 260], [300], [0, 130, 300]]
-# FP8 rowwise has no 128-row blocks, so its SwiGLU tests take ends over 72 rows: an empty group, 2 rows past the
+# FP8 rowwise has no 128-row blocks, so its tests take ends over 72 rows: an empty group, 2 rows past the
 # last end, and groups the launches' programs split (the backward's 1-row steps: 8 programs of 9 rows; the capped
 # launch: 4 of 18; the forward's default launch is one program of 128 rows), so that two programs fold into one
 # group's amax. The backward's default launch steps one row at a time: over 300 rows it was most of the file's time.
@@ -92,10 +92,11 @@ def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
         assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "floor", config=config), chain)
 
 
-@pytest.mark.parametrize("ends", OFFS)
+@pytest.mark.parametrize("ends", [*FP8_OFFS, [0, 36, 72]])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_gather_quantize_fp8_is_the_chain(poisoned_empty, ends, weighted):
-    x, src, w = gather_inputs(D=80)
+    # 72 rows (FP8_OFFS, and an empty first group); the default launch's 64-row steps split [50, 70) in two.
+    x, src, w = gather_inputs(R=FP8_ROWS, D=80)
     w = w if weighted else None
     offs = offsets(ends)
     xs = moe_rows.gather_weighted(x, src, w)
