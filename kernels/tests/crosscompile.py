@@ -79,6 +79,7 @@ class _Server:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+            self.log.close()
 
     def _log_tail(self) -> str:
         self.log.seek(0)
@@ -87,6 +88,7 @@ class _Server:
     def build(self, spec: dict, what: str) -> str:
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
+                self.stop()
                 self._start()
             try:
                 self.proc.stdin.write(json.dumps(spec) + "\n")
@@ -94,11 +96,12 @@ class _Server:
                 ready, _, _ = select.select([self.proc.stdout], [], [], _TIMEOUT_S)
                 line = self.proc.stdout.readline() if ready else ""
             except BrokenPipeError:
-                line = ""
+                ready, line = True, ""
             if not line:
-                why = "timed out" if self.proc.poll() is None else f"exited {self.proc.returncode}"
+                why = f"exited {self.proc.wait()}" if ready else f"took over {_TIMEOUT_S} s"
+                tail = self._log_tail()
                 self.stop()
-                raise AssertionError(f"compiling {what} failed: the build process {why}:\n{self._log_tail()}")
+                raise AssertionError(f"compiling {what} failed: the build process {why}:\n{tail}")
             reply = json.loads(line)
         if "error" in reply:
             raise AssertionError(f"compiling {what} failed:\n{reply['error'][-4000:]}")
