@@ -83,19 +83,22 @@ _BUILD = textwrap.dedent(
         def get_active_torch_device(self): return torch.device("cpu")
         def __getattr__(self, name): return getattr(self.real, name)
 
-    case, c = sys.argv[1], W.WsConfig(**json.loads(sys.argv[2]))
     desc = lambda dtype, gl_type, block: TensorDescriptor.from_tensor(
         torch.empty(1024, 1024, dtype=dtype), block, gl.NVMMASharedLayout.get_default_for(block, gl_type))
-    fp8 = lambda rows: desc(torch.float8_e4m3fn, gl.float8e4nv, [rows, c.block_k])
-    out = desc(torch.bfloat16, gl.bfloat16, [c.block_m // 2, min(c.block_n, 128)])
     f32 = torch.empty(1024)
     driver.set_active(Sm90(CudaDriver.__new__(CudaDriver)))
-    k = W._fp8_ws.warmup(fp8(c.block_m), fp8(c.block_n), out, f32, f32, torch.empty(4, dtype=torch.int32),
-                      torch.empty(1024, dtype=torch.bfloat16), 1024, 256, 1024, 4, 132, WGRAD=case == "2d2d",
-                      STAGES=c.num_stages,
-                      GROUP_M=c.group_m, TMA_STORE=c.tma_store, PRODUCER_REGS=c.producer_regs,
-                      CONSUMER_REGS=c.consumer_regs, num_warps=4, grid=(1,))
-    sys.stdout.write(json.dumps({"ptx": k.asm["ptx"], "shared": k.metadata.shared}))
+    built = []
+    for case, fields in json.loads(sys.argv[1]):  # every build in this one process: one import of torch and triton
+        c = W.WsConfig(**fields)
+        fp8 = lambda rows: desc(torch.float8_e4m3fn, gl.float8e4nv, [rows, c.block_k])
+        out = desc(torch.bfloat16, gl.bfloat16, [c.block_m // 2, min(c.block_n, 128)])
+        k = W._fp8_ws.warmup(fp8(c.block_m), fp8(c.block_n), out, f32, f32, torch.empty(4, dtype=torch.int32),
+                          torch.empty(1024, dtype=torch.bfloat16), 1024, 256, 1024, 4, 132, WGRAD=case == "2d2d",
+                          STAGES=c.num_stages,
+                          GROUP_M=c.group_m, TMA_STORE=c.tma_store, PRODUCER_REGS=c.producer_regs,
+                          CONSUMER_REGS=c.consumer_regs, num_warps=4, grid=(1,))
+        built.append({"ptx": k.asm["ptx"], "shared": k.metadata.shared})
+    sys.stdout.write(json.dumps(built))
     """
 )
 
@@ -111,22 +114,35 @@ def _ptxas() -> Path | None:
     return path if path.exists() else None
 
 
-@pytest.mark.parametrize("variant", ["default", "128-no-tma-store"])
-@pytest.mark.parametrize("case", ["2d3d", "2d2d"])
-def test_sm90_build_overlaps_the_warpgroups(case, variant, tmp_path):
+CASES, VARIANTS = ["2d3d", "2d2d"], ["default", "128-no-tma-store"]
+
+
+def _build_config(case: str, variant: str) -> W.WsConfig:
+    config = W.default_config(case)
+    return config if variant == "default" else dataclasses.replace(config, block_n=128, tma_store=False)
+
+
+@pytest.fixture(scope="module")
+def sm90_builds():
+    """Every (case, variant)'s SM90 build, ptx and shared bytes, from one subprocess."""
+    keys = [(case, variant) for case in CASES for variant in VARIANTS]
+    specs = [(case, dataclasses.asdict(_build_config(case, variant))) for case, variant in keys]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    done = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(specs)], capture_output=True, text=True,
+                          env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(zip(keys, json.loads(done.stdout)))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", CASES)
+def test_sm90_build_overlaps_the_warpgroups(case, variant, tmp_path, sm90_builds):
     """The schedule the module promises, read from the SM90 build: e4m3 wgmma of m64 x 128 x 32 (one warpgroup's
     half of a 128-row tile) fed by TMA; setmaxnreg (the producer gives registers to the consumers); each partial
     retired with wait_group 0 before it is added; and ptxas serializes no wgmma (C7514/C7515/C7517) and spills
     nothing: what made the single-warpgroup kernels slow."""
-    config = W.default_config(case)
-    if variant != "default":
-        config = dataclasses.replace(config, block_n=128, tma_store=False)
-    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    done = subprocess.run([sys.executable, "-c", _BUILD, case, json.dumps(fields)], capture_output=True, text=True,
-                          env=env, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    built = json.loads(done.stdout)
+    config = _build_config(case, variant)
+    built = sm90_builds[case, variant]
     ptx = built["ptx"]
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
     assert "cp.async.bulk.tensor" in ptx

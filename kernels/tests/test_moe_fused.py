@@ -17,6 +17,11 @@ from mxkernels.quant.quantize import RowsConfig
 
 # Group ends over 300 rows: an empty group, groups not multiples of 128, and 40 rows past the last end (tail rows).
 OFFS = [[50, 50, 180, 260], [300], [0, 130, 300]]
+# FP8 rowwise has no 128-row blocks, so its tests take ends over 72 rows: an empty group, 2 rows past the
+# last end, and groups the launches' programs split (the backward's 1-row steps: 8 programs of 9 rows; the capped
+# launch: 4 of 18; the forward's default launch is one program of 128 rows), so that two programs fold into one
+# group's amax. The backward's default launch steps one row at a time: over 300 rows it was most of the file's time.
+FP8_ROWS, FP8_OFFS = 72, [[10, 10, 50, 70], [72]]
 MX_CONFIGS = [None, RowsConfig(tile=(16, 64), num_warps=2)]
 FP8_CONFIGS = [None, AmaxRowsConfig(programs_per_sm=1, num_warps=2, block_rows=2)]
 # The GPU when there is one (the lead's GPU session runs this file), else CPU under the interpreter.
@@ -87,10 +92,11 @@ def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
         assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "floor", config=config), chain)
 
 
-@pytest.mark.parametrize("ends", OFFS)
+@pytest.mark.parametrize("ends", [*FP8_OFFS, [0, 36, 72]])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_gather_quantize_fp8_is_the_chain(poisoned_empty, ends, weighted):
-    x, src, w = gather_inputs(D=80)
+    # 72 rows (FP8_OFFS, and an empty first group); the default launch's 64-row steps split [50, 70) in two.
+    x, src, w = gather_inputs(R=FP8_ROWS, D=80)
     w = w if weighted else None
     offs = offsets(ends)
     xs = moe_rows.gather_weighted(x, src, w)
@@ -99,9 +105,9 @@ def test_gather_quantize_fp8_is_the_chain(poisoned_empty, ends, weighted):
         assert_same(mf.gather_quantize_fp8(x, src, w, offs, config=config), chain)
 
 
-@pytest.mark.parametrize("ends", OFFS[:2])
+@pytest.mark.parametrize("ends", FP8_OFFS)
 def test_swiglu_quantize_fp8_is_the_chain(poisoned_empty, ends):
-    g, h1, h3 = swiglu_inputs(N=40)
+    g, h1, h3 = swiglu_inputs(M=FP8_ROWS, N=40)
     offs = offsets(ends)
     act = swiglu.swiglu(h1, h3)
     (grad_h,) = swiglu.swiglu_backward(g, h1, h3)
