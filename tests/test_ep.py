@@ -135,6 +135,29 @@ def test_every_stage_matches_its_oracle_and_the_layer_its_reference(world_of_one
     assert all(20 < c.vs_bf16_db < 35 for c in layer_checks), layer_checks
 
 
+def test_the_checks_backward_hands_the_layer_dy_bit_for_bit():
+    seen = []
+
+    class Spy(torch.autograd.Function):  # the layer's autograd function, recording the gradient it is handed
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(g)
+            return g
+
+    gen = torch.Generator().manual_seed(5)
+    dy = torch.randn(6, 8, generator=gen).bfloat16()
+    dy[0, :4] = torch.tensor([float("nan"), float("inf"), -0.0, 2.0**-133])  # NaN, inf, -0, a subnormal
+    x = torch.randn(6, 8, generator=gen).bfloat16().requires_grad_()
+    ep_check.backward(Spy.apply(x), dy)
+    assert torch.equal(bits(seen[0]), bits(dy)) and torch.equal(bits(x.grad), bits(dy))
+    with pytest.raises(RuntimeError, match="shape"):  # a dy that does not fit y: torch's own error, as before
+        ep_check.backward(Spy.apply(x), dy[:5])
+
+
 def test_a_swapped_permutation_fails_stage_and_layer_checks(world_of_one):
     sys.path.insert(0, str(Path(__file__).parent))
     from mxbench.implementations.registry import parse_impl
