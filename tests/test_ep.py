@@ -20,6 +20,7 @@ from mxkernels.ep import comm
 from mxkernels.reference import ep as ep_reference
 from mxkernels.stages import ep_stages
 from mxkernels.moe import token_permute
+from mxkernels.core import vjp
 from mxkernels.core.comparison import sqnr_db
 from mxkernels.layouts.padding import padded_rows
 from mxkernels.stages.step_specs import all_specs, get_spec
@@ -152,10 +153,17 @@ def test_the_checks_backward_hands_the_layer_dy_bit_for_bit():
     dy = torch.randn(6, 8, generator=gen).bfloat16()
     dy[0, :4] = torch.tensor([float("nan"), float("inf"), -0.0, 2.0**-133])  # NaN, inf, -0, a subnormal
     x = torch.randn(6, 8, generator=gen).bfloat16().requires_grad_()
-    ep_check.backward(Spy.apply(x), dy)
+    vjp.backward(Spy.apply(x), dy)
     assert torch.equal(bits(seen[0]), bits(dy)) and torch.equal(bits(x.grad), bits(dy))
+    (g,) = vjp.grad(Spy.apply(x), x, dy)
+    assert torch.equal(bits(seen[1]), bits(dy)) and torch.equal(bits(g), bits(dy))
     with pytest.raises(RuntimeError, match="shape"):  # a dy that does not fit y: torch's own error, as before
-        ep_check.backward(Spy.apply(x), dy[:5])
+        vjp.backward(Spy.apply(x), dy[:5])
+    with pytest.raises(RuntimeError, match="shape"):
+        vjp.grad(Spy.apply(x), x, dy[:5])
+    wide = torch.randn(6, 8, generator=gen, dtype=torch.float64)  # another dtype: torch rounds it to y's, as before
+    (g,) = vjp.grad(Spy.apply(x), x, wide)
+    assert torch.equal(bits(g), bits(wide.bfloat16()))
 
 
 def test_a_swapped_permutation_fails_stage_and_layer_checks(world_of_one):

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from mxkernels.core import vjp
 from mxkernels.ep.wgrad import Wgrad, resolve_wgrad
 from mxkernels.stages.pipeline import Stage, with_impls
 
@@ -132,18 +133,8 @@ def run_module(ctx: Context, o: EPOptions, inputs, plan, stages) -> dict[str, to
     part = workload(o)
     leaves = {n: inputs[n].clone().requires_grad_() for n in ("x", *part.weights)}
     y = part.forward(ctx, inputs, plan, stages, leaves)
-    backward(y, inputs["dy"])
+    vjp.backward(y, inputs["dy"])  # y.backward(dy), without importing sympy on every worker
     return {"y": y.detach(), **{f"grad_{n}": t.grad for n, t in leaves.items()}}
-
-
-def backward(y: torch.Tensor, dy: torch.Tensor) -> None:
-    """``y.backward(dy)``, as the gradient of ``sum(y * dy)``: y's gradient is ``1 * dy``, dy bit for bit. torch's
-    own check that dy fits y imports sympy (some 0.5 s of every gloo worker's CPU: issue 31); a dy that does not fit
-    still goes to it, for its error."""
-    if dy.shape != y.shape or dy.dtype != y.dtype:
-        y.backward(dy)
-        return
-    (y * dy).sum().backward()
 
 
 def compare_layer(strategy: str, ranks: Sequence[Mapping[str, torch.Tensor]], o: EPOptions) -> list[LayerCheck]:
