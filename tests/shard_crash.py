@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_shard import POINTS, fakes_for, sweep_options
+from shard_fakes import POINTS, fakes_for, sweep_options
 
 from mxbench.workloads.step.sharded import sharded_sweep
 

@@ -20,6 +20,7 @@ from mxkernels.ep import comm
 from mxkernels.reference import ep as ep_reference
 from mxkernels.stages import ep_stages
 from mxkernels.moe import token_permute
+from mxkernels.core import vjp
 from mxkernels.core.comparison import sqnr_db
 from mxkernels.layouts.padding import padded_rows
 from mxkernels.stages.step_specs import all_specs, get_spec
@@ -133,6 +134,36 @@ def test_every_stage_matches_its_oracle_and_the_layer_its_reference(world_of_one
     assert all(c.ok for c in layer_checks), layer_checks
     # MXFP8 is ~28 dB from bf16: the MXFP8 reference is not the bf16 one under another name
     assert all(20 < c.vs_bf16_db < 35 for c in layer_checks), layer_checks
+
+
+def test_the_checks_backward_hands_the_layer_dy_bit_for_bit():
+    seen = []
+
+    class Spy(torch.autograd.Function):  # the layer's autograd function, recording the gradient it is handed
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(g)
+            return g
+
+    gen = torch.Generator().manual_seed(5)
+    dy = torch.randn(6, 8, generator=gen).bfloat16()
+    dy[0, :4] = torch.tensor([float("nan"), float("inf"), -0.0, 2.0**-133])  # NaN, inf, -0, a subnormal
+    x = torch.randn(6, 8, generator=gen).bfloat16().requires_grad_()
+    vjp.backward(Spy.apply(x), dy)
+    assert torch.equal(bits(seen[0]), bits(dy)) and torch.equal(bits(x.grad), bits(dy))
+    (g,) = vjp.grad(Spy.apply(x), x, dy)
+    assert torch.equal(bits(seen[1]), bits(dy)) and torch.equal(bits(g), bits(dy))
+    with pytest.raises(RuntimeError, match="shape"):  # a dy that does not fit y: torch's own error, as before
+        vjp.backward(Spy.apply(x), dy[:5])
+    with pytest.raises(RuntimeError, match="shape"):
+        vjp.grad(Spy.apply(x), x, dy[:5])
+    wide = torch.randn(6, 8, generator=gen, dtype=torch.float64)  # another dtype: torch rounds it to y's, as before
+    (g,) = vjp.grad(Spy.apply(x), x, wide)
+    assert torch.equal(bits(g), bits(wide.bfloat16()))
 
 
 def test_a_swapped_permutation_fails_stage_and_layer_checks(world_of_one):

@@ -64,8 +64,8 @@ def wait_for(condition, timeout_s: float = 120.0) -> bool:
     return False
 
 
-def launched_workers(*args: str) -> tuple[subprocess.Popen, str]:
-    proc, mark = start("--nproc", "2", "--check", *TINY, *args)
+def launched_workers(*args: str, sizes=TINY) -> tuple[subprocess.Popen, str]:
+    proc, mark = start("--nproc", "2", "--check", *sizes, *args)
     assert wait_for(lambda: len(workers(mark)) == 2 or proc.poll() is not None), "the workers never started"
     assert proc.poll() is None, proc.communicate()
     return proc, mark
@@ -81,10 +81,18 @@ def test_ctrl_c_stops_every_rank_and_exits_130_with_one_line():
 
 
 def test_no_worker_outlives_a_killed_launcher():
-    proc, mark = launched_workers()
+    # workers given minutes of work: one left running is seen, not mistaken for one that finished (they are killed
+    # while they import, so the size costs nothing when they die as they should)
+    proc, mark = launched_workers(sizes=["--K", "64", "--N", "64", "--experts", "2", "--tokens", "65536"])
     proc.kill()  # SIGKILL: the launcher cannot clean up; the kernel stops torchrun, and torchrun's death its workers
-    proc.communicate(timeout=60)
-    assert wait_for(lambda: not workers(mark), 15), f"workers left: {workers(mark)}"
+    proc.wait(timeout=60)  # not communicate(): it would wait for every holder of the pipes, the workers included
+    try:  # a worker still importing when torchrun died leaves at its die_with_parent, after its imports
+        assert wait_for(lambda: not workers(mark), 60), f"workers left: {workers(mark)}"
+    finally:
+        for pid in workers(mark):
+            os.kill(pid, signal.SIGKILL)
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def test_an_implementation_that_raises_is_one_line_naming_rank_stage_and_error():

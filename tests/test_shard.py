@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from mxkernels.core.errors import InputError
 
+from shard_fakes import POINTS, WORLD, fakes_for, sweep_options
+
 from mxbench.measuring import shard
-from mxbench.measuring.stages import SweepOptions
 from mxbench.plan.points import plan_points, with_baselines
 from mxbench.gate.regress import regress
 from mxbench.storage.results import load_run
@@ -31,9 +32,6 @@ from mxbench.workloads.peers import sharded as peers_sharded
 from mxbench.workloads.step import sharded as step_sharded
 from mxbench.workloads.step.sweep import run_sweep
 
-WORLD = 2
-POINTS = plan_points([64, 128, 256], 64, 32, 2, ["mxfp8", "bf16"], power_limits=[250.0, 300.0])
-"""Six units (three M at two power limits), each an mxfp8 point and its bf16 baseline."""
 
 # ------------------------------------------------------------------------------------------------- the split
 
@@ -86,20 +84,6 @@ def test_the_rank_and_device_come_from_torchruns_environment(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------- two processes
-
-
-def fakes_for(rank: int, card: str = "Fake GPU"):
-    """Fake instruments of ``rank``'s GPU (``test_sweep.Fakes``) and the Fakes that record what they measured."""
-    from test_sweep import Fakes
-
-    f = Fakes()
-    ins = f.instruments()
-    ins.device_properties = lambda: {"name": card, "uuid": f"GPU-{rank}"}
-    return f, ins
-
-
-def sweep_options(out=None, rank=0):
-    return SweepOptions(samples=3, device=rank, out=out)
 
 
 def _sweep(rank, tmp):

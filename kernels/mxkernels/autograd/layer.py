@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from .projection import run_saved_stages, save_for_stages
+from ..core import vjp
 from ..stages.layer import LayerShape, Routing, layer_stages
 from ..moe.router import ScoreFunc
 from ..core.names import Recipe
@@ -164,7 +165,7 @@ SQNR_OUTPUTS = ("y", "grad_x", "grad_w1", "grad_w3", "grad_w2", "grad_wr")
 
 def _gradients(y, x, weights, dy, shape) -> dict[str, torch.Tensor]:
     names = list(weights)
-    grads = torch.autograd.grad(y, [x, *(weights[n] for n in names)], dy)
+    grads = vjp.grad(y, [x, *(weights[n] for n in names)], dy)  # torch.autograd.grad, without importing sympy
     out = {"y": y.detach(), "grad_x": grads[0]}
     for n, g in zip(names, grads[1:], strict=True):
         if n == "w13":

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ...gate.regress import regress
 from ...instruments.kit import Instruments
 from ...measuring.metadata import points_metadata
 from ...measuring.shard import ShardFailed, Shard, assign, exchange, gathered_meta, measure_share, session, tagged
@@ -65,6 +64,8 @@ def sharded_regress(baseline: Run, *, options: SweepOptions, instruments: Instru
             if run.meta.get("partial"):
                 raise ShardFailed(run.meta["partial"])
             return run
+
+        from ...gate.regress import regress  # here: pandas stays out of every rank of a sharded sweep
 
         result = regress(baseline, measure, **kwargs)
     return result if s.root else None
