@@ -10,10 +10,6 @@ when none are). The workers' environment is this process's, with these rules:
 * ``OMP_NUM_THREADS=1`` where absent (torchrun's own default, which it otherwise announces in a banner);
 * ``MXBENCH_EP_REPORTS``: a folder where a failing worker leaves its one line, printed here once.
 
-torchrun runs in a child of this process, forked rather than started afresh (``launcher_command`` is the
-equivalent command line): this process has imported torch already, and a fresh torchrun importing it again costs
-every launch some 2.5 s of CPU (issue 31). The workers it starts are fresh processes, as from any torchrun.
-
 No worker outlives the launcher: torchrun runs in a session of its own (Ctrl-C at a terminal reaches this process
 only) and is killed when this process dies (``PR_SET_PDEATHSIG``), and each worker is killed when torchrun dies
 (``die_with_parent``, called first thing by the worker). Ctrl-C kills torchrun, so every worker, and exits 130
@@ -25,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -56,16 +53,11 @@ def worker_env(environ: Mapping[str, str], has_gpu: bool) -> dict[str, str]:
     return env
 
 
-def torchrun_args(nproc: int, launcher_args: Sequence[str], worker_args: Sequence[str]) -> list[str]:
-    """torchrun's arguments: ``--nproc-per-node N <rendezvous> -m mxbench <worker args>``."""
-    rendezvous = list(launcher_args) or ["--standalone"]
-    return [f"--nproc-per-node={nproc}", *rendezvous, "-m", "mxbench", *worker_args]
-
-
 def launcher_command(nproc: int, launcher_args: Sequence[str], worker_args: Sequence[str]) -> list[str]:
-    """``python -m torch.distributed.run --nproc-per-node N <rendezvous> -m mxbench <worker args>``: what the forked
-    launcher runs (``start_launcher``)."""
-    return [sys.executable, "-m", "mxbench.workloads.ep.torchrun", *torchrun_args(nproc, launcher_args, worker_args)]
+    """``python -m torch.distributed.run --nproc-per-node N <rendezvous> -m mxbench <worker args>``."""
+    rendezvous = list(launcher_args) or ["--standalone"]
+    return [sys.executable, "-m", "mxbench.workloads.ep.torchrun", f"--nproc-per-node={nproc}", *rendezvous,
+            "-m", "mxbench", *worker_args]  # fmt: skip
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -84,53 +76,19 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os._exit(1)
 
 
-def start_launcher(args: Sequence[str], env: Mapping[str, str]) -> int:
-    """The pid of torchrun (``torchrun.main(args)``) with environment ``env``, forked from this process (module
-    doc): in a session of its own, dying with this process. The child leaves through ``os._exit``: this process's
-    exit handlers are not its own."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        os.setsid()
-        die_with_parent()
-        os.environ.clear()
-        os.environ.update(env)
-        from .torchrun import main
-
-        code = main(list(args))
-    except SystemExit as e:  # torchrun's own usage errors
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # noqa: BLE001 -- the launcher's own failure: said as a fresh process would say it
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def _wait(pid: int) -> int:
-    """The exit code of child ``pid``; minus the signal's number where a signal ended it (as ``subprocess``)."""
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
 def launch(nproc: int, launcher_args: Sequence[str], worker_args: Sequence[str], has_gpu: bool,
            environ: Mapping[str, str], echo=print) -> int:  # fmt: skip
     """Run the workers and return the exit code: 0 when every worker exited 0, 1 when one failed (its line printed
     once), 130 after Ctrl-C (every worker stopped)."""
     with tempfile.TemporaryDirectory(prefix="mxbench-ep-") as reports:
         env = {**worker_env(environ, has_gpu), REPORTS_ENV: reports}
-        pid = start_launcher(torchrun_args(nproc, launcher_args, worker_args), env)
+        proc = subprocess.Popen(launcher_command(nproc, launcher_args, worker_args), env=env, start_new_session=True,
+                                preexec_fn=die_with_parent)  # fmt: skip
         try:
-            code = _wait(pid)
+            code = proc.wait()
         except KeyboardInterrupt:
-            os.killpg(pid, signal.SIGKILL)  # torchrun; each worker follows it (die_with_parent)
-            _wait(pid)
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun; each worker follows it (die_with_parent)
+            proc.wait()
             echo(f"interrupted: the {nproc} workers were stopped", file=sys.stderr)
             return 130
         lines = [p.read_text().strip() for p in sorted(Path(reports).glob("rank*"), key=lambda p: p.stat().st_mtime)]
