@@ -8,7 +8,8 @@ import torch
 
 from mxbench.instruments import ceilings as ceil
 from mxbench.instruments import hardware
-from mxbench.instruments.ceilings import Ceilings, GemmPoint, load_ceilings, measure_ceilings, measured_peaks, save_ceilings
+from mxbench.instruments.ceiling_store import Ceilings, load_ceilings, measured_peaks, save_ceilings
+from mxbench.instruments.ceilings import GemmPoint, measure_ceilings
 from mxbench.instruments.timing import Timing
 
 CARD = "NVIDIA H100 80GB HBM3"

@@ -18,7 +18,7 @@ from test_report import synthetic_run
 
 import mxbench
 from mxbench import plots
-from mxbench.instruments.ceilings import Ceilings, measured_peaks
+from mxbench.instruments.ceiling_store import Ceilings, measured_peaks
 from mxbench.views.panels import Context
 from mxbench.workloads.step.figures.step import draw_net_speedup
 from mxbench.instruments.hardware import datasheet_peaks, get_spec

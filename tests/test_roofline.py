@@ -8,7 +8,7 @@ from mxkernels.core.cost import Cost
 from mxkernels.stages.pipeline import Stage
 
 from mxbench.instruments import roofline
-from mxbench.instruments.ceilings import Ceilings
+from mxbench.instruments.ceiling_store import Ceilings
 from mxbench.instruments.hardware import HardwareSpec, Peak, datasheet_peaks
 from mxbench.storage.results import Point, Record, Run
 

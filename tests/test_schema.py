@@ -23,7 +23,7 @@ COMMITTED = [p for p in committed_results() if not p.name.endswith("ceilings.jso
 
 CEILINGS = {"card": "NVIDIA H200", "power_limit_w": 700.0, "copy_tbps": 4.1, "read2write1_tbps": 4.2, "read_tbps": 4.3,
             "bandwidth_tbps": 4.3, "bf16_tflops": 700.0, "fp8_tflops": None}  # fmt: skip
-"""A ceilings entry with every field ``ceilings.Ceilings`` requires."""
+"""A ceilings entry with every field ``ceiling_store.Ceilings`` requires."""
 
 
 def valid_payload() -> dict:
@@ -139,7 +139,7 @@ def test_old_peers_runs_name_their_implementations_and_load_as_entries_of_unknow
 def test_the_ceilings_schema_is_the_ceilings_record():
     """The published entry names every field of ``Ceilings`` and requires those without a default (an entry without
     power_limit_w once crashed `table --denominator measured`)."""
-    from mxbench.instruments.ceilings import Ceilings
+    from mxbench.instruments.ceiling_store import Ceilings
     from mxbench.storage.validation import Published, schema_file
 
     entry = schema_file(Published.CEILINGS)["$defs"]["entry"]

@@ -196,7 +196,7 @@ def test_stored_ceilings_without_a_power_limit(tmp_path):
 
 
 def test_a_ceilings_file_without_a_power_limit(tmp_path):
-    from mxbench.instruments.ceilings import load_ceilings
+    from mxbench.instruments.ceiling_store import load_ceilings
 
     stored = json.loads((REPO / "results/nvidia-h200/ceilings.json").read_text())
     del stored["entries"][0]["power_limit_w"]

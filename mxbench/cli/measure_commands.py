@@ -42,7 +42,8 @@ def ceilings(out_dir: Path) -> None:
                 click.get_current_context().exit(workload.ceiling(out_dir, click.echo))
     from dataclasses import asdict
 
-    from ..instruments.ceilings import measure_ceilings, save_ceilings
+    from ..instruments.ceiling_store import save_ceilings
+    from ..instruments.ceilings import measure_ceilings
 
     c = measure_ceilings(0)
     path = save_ceilings(c, out_dir)

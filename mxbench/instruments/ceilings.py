@@ -34,8 +34,7 @@ import triton.language as tl
 from mxkernels.core.errors import InputError
 from mxkernels.core.runtime import check_tensor
 
-# the store's load/save and peaks stay importable from here, where callers and scripts have imported them
-from .ceiling_store import _BANDWIDTH_KERNELS, Ceilings, load_ceilings, measured_peaks, save_ceilings  # noqa: F401
+from .ceiling_store import _BANDWIDTH_KERNELS, Ceilings
 from .hardware import device_properties
 
 # Elements per program. At 8 warps (256 threads) a 16384-element bf16 tile is 8 16-byte loads per thread in flight:

@@ -2,7 +2,7 @@
 
 Specs live in ``mxbench/data/hardware.toml``; all TFLOP/s are dense (no 2:4 sparsity). Every efficiency figure is
 taken against a ``Peak`` whose label names its denominator: a datasheet number (``datasheet_peaks``), a ceiling
-measured on the card (``ceilings.measured_peaks``) or a projection onto another card's spec.
+measured on the card (``ceiling_store.measured_peaks``) or a projection onto another card's spec.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class Instruments:
         from mxkernels.autograd import projection
         from mxkernels.stages import pipeline
 
-        from . import ceilings
+        from . import ceiling_store
         from . import hardware
         from . import power as nvml_power
         from .timing import time_fn
@@ -61,7 +61,7 @@ class Instruments:
             telemetry=lambda: nvml_power.TelemetrySampler(device),
             snapshot=lambda: nvml_power.snapshot(device),
             device_properties=lambda: hardware.device_properties(device),
-            ceilings=lambda card: ceilings.load_ceilings(results_dir, card),
+            ceilings=lambda card: ceiling_store.load_ceilings(results_dir, card),
             release=release,
             power=power,
             make_power=lambda: nvml_power.PowerController(device),
