@@ -15,7 +15,6 @@ scale outputs), dy (T * top_k, N) ~ N(0, 1e-4), in bf16.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ...plan.points import GROUP_KINDS
@@ -35,11 +34,6 @@ def _generator(seed: int, rank: int, device: torch.device | str = "cpu") -> torc
     return torch.Generator(device=device).manual_seed((seed * 1_000_003 + rank) % 2**63)
 
 
-def expert_shares(num_experts: int, seed: int) -> np.ndarray:
-    """The skewed router's preference over the experts (the same on every rank; module doc)."""
-    return skewed_shares(num_experts, seed)
-
-
 def routing(T: int, top_k: int, num_experts: int, kind: str, seed: int, rank: int) -> torch.Tensor:
     """(T, top_k) int64 global expert ids of rank ``rank``'s tokens (module doc)."""
     gen = _generator(seed, rank)
@@ -48,7 +42,7 @@ def routing(T: int, top_k: int, num_experts: int, kind: str, seed: int, rank: in
         experts = (copies + rank * top_k) % num_experts
         return experts[torch.randperm(T, generator=gen)]
     if kind == "skewed":
-        shares = torch.from_numpy(expert_shares(num_experts, seed))
+        shares = torch.from_numpy(skewed_shares(num_experts, seed))  # the same preference on every rank
         return torch.multinomial(shares.expand(T, num_experts), top_k, replacement=False, generator=gen)
     raise ValueError(f"groups must be one of {', '.join(GROUP_KINDS)}; got {kind!r}")
 

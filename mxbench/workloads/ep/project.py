@@ -97,7 +97,7 @@ def rank_shares(groups: str, seed: int, ep: int, experts_per_rank: int) -> np.nd
 
     if groups != "skewed":
         return np.full(ep, 1.0 / ep)
-    from ...plan.skew import skewed_shares  # inputs.expert_shares' draw, without the torch that inputs imports
+    from ...plan.skew import skewed_shares  # the draw inputs.routing makes, without the torch inputs imports
 
     return skewed_shares(ep * experts_per_rank, seed).reshape(ep, experts_per_rank).sum(axis=1)
 
