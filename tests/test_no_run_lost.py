@@ -130,3 +130,30 @@ def test_two_concurrent_writers_leave_one_complete_run_and_lose_none(tmp_path):
         assert any(m["writer"] == writer and m["n"] == 24 for m in every), every
     assert reads > 0
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard link", "no links: a copy"])
+def test_a_replaced_file_is_there_until_its_successor_takes_its_place(tmp_path, monkeypatch, links):
+    """What a write sets aside is kept beside it, but the path holds it until the new file replaces it: a reader
+    (another process loading the run, as in the concurrent-writers test above) never finds it missing."""
+    from mxbench.storage import writing
+
+    def no_links(*_):
+        raise PermissionError(1, "no hard links on this file system")
+
+    if not links:
+        monkeypatch.setattr(os, "link", no_links)
+
+    out = tmp_path / "x.json"
+    out.write_text('{"old": 1}')
+    present, real = [], os.replace
+
+    def replace(src, dst):
+        present.append(out.exists())
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    writing.write_files({out: '{"new": 2}'})
+    assert present and all(present)
+    assert out.read_text() == '{"new": 2}'
+    assert [p.read_text() for p in (tmp_path / REPLACED_DIR).glob("x.*.json")] == ['{"old": 1}']

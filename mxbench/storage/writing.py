@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
 import weakref
@@ -98,8 +99,10 @@ def write_output(path: str | Path, data: bytes | str, kind: Output, option: str 
 
 
 def _set_aside(path: Path, stamp: str) -> Path | None:
-    """Move ``path`` into ``.replaced/`` beside it (a name no other copy has: another process's copies carry its
-    pid); returns where it went, or None where a concurrent writer moved it first (that writer kept it)."""
+    """Keep what ``path`` holds under ``.replaced/`` beside it (a name no other copy has: another process's copies
+    carry its pid); returns where, or None where the file is gone (a concurrent writer's work). A second name of the
+    same file (a hard link), not a move: ``path`` holds the old file until the new one replaces it, so a reader never
+    finds it missing (a move left it absent between the two renames); a copy where the file system has no links."""
     folder = path.parent / REPLACED_DIR
     folder.mkdir(exist_ok=True)
     base = f"{path.stem}.{stamp}.{os.getpid()}"
@@ -108,9 +111,14 @@ def _set_aside(path: Path, stamp: str) -> Path | None:
         n += 1
         target = folder / f"{base}.{n}{path.suffix}"
     try:
-        os.replace(path, target)
+        os.link(path, target)
     except FileNotFoundError:
         return None
+    except OSError:  # no hard links on this file system: the bytes instead
+        try:
+            shutil.copy2(path, target)
+        except FileNotFoundError:
+            return None
     return target
 
 
