@@ -2,7 +2,8 @@
 # The fine-grained MoE runs of issue 32 on one GPU machine (no network): install, the GPU tests of what changed, the
 # quantizer and router tuning runs, the layer at the four fine-grained and coarse presets (the maps:
 # scripts/map_session.sh).
-# Usage: bash scripts/finegrained_session.sh [tests] [quant] [weightquant] [router] [layers] [wgrad[/PRESET]] [step]
+# Usage: bash scripts/finegrained_session.sh [tests] [quant] [weightquant] [fused] [fineamax] [router] [layers]
+#   [wgrad[/PRESET]] [step]
 # Runs go to results/<card>/ and plots/<card>/; everything written there is packed into $OUT/results.tgz (the device
 # tool brings back few files) after every step, logs beside it. SAMPLES (default 5) sets the samples per stage.
 # DEADLINE (epoch seconds): a step is cut short at it, and a step with under 20 s left is skipped.
@@ -38,6 +39,13 @@ for step in "$@"; do
     weightquant)  # the weight quantizers' candidates at the fine-grained shapes (scripts/tune_weight_quantizers.py)
       timeout -s INT "$(within 220)" python3 scripts/tune_weight_quantizers.py --budget-s 150 \
         --out "results/$CARD/tuning/tune_weight_quantizers.json" > "$OUT/weightquant.log" 2>&1; tail -40 "$OUT/weightquant.log" ;;
+    fused)  # the fused layer stages at the fine-grained widths against their chains (scripts/tune_layer_fused.py)
+      timeout -s INT "$(within 400)" python3 scripts/tune_layer_fused.py --compile-jobs 14 --budget-s 330 --samples 5 \
+        --out "results/$CARD/tuning/tune_layer_fused-finegrained.json" > "$OUT/fused.log" 2>&1; grep -v Warning "$OUT/fused.log" | tail -30 ;;
+    fineamax)  # the fused-scale weight quantizers (along K with the table, along N from it) at the fine-grained weights
+      timeout -s INT "$(within 170)" python3 scripts/tune_fp8_and_fused_quantizers.py --only fine_amax --budget-s 130 \
+        --samples 5 --out "results/$CARD/tuning/tune_fp8_and_fused_quantizers-fine-amax.json" > "$OUT/fineamax.log" 2>&1
+      tail -30 "$OUT/fineamax.log" ;;
     wgrad|wgrad/*)  # the layer with its weight gradients in bf16 (--wgrad bf16), fused stages, 8 microbatches
       presets=$([ "$step" = wgrad ] && echo "qwen3-30b-a3b deepseek-v2-lite gpt-oss-120b" || echo "${step#wgrad/}")
       for p in $presets; do

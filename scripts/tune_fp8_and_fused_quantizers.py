@@ -2,7 +2,7 @@
 quantizers, each checked bit-exact and timed beside its old default and the streaming roof.
 
     python scripts/tune_fp8_and_fused_quantizers.py [--out PATH] [--budget-s 170] [--samples 10]
-        [--only fp8,along_n,fused,amax,fine]
+        [--only fp8,along_n,fused,amax,fine,fine_amax]
 
 DeepSeek-V3 sizes (M = 131072 tokens in G = 8 balanced groups, K = 7168, N = 2048, bf16, RCEIL), plus Llama 4
 Scout's weights (16, 8192, 5120) for quantize_3d along N. First the roof: the Triton streaming kernels of
@@ -19,7 +19,8 @@ groups that are empty or off 16-row boundaries. The "amax" group: the FP8 rowwis
 tensor's first quantizer folding the column amaxes per group, its second scaling from them), beside the unfused
 quantizers they replace. The "fine" group (issue 32): the 3D-along-N and k_groups quantizers at Qwen3-30B-A3B's,
 gpt-oss-120b's and DeepSeek-V3's shapes (131072 routed rows, 128 or 8 balanced groups), old default, new default
-(the holding kernel where a strip fits) and holding launches. Last, the table and the JSON (``--out``, default
+(the holding kernel where a strip fits) and holding launches. The "fine_amax" group: the fused-scale pair (along K
+with the table, along N from it) at those models' weights. Last, the table and the JSON (``--out``, default
 ``$OUT/tune_fp8_and_fused_quantizers.json``, ``$OUT`` default ./out).
 """
 
@@ -34,11 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
+from mxkernels.layouts import scale_layout
 from mxkernels.quant import fp8_amax as A
 from mxkernels.quant import fp8_colwise as C
 from mxkernels.quant import fp8_hold as H
 from mxkernels.quant import fp8_rowwise as F
-from mxkernels.layouts import scale_layout
 from mxkernels.quant import quantize as Q
 from mxkernels.quant import quantize_blocked as QB
 from tune_quantize import make_input
@@ -315,7 +316,9 @@ def cases() -> list[Case]:
                  ("4/SM w8, <= 64 registers", "candidate", R(4, 8, max_registers=64)),
                  ("2/SM w8, <= 96 registers", "candidate", R(2, 8, max_registers=96))]  # fmt: skip
     amax_rows_narrow = amax_rows + [("2/SM w4", "candidate", R(2, 4)), ("4/SM w4", "candidate", R(4, 4)),
-                                    ("2/SM w8, 8 rows", "candidate", R(2, 8, 8))]  # fmt: skip
+                                    ("2/SM w8, 8 rows", "candidate", R(2, 8, 8)), ("4/SM w8", "candidate", R(4, 8)),
+                                    ("8/SM w4", "candidate", R(8, 4)), ("4/SM w8, 8 rows", "candidate", R(4, 8, 8)),
+                                    ("6/SM w4", "candidate", R(6, 4))]  # fmt: skip
     pass2 = [("new: the default (k_groups 64 x 512 step 128 g1024 w8; along N 64 x 128 g512 w4)", "new", None),
              ("16 x 512, step 512, g256 w8 (the split launch's)", "candidate", strips(16, 512, 512)),
              ("32 x 256, step 256, g256 w8", "candidate", strips(32, 256, 256)),
@@ -336,7 +339,16 @@ def cases() -> list[Case]:
         from_amax_case("amax: W along N from table (8, 2048, 7168)", pass2, None),
         from_amax_case(f"amax: W along N from table Scout {SCOUT}", pass2, None, SCOUT),
     ]
-    return fine_cases() + amax_cases + [
+    # The fused-scale pair at the fine-grained weights (issue 32): the layer's --fuse path quantizes each weight
+    # along K with the table, then along N from it; narrow rows (768-2880) want more programs an SM than the defaults.
+    fine_amax = []
+    for model, spec in FINE.items():
+        for shape in spec["weights"]:
+            fine_amax.append(amax_rows_case(f"fine_amax {model} W{shape} along K + table", shape, amax_rows_narrow))
+            fine_amax.append(from_amax_case(f"fine_amax {model} W{shape} along N from table", pass2, None, shape))
+    for case in fine_amax:
+        case.group = "fine_amax"
+    return fine_cases() + amax_cases + fine_amax + [
         fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
             ("one read (2, 8192) w16", "candidate", F.Fp8RowwiseConfig(2, 8192, 16)),
