@@ -8,6 +8,7 @@ first compiles).
         python scripts/ncu_fused.py
 """
 
+import tuning  # noqa: F401, I001 (first: puts this checkout's kernels/ on the path)
 import torch
 from mxkernels.moe import moe_fused, moe_rows, swiglu
 from mxkernels.quant import fp8_amax, fp8_rowwise
