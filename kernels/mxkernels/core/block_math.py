@@ -151,9 +151,15 @@ def quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.conste
 
 
 @triton.jit
-def to_bf16_bits(x):
-    """fp32 tile -> bf16 bits (int16), round to nearest even in integer arithmetic (a NaN stays a quiet NaN, overflow
-    gives Inf): exact under the interpreter too, whose float cast to bf16 truncates."""
+def to_bf16_bits(x, EXACT: tl.constexpr):
+    """fp32 tile -> bf16 bits (int16), round to nearest even, overflow to Inf.
+
+    EXACT=False: the hardware cast (``cvt.rn.bf16x2.f32``, two values an instruction; a NaN becomes the canonical
+    0x7FFF, as torch's CUDA cast writes it). EXACT=True: the same in integer arithmetic (a NaN stays a quiet NaN of
+    its own sign and payload, as torch's CPU cast keeps it), for the interpreter, whose float cast to bf16 truncates;
+    on a GPU its ten integer operations an element made the gather and SwiGLU kernels instruction-bound."""
+    if not EXACT:
+        return x.to(tl.bfloat16).to(tl.int16, bitcast=True)
     bits = x.to(tl.uint32, bitcast=True)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     is_nan = (bits & 0x7FFFFFFF) > 0x7F800000

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import torch
 
-from . import swiglu
-from ..quant import fp8_amax, quantize, quantize_blocked
 from ..core.block_math import Producer
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE
-from .moe_rows import check_gather, gather_producer, gather_weighted_cost
 from ..core.runtime import check_config, check_group_offsets, check_multiple, default_launch
+from ..quant import fp8_amax, quantize, quantize_blocked
+from . import swiglu
+from .moe_rows import check_gather, gather_producer, gather_weighted_cost
 
 _BF16 = torch.bfloat16
 

@@ -28,7 +28,15 @@ import triton.language as tl
 
 from ..core.block_math import masked_store, to_bf16_bits, to_fp32
 from ..core.cost import Cost
-from ..core.runtime import InputError, check_config, check_fields_power_of_two, check_same_device, check_tensor, default_launch
+from ..core.runtime import (
+    INTERPRET,
+    InputError,
+    check_config,
+    check_fields_power_of_two,
+    check_same_device,
+    check_tensor,
+    default_launch,
+)
 
 INDEX_DTYPE = torch.int32
 _INDEX_BYTES, _WEIGHT_BYTES = 4, 4
@@ -79,11 +87,12 @@ def _term(x_ptr, index_ptr, weight_ptr, e, row_ok, cols, col_ok, D, WEIGHTED: tl
 
 @triton.jit
 def gather_tile(x_ptr, index_ptr, weight_ptr, rows, row_ok, cols, col_ok, D,
-                TOPK: tl.constexpr, WEIGHTED: tl.constexpr):  # fmt: skip
+                TOPK: tl.constexpr, WEIGHTED: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     """Bits of output rows ``rows`` (int64), columns ``cols`` of ``out[r] = sum_{j < TOPK} x[index[r*TOPK + j]]
     (* weight[r*TOPK + j])`` over x (., D) row-major. TOPK 1 without weights copies the raw bits of any dtype
     (x_ptr's); otherwise x_ptr holds bf16 bits (int16): each term is the fp32 product, the sum runs in j order
-    starting from the first term (so -0 + -0 stays -0, as the references' sums do), one rounding to bf16 at the end.
+    starting from the first term (so -0 + -0 stays -0, as the references' sums do), one rounding to bf16 at the end
+    (``block_math.to_bf16_bits``: the hardware cast unless EXACT).
     TOPK 1: a row whose index is < 0 is zeros (a padding slot)."""
     if TOPK == 1 and not WEIGHTED:
         src = tl.load(index_ptr + rows, mask=row_ok, other=-1)
@@ -94,7 +103,7 @@ def gather_tile(x_ptr, index_ptr, weight_ptr, rows, row_ok, cols, col_ok, D,
         for j in tl.static_range(1, TOPK):
             v, _ = _term(x_ptr, index_ptr, weight_ptr, rows * TOPK + j, row_ok, cols, col_ok, D, WEIGHTED)
             acc = acc + v
-        out = to_bf16_bits(acc)
+        out = to_bf16_bits(acc, EXACT)
         if TOPK == 1:
             # 0 * weight may be -0 or NaN (a NaN router score): a padding row, and the columns past D that a
             # blocked quantizer's tile reads as zeros, are +0 whatever the weight.
@@ -107,7 +116,7 @@ def gather_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, 
                     VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
     """``block_math.load_rows``'s producer signature: rows of ``gather_weighted(x, src, weight)`` (x a_ptr as bf16
     bits, src b_ptr, weight c_ptr when VARIANT, i.e. weighted), stored at out_ptrs (bf16 (., n_cols)) and returned."""
-    tile = gather_tile(a_ptr, b_ptr, c_ptr, rows, row_ok, cols, col_ok, n_cols, 1, VARIANT)
+    tile = gather_tile(a_ptr, b_ptr, c_ptr, rows, row_ok, cols, col_ok, n_cols, 1, VARIANT, EXACT)
     tile = tile.to(tl.bfloat16, bitcast=True)
     masked_store(out_ptrs, tile, row_ok[:, None] & col_ok[None, :], EVEN)
     return tile
@@ -116,13 +125,13 @@ def gather_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, 
 @triton.jit
 def _gather_kernel(
     x_ptr, index_ptr, weight_ptr, out_ptr, rows_out, D,
-    TOPK: tl.constexpr, WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    TOPK: tl.constexpr, WEIGHTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     # One program: BLOCK_M output rows x BLOCK_D columns of gather_tile.
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     row_ok, col_ok = rows < rows_out, cols < D
-    bits = gather_tile(x_ptr, index_ptr, weight_ptr, rows, row_ok, cols, col_ok, D, TOPK, WEIGHTED)
+    bits = gather_tile(x_ptr, index_ptr, weight_ptr, rows, row_ok, cols, col_ok, D, TOPK, WEIGHTED, EXACT)
     tl.store(out_ptr + rows[:, None] * D + cols[None, :], bits, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -156,7 +165,7 @@ def launch_gather(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor | N
         block_d = min(triton.next_power_of_2(D), max(config.block_bytes // x.element_size(), 1))
         grid = (triton.cdiv(rows, config.block_rows), triton.cdiv(D, block_d))
         _gather_kernel[grid](x.view(bits), index, weight if weight is not None else index, out, rows, D, TOPK=top_k,
-                             WEIGHTED=weight is not None, BLOCK_M=config.block_rows, BLOCK_D=block_d,
+                             WEIGHTED=weight is not None, BLOCK_M=config.block_rows, BLOCK_D=block_d, EXACT=INTERPRET,
                              num_warps=config.num_warps, enable_fp_fusion=False)  # fmt: skip
     return out.view(x.dtype)
 

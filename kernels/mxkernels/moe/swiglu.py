@@ -11,7 +11,8 @@ bf16 inputs, ``sigmoid(x) = 1 / (1 + exp(-x))``, one rounding to bf16 (nearest e
 
 Kernels: every operation of the formulas is its own fp32 rounding, in the references' order (launched with
 ``enable_fp_fusion=False``: no FMA contracts ``1 + h1 * (1 - s)``), the division is IEEE (``div_rn``, as torch's
-reciprocal), and the bf16 rounding is integer arithmetic (``block_math.to_bf16_bits``). ``exp`` is libdevice's
+reciprocal), and the bf16 rounding is round-to-nearest-even (``block_math.to_bf16_bits``: the hardware cast on a
+GPU, integer arithmetic under the interpreter). ``exp`` is libdevice's
 ``expf`` on a GPU, the function torch's CUDA ``exp`` compiles to, so the kernels should match the references
 evaluated on the GPU bit for bit (tests/test_moe_layer_gpu.py checks it); under the interpreter ``exp`` is numpy's,
 which may differ from torch's CPU ``exp`` by an ulp, and an output then by one bf16 ulp, rarely. ``swiglu_producer``
@@ -28,8 +29,8 @@ from triton.language.extra import libdevice
 
 from ..core.block_math import masked_load, masked_store, to_bf16_bits, to_fp32
 from ..core.cost import Cost
-from .moe_rows import RowsMoveConfig
 from ..core.runtime import INTERPRET, InputError, check_config, check_same_device, check_tensor, default_launch
+from .moe_rows import RowsMoveConfig
 
 # The launch: ``moe_rows.RowsMoveConfig``, rows of block_bytes of each bf16 input per program. Not measured yet
 # (docs/perf-log.md has the predictions): 8 rows x 1024 columns, 32 elements a thread at 8 warps, four 16-byte
@@ -73,7 +74,7 @@ def swiglu_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, 
     a_ptr, row stride a_stride; h3 at b_ptr, b_stride), stored at out_ptrs (bf16 (., n_cols)) and returned."""
     mask = row_ok[:, None] & col_ok[None, :]
     a = _load(a_ptr, rows, a_stride, cols, mask, EVEN)
-    act = to_bf16_bits(a * _sigmoid(a, EXACT) * _load(b_ptr, rows, b_stride, cols, mask, EVEN))
+    act = to_bf16_bits(a * _sigmoid(a, EXACT) * _load(b_ptr, rows, b_stride, cols, mask, EVEN), EXACT)
     act = act.to(tl.bfloat16, bitcast=True)
     masked_store(out_ptrs, act, mask, EVEN)
     return act
@@ -93,7 +94,7 @@ def swiglu_backward_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr
     mask = row_ok[:, None] & col_ok[None, :]
     d1, d3 = _grads(_load(c_ptr, rows, N, src, mask, EVEN), _load(a_ptr, rows, a_stride, src, mask, EVEN),
                     _load(b_ptr, rows, b_stride, src, mask, EVEN), EXACT)  # fmt: skip
-    grad = to_bf16_bits(tl.where(upper[None, :], d3, d1)).to(tl.bfloat16, bitcast=True)
+    grad = to_bf16_bits(tl.where(upper[None, :], d3, d1), EXACT).to(tl.bfloat16, bitcast=True)
     masked_store(out_ptrs, grad, mask, EVEN)
     return grad
 
@@ -119,8 +120,8 @@ def _swiglu_backward_kernel(g_ptr, h1_ptr, h3_ptr, d1_ptr, d3_ptr, M, N, s1, s3,
     d1, d3 = _grads(_load(g_ptr, rows, N, cols, mask, False), _load(h1_ptr, rows, s1, cols, mask, False),
                     _load(h3_ptr, rows, s3, cols, mask, False), EXACT)  # fmt: skip
     out = rows[:, None] * s_out + cols[None, :]
-    tl.store(d1_ptr + out, to_bf16_bits(d1), mask=mask)
-    tl.store(d3_ptr + out, to_bf16_bits(d3), mask=mask)
+    tl.store(d1_ptr + out, to_bf16_bits(d1, EXACT), mask=mask)
+    tl.store(d3_ptr + out, to_bf16_bits(d3, EXACT), mask=mask)
 
 
 def _launch(M: int, N: int, config: RowsMoveConfig) -> tuple[tuple[int, int], dict]:

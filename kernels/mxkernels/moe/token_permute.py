@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from ..core.cost import Cost
-from .moe_rows import INDEX_DTYPE, distinct_rows, launch_gather
 from ..core.runtime import check_tensor
+from .moe_rows import INDEX_DTYPE, distinct_rows, launch_gather
 
 _INDEX_BYTES = 4
 
