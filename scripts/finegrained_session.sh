@@ -40,7 +40,7 @@ for step in "$@"; do
       timeout -s INT "$(within 220)" python3 scripts/tune_weight_quantizers.py --budget-s 150 \
         --out "results/$CARD/tuning/tune_weight_quantizers.json" > "$OUT/weightquant.log" 2>&1; tail -40 "$OUT/weightquant.log" ;;
     fused)  # the fused layer stages at the fine-grained widths against their chains (scripts/tune_layer_fused.py)
-      timeout -s INT "$(within 400)" python3 scripts/tune_layer_fused.py --compile-jobs 14 --budget-s 330 --samples 5 \
+      timeout -s INT "$(within 400)" python3 scripts/tune_layer_fused.py --compile-jobs 14 --budget-s 250 --samples 5 \
         --out "results/$CARD/tuning/tune_layer_fused-finegrained.json" > "$OUT/fused.log" 2>&1; grep -v Warning "$OUT/fused.log" | tail -30 ;;
     fineamax)  # the fused-scale weight quantizers (along K with the table, along N from it) at the fine-grained weights
       timeout -s INT "$(within 170)" python3 scripts/tune_fp8_and_fused_quantizers.py --only fine_amax --budget-s 130 \
@@ -49,7 +49,7 @@ for step in "$@"; do
     wgrad|wgrad/*)  # the layer with its weight gradients in bf16 (--wgrad bf16), fused stages, 8 microbatches
       presets=$([ "$step" = wgrad ] && echo "qwen3-30b-a3b deepseek-v2-lite gpt-oss-120b" || echo "${step#wgrad/}")
       for p in $presets; do
-        timeout -s INT "$(within 120)" mxbench layer --preset "$p" --recipe fp8_rowwise --wgrad bf16 --fuse \
+        timeout -s INT "$(within 200)" mxbench layer --preset "$p" --recipe fp8_rowwise --wgrad bf16 --fuse \
           --microbatches 8 --samples "$SAMPLES" --out "results/$CARD/layer-$p-wgrad-bf16.json" 2>&1 \
           | grep -v "Warning\|t = self" | tee "$OUT/layer-$p-wgrad-bf16.log" | grep -A5 "^Model"; done ;;
     step)  # issue 34: the FP8 rowwise step with torch's GEMM and ours against one bf16 baseline (DeepSeek-V3)

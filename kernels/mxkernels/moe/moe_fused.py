@@ -39,18 +39,19 @@ from .moe_rows import check_gather, gather_producer, gather_weighted_cost
 
 _BF16 = torch.bfloat16
 
-# The measured defaults (config=None), chosen by scripts/tune_layer_fused.py on an H100 (docs/perf-log.md, "MoE layer:
-# fused stages"). MXFP8: short tiles of few warps were best for all three producers at both layer shapes: a producer
-# tile (a gathered row, or two halves of h) costs registers and loads that the plain quantizer's (32, 512) x 8 warps
-# does not hide. FP8 rowwise (whole rows in registers, the column amax folded per program): the gather wants one wide
-# program per SM, SwiGLU two per SM, SwiGLU's backward (2N-wide rows) two per SM with more warps as rows widen; the
+# The measured defaults (config=None): scripts/tune_layer_fused.py, first on an H100 at DeepSeek-V3's and Scout's
+# widths, then on an H200 at the fine-grained models' too, with bf16 rounded by the hardware cast (docs/perf-log.md,
+# "The fused layer stages at fine-grained widths"). MXFP8: one-warp programs of four 512-wide rows were best for all
+# three producers at every width (768-7168): a producer tile (a gathered row, or two halves of h) costs registers and
+# loads that the plain quantizer's (32, 512) x 8 warps does not hide. FP8 rowwise (whole rows in registers, the column
+# amax folded per program): the gather two 8-warp programs an SM, SwiGLU and its backward one 32-warp program; the
 # plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
-MX_FUSED = quantize.RowsConfig(tile=(8, 512), num_warps=2)
+MX_FUSED = quantize.RowsConfig(tile=(4, 512), num_warps=1)
 # config=None under the interpreter (runtime.default_launch): a whole 128-row block per program.
 _MX_LAUNCH = default_launch(MX_FUSED, quantize.INTERPRETER_ROWS)
-FP8_GATHER = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
-FP8_SWIGLU = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
-FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8, block_rows=1)
+FP8_GATHER = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
+FP8_SWIGLU = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
+FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
 FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)  # rows of 16384 and wider
 
 

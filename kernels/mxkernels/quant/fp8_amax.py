@@ -36,11 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import fp8_colwise, fp8_rowwise
 from ..core.block_math import Producer, magnitude, magnitude_fp32_bits, producer_args
 from ..core.cost import Cost
 from ..core.format import DATA_DTYPE
-from ..layouts.padding import pick
 from ..core.runtime import (
     INTERPRET,
     MAX_GROUPS,
@@ -54,6 +52,8 @@ from ..core.runtime import (
     check_tensor,
     sm_count,
 )
+from ..layouts.padding import pick
+from . import fp8_colwise, fp8_rowwise
 
 # ---------------------------------------------------------------------------------------------------------------
 # Plain-torch references
@@ -182,10 +182,19 @@ MAX_COLS = fp8_rowwise.SINGLE_PASS_MAX
 # three to an SM under an 80-register cap, spills and all; narrower steps (four 2048-wide rows) lose with the cap.
 WIDE_ROWS_CONFIG = AmaxRowsConfig(programs_per_sm=3, num_warps=8, max_registers=80)
 AMAX_ROWS_CONFIG = AmaxRowsConfig(programs_per_sm=2, num_warps=8)
+# The experts' weights along K (``quantize_fp8_rowwise_3d_with_amax``), by row width (``tune_fp8_and_fused_quantizers
+# --only fine_amax``, an H200, the fine-grained models' weights and DeepSeek-V3's): rows of up to 2048 want six 4-warp
+# programs an SM (1.11-1.15x the two 8-warp ones), 4096-wide steps (K = 2880) four capped at 64 registers (1.28x);
+# 8192-wide steps keep WIDE_ROWS_CONFIG, which no candidate beat. Activations keep the defaults above (not measured
+# at these widths with their groups).
+WEIGHT_ROWS_DEFAULTS = ((2048, AmaxRowsConfig(programs_per_sm=6, num_warps=4)),
+                        (4096, AmaxRowsConfig(programs_per_sm=4, num_warps=8, max_registers=64)),
+                        (MAX_COLS, WIDE_ROWS_CONFIG))  # fmt: skip
 # The second quantization, the strips kernel's pass 2 alone: k_groups as the unfused k_groups launch (64-column
-# strips of 512-row chunks; its ``split`` plays no part), 3D along N (shorter groups) in 128-row chunks of 4 warps.
+# strips of 512-row chunks; its ``split`` plays no part), 3D along N (shorter groups) in 256-row chunks of 64-row
+# steps, 4 warps (1.01-1.14x the 128-row chunks at the fine-grained weights and DeepSeek-V3's, the fine_amax sweep).
 K_GROUPS_FROM_AMAX = fp8_colwise.K_GROUPS_CONFIG
-ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=128, step_rows=128, group_cols=512,
+ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=256, step_rows=64, group_cols=512,
                                               num_warps=4)  # fmt: skip
 
 
@@ -236,13 +245,16 @@ def quantize_fp8_rowwise_3d_with_amax(
     w: torch.Tensor, *, config: AmaxRowsConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``quantize_fp8_rowwise_3d(w, along="K")`` (q (G, N, K), scale (G, N)) and amax (G, K) fp32, the max |w|
-    down each column of each expert, for ``quantize_fp8_rowwise_3d_from_amax``. ``config``: as
-    ``quantize_fp8_rowwise_with_amax``'s."""
+    down each column of each expert, for ``quantize_fp8_rowwise_3d_from_amax``. ``config``: the rows kernel's launch
+    (None: ``WEIGHT_ROWS_DEFAULTS``' by the width of K; under the interpreter, the activations' default)."""
     check_tensor("w", w, dtypes=fp8_rowwise.INPUT_DTYPES, ndim=3)
     check_config("config", config, AmaxRowsConfig)
     G, N, K = w.shape
     if G > MAX_GROUPS:
         raise InputError(f"w must hold at most {MAX_GROUPS} experts (dim 0), got {G}")
+    width = triton.next_power_of_2(max(K, 1))
+    if not INTERPRET:  # the interpreter's time is its program count: keep its two programs an SM
+        config = config or next((c for limit, c in WEIGHT_ROWS_DEFAULTS if width <= limit), None)
     q, scale, amax = _rows_with_amax(w.view(G * N, K), None, G, max(N, 1), config)
     return q.view(G, N, K), scale.view(G, N), amax
 
