@@ -12,6 +12,7 @@ export NCCL_NVLS_ENABLE=0
 source "$(dirname "$0")/session_common.sh"  # refuses a stale commit; OUT, install, CARD, left, pack
 mkdir -p "results/$CARD/tuning" "plots/$CARD"
 SAMPLES=${SAMPLES:-5}
+TAG=${TAG:+-$TAG}  # a suffix for the layer runs' files, so that a re-measure keeps the runs the perf log cites
 PRESETS="qwen3-30b-a3b deepseek-v2-lite gpt-oss-120b deepseek-v3"
 touch /tmp/session-start
 within() { local cap=$1 budget; budget=$(left); echo $((budget < cap ? budget : cap)); }  # a step's time limit
@@ -50,8 +51,8 @@ for step in "$@"; do
       presets=$([ "$step" = wgrad ] && echo "qwen3-30b-a3b deepseek-v2-lite gpt-oss-120b" || echo "${step#wgrad/}")
       for p in $presets; do
         timeout -s INT "$(within 200)" mxbench layer --preset "$p" --recipe fp8_rowwise --wgrad bf16 --fuse \
-          --microbatches 8 --samples "$SAMPLES" --out "results/$CARD/layer-$p-wgrad-bf16.json" 2>&1 \
-          | grep -v "Warning\|t = self" | tee "$OUT/layer-$p-wgrad-bf16.log" | grep -A5 "^Model"; done ;;
+          --microbatches 8 --samples "$SAMPLES" --out "results/$CARD/layer-$p-wgrad-bf16$TAG.json" 2>&1 \
+          | grep -v "Warning\|t = self" | tee "$OUT/layer-$p-wgrad-bf16$TAG.log" | grep -A5 "^Model"; done ;;
     step)  # issue 34: the FP8 rowwise step with torch's GEMM and ours against one bf16 baseline (DeepSeek-V3)
       timeout -s INT "$(within 330)" python3 scripts/step_backends.py --preset deepseek-v3 --M 131072 \
         --recipe fp8_rowwise --backends native,triton_ws --fuse-scales --fused-only --denominator measured \
