@@ -318,7 +318,10 @@ def cases() -> list[Case]:
     amax_rows_narrow = amax_rows + [("2/SM w4", "candidate", R(2, 4)), ("4/SM w4", "candidate", R(4, 4)),
                                     ("2/SM w8, 8 rows", "candidate", R(2, 8, 8)), ("4/SM w8", "candidate", R(4, 8)),
                                     ("8/SM w4", "candidate", R(8, 4)), ("4/SM w8, 8 rows", "candidate", R(4, 8, 8)),
-                                    ("6/SM w4", "candidate", R(6, 4))]  # fmt: skip
+                                    ("6/SM w4", "candidate", R(6, 4)), ("16/SM w4, 1 row", "candidate", R(16, 4, 1)),
+                                    ("16/SM w4, 2 rows", "candidate", R(16, 4, 2)),
+                                    ("16/SM w8, 2 rows", "candidate", R(16, 8, 2)),
+                                    ("32/SM w4, 1 row", "candidate", R(32, 4, 1))]  # fmt: skip
     pass2 = [("new: the default (k_groups 64 x 512 step 128 g1024 w8; along N 64 x 128 g512 w4)", "new", None),
              ("16 x 512, step 512, g256 w8 (the split launch's)", "candidate", strips(16, 512, 512)),
              ("32 x 256, step 256, g256 w8", "candidate", strips(32, 256, 256)),

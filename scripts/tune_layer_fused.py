@@ -1,6 +1,6 @@
 """Tune the MoE layer's fused stages (``mxkernels.moe.moe_fused``) against the chains they replace, on a CUDA GPU.
 
-    python scripts/tune_layer_fused.py [--budget-s 240] [--samples 10] [--only gather,swiglu,swiglu_bwd]
+    python scripts/tune_layer_fused.py [--budget-s 240] [--samples 10] [--only gather,gather_w,swiglu,swiglu_bwd]
         [--shapes qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-120b,deepseek-v3] [--recipes fp8,mxfp8]
 
 At each shape's layer (``SHAPES``: the fine-grained models' routed rows of all their experts, top-k copies of each
@@ -48,8 +48,12 @@ R = AmaxRowsConfig
 # FP8 rowwise: the H100's picks (1/SM w32, 2/SM w8, 2/SM w8 one row a step), and for rows of 768-2880 elements
 # more programs an SM: a program holds BLOCK_R rows (8192 elements by default) and nothing else is in flight while
 # it reduces and stores. (Taller steps, 2-warp programs and register caps lost everywhere in the first sweep.)
-FP8_CONFIGS = [None, R(1, 32), R(2, 8), R(2, 8, block_rows=1), R(4, 8), R(4, 4), R(6, 4), R(8, 4),
-               R(8, 4, block_rows=4), R(1, 16)]  # fmt: skip
+FP8_CONFIGS = [None, R(1, 32), R(2, 8), R(2, 8, block_rows=1), R(4, 8), R(4, 4), R(8, 4), R(1, 16),
+               # Many small programs, as the plain rows quantizer launches (one 4-row tile a program, ~90% of the
+               # datasheet at 2048-wide rows): a tile of 1-2 rows keeps ~16 elements a thread, so registers allow
+               # 8-16 programs an SM for the hardware to overlap; each folds its columns once per group it meets.
+               R(16, 4, block_rows=1), R(16, 4, block_rows=2), R(16, 8, block_rows=2), R(32, 4, block_rows=1),
+               R(8, 8, block_rows=2), R(32, 8, block_rows=1)]  # fmt: skip
 
 
 def layout(K: int, E: int, top_k: int, tokens: int):
@@ -87,8 +91,12 @@ def _recipe_cases(recipe: str, only: set[str], name: str, t: dict) -> list[tuple
         )
 
     out = []
-    if "gather" in only:
-        out.append((f"gather+{recipe}", name, lambda: (moe_rows.gather_weighted(x, src, w),), quant,
+    if "gather" in only:  # unweighted: the combine's backward when the scores go first (the layer's default)
+        out.append((f"gather+{recipe}", name, lambda: (moe_rows.gather_weighted(x, src),), quant,
+                    lambda c: fn("gather")(x, src, None, offs, config=c),
+                    cost("gather")(rows, K, E, t["copies"], False, sources=t["tokens"])))  # fmt: skip
+    if "gather_w" in only:  # weighted: the permute when the scores go first
+        out.append((f"gather_w+{recipe}", name, lambda: (moe_rows.gather_weighted(x, src, w),), quant,
                     lambda c: fn("gather")(x, src, w, offs, config=c),
                     cost("gather")(rows, K, E, t["copies"], True, sources=t["tokens"])))  # fmt: skip
     if "swiglu" in only:
@@ -171,7 +179,7 @@ def _compile_first(jobs: int) -> None:
 
 
 def main() -> None:
-    s = start("tune_layer_fused", __doc__.splitlines()[0], "gather,swiglu,swiglu_bwd", "fused calls, comma list",
+    s = start("tune_layer_fused", __doc__.splitlines()[0], "gather,gather_w,swiglu,swiglu_bwd", "fused calls, comma list",
               131072, 2048, _options, roof_dtype=torch.float8_e4m3fn)  # fmt: skip
     only = set(s.args.only.split(","))
     shapes = s.args.shapes.split(",")
