@@ -32,7 +32,7 @@ import torch
 from ..core.block_math import Producer
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE
-from ..core.runtime import check_config, check_group_offsets, check_multiple, default_launch
+from ..core.runtime import INTERPRET, check_config, check_group_offsets, check_multiple, default_launch
 from ..quant import fp8_amax, quantize, quantize_blocked
 from . import swiglu
 from .moe_rows import check_gather, gather_producer, gather_weighted_cost
@@ -41,17 +41,22 @@ _BF16 = torch.bfloat16
 
 # The measured defaults (config=None): scripts/tune_layer_fused.py, first on an H100 at DeepSeek-V3's and Scout's
 # widths, then on an H200 at the fine-grained models' too, with bf16 rounded by the hardware cast (docs/perf-log.md,
-# "The fused layer stages at fine-grained widths"). MXFP8: one-warp programs of four 512-wide rows were best for all
-# three producers at every width (768-7168): a producer tile (a gathered row, or two halves of h) costs registers and
-# loads that the plain quantizer's (32, 512) x 8 warps does not hide. FP8 rowwise (whole rows in registers, the column
-# amax folded per program): the gather two 8-warp programs an SM, SwiGLU and its backward one 32-warp program; the
-# plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
+# "The fused layer stages at fine-grained widths"). MXFP8: one-warp programs of four 512-wide rows were best or within
+# a few percent for all three producers at every width (768-7168): a producer tile (a gathered row, or two halves of
+# h) costs registers and loads that the plain quantizer's (32, 512) x 8 warps does not hide. FP8 rowwise (whole rows
+# in registers, the column amax folded per program): up to 4096-wide rows, many small programs (one row a step, 16
+# 4-warp programs an SM: ~16 elements a thread, so the hardware overlaps one program's loads with another's stores,
+# as the plain rows quantizer's grid does; 1.1-1.6x the few large programs); DeepSeek-V3's 7168-wide weighted gather
+# keeps two 8-warp programs; SwiGLU's backward one 32-warp program (its producer computes both halves of a row, and
+# no launch made it beat its chain). The plain quantizer's 80-register cap spills these producers catastrophically
+# (Scout's backward: 69 ms against 8.9).
 MX_FUSED = quantize.RowsConfig(tile=(4, 512), num_warps=1)
 # config=None under the interpreter (runtime.default_launch): a whole 128-row block per program.
 _MX_LAUNCH = default_launch(MX_FUSED, quantize.INTERPRETER_ROWS)
-FP8_GATHER = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
-FP8_SWIGLU = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
+FP8_NARROW = fp8_amax.AmaxRowsConfig(programs_per_sm=16, num_warps=4, block_rows=1)
+FP8_GATHER_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)  # rows wider than 4096
 FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
+_FP8_INTERPRETED = fp8_amax.AmaxRowsConfig(programs_per_sm=1)
 FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)  # rows of 16384 and wider
 
 
@@ -62,6 +67,14 @@ def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Produc
     q, s = quantize._quantize_rows(out, mode, config or _MX_LAUNCH, "m_groups", offs=offs,
                                    producer=producer)  # fmt: skip
     return out, q, s
+
+
+def _fp8_launch(narrow: fp8_amax.AmaxRowsConfig, cols: int = 0, wide: fp8_amax.AmaxRowsConfig | None = None):
+    """The FP8 default for rows of ``cols``: ``wide`` past 4096 columns, else ``narrow``; under the interpreter
+    (whose time is its program count) one program an SM."""
+    if INTERPRET:
+        return _FP8_INTERPRETED
+    return wide if wide is not None and cols > 4096 else narrow
 
 
 def _fp8(out: torch.Tensor, offs: torch.Tensor, config, producer: Producer):
@@ -119,15 +132,16 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *, conf
 
 def gather_quantize_fp8(x, src, weight, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(xs, xs_q, xs_s, xs_amax): ``xs = gather_weighted(x, src, weight)`` and
-    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: ``FP8_GATHER``)."""
+    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: ``FP8_NARROW``, or
+    ``FP8_GATHER_WIDE`` for rows wider than 4096)."""
     out, producer = _gather(x, src, weight)
-    return _fp8(out, offs, config or FP8_GATHER, producer)
+    return _fp8(out, offs, config or _fp8_launch(FP8_NARROW, out.shape[1], FP8_GATHER_WIDE), producer)
 
 
 def swiglu_quantize_fp8(h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(act, act_q, act_s, act_amax): ``act = swiglu(h1, h3)`` and ``quantize_fp8_rowwise_with_amax(act, offs)``."""
     out, producer = _swiglu(h1, h3)
-    return _fp8(out, offs, config or FP8_SWIGLU, producer)
+    return _fp8(out, offs, config or _fp8_launch(FP8_NARROW), producer)
 
 
 def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
