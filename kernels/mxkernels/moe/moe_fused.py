@@ -77,10 +77,10 @@ def _fp8_launch(narrow: fp8_amax.AmaxRowsConfig, cols: int = 0, wide: fp8_amax.A
     return wide if wide is not None and cols > 4096 else narrow
 
 
-def _fp8(out: torch.Tensor, offs: torch.Tensor, config, producer: Producer):
+def _fp8(out: torch.Tensor, offs: torch.Tensor, config, producer: Producer, halves: bool = False):
     offs = check_group_offsets(offs, out, out.shape[0])
     check_config("config", config, fp8_amax.AmaxRowsConfig)
-    return (out, *fp8_amax._rows_with_amax(out, offs, offs.numel(), 1, config, producer))
+    return (out, *fp8_amax._rows_with_amax(out, offs, offs.numel(), 1, config, producer, halves))
 
 
 def _gather(x, src, weight) -> tuple[torch.Tensor, Producer]:
@@ -148,7 +148,9 @@ def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.Ama
     """(grad_h, gh_q, gh_s, gh_amax): the packed ``swiglu_backward`` and ``quantize_fp8_rowwise_with_amax(grad_h,
     offs)``."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
-    return _fp8(out, offs, config or (FP8_SWIGLU_BWD_WIDE if out.shape[1] >= 16384 else FP8_SWIGLU_BWD), producer)
+    halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
+    return _fp8(out, offs, config or (FP8_SWIGLU_BWD_WIDE if out.shape[1] >= 16384 else FP8_SWIGLU_BWD), halves,
+                halves=True)  # fmt: skip
 
 
 # ---- costs: the producer's reads, and the writes of both; the chain also reads the bf16 tensor back -------------

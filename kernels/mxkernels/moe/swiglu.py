@@ -100,6 +100,25 @@ def swiglu_backward_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr
 
 
 @triton.jit
+def swiglu_backward_halves_producer(out_ptrs, rows, row_ok, cols, col_ok, n_cols, a_ptr, b_ptr, c_ptr, a_stride,
+                                    b_stride, VARIANT: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    """``swiglu_backward_producer`` for a rows kernel that lays each row out in halves (``fp8_amax``'s HALVES): lane
+    j < H of the tile (H = len(cols) / 2) holds grad_h1[:, j] and lane H + j grad_h3[:, j]. Each input column is
+    read and its sigmoid computed once for both halves (the plain producer computes them for each half's lane, so
+    twice), then the two halves are laid side by side; the arithmetic, and so every bit, is the plain one's."""
+    N = n_cols // 2
+    HALF: tl.constexpr = cols.shape[0] // 2
+    j = tl.arange(0, HALF)
+    mask = row_ok[:, None] & (j < N)[None, :]
+    d1, d3 = _grads(_load(c_ptr, rows, N, j, mask, EVEN), _load(a_ptr, rows, a_stride, j, mask, EVEN),
+                    _load(b_ptr, rows, b_stride, j, mask, EVEN), EXACT)  # fmt: skip
+    both = tl.reshape(tl.permute(tl.join(d1, d3), (0, 2, 1)), (d1.shape[0], 2 * HALF))
+    grad = to_bf16_bits(both, EXACT).to(tl.bfloat16, bitcast=True)
+    masked_store(out_ptrs, grad, row_ok[:, None] & col_ok[None, :], EVEN)
+    return grad
+
+
+@triton.jit
 def _swiglu_kernel(h1_ptr, h3_ptr, out_ptr, M, N, s1, s3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    EXACT: tl.constexpr):  # fmt: skip
     # One program: a BLOCK_M x BLOCK_N tile of act, the fused stage's producer run alone.

@@ -98,18 +98,20 @@ def quantize_fp8_rowwise_3d_from_amax_reference(w: torch.Tensor, amax: torch.Ten
 
 
 @triton.jit
-def _fold(amax_ptr, acc, g, c, cols, G):
-    """Atomic max of one group's column amax bits ``acc`` into row g of the (G, cols) int32 table; nothing for a g
-    outside [0, G) (before the first group of a program, past the last group end)."""
+def _fold(amax_ptr, acc, g, c, col_ok, cols, G):
+    """Atomic max of one group's column amax bits ``acc`` (lanes at columns c, col_ok those inside the row) into row
+    g of the (G, cols) int32 table; nothing for a g outside [0, G) (before the first group of a program, past the
+    last group end)."""
     limit = tl.where((g >= 0) & (g < G), cols, 0)
-    tl.atomic_max(amax_ptr + tl.maximum(g, 0).to(tl.int64) * cols + c, acc, mask=c < limit, sem="relaxed", scope="gpu")
+    mask = col_ok & (c < limit)
+    tl.atomic_max(amax_ptr + tl.maximum(g, 0).to(tl.int64) * cols + c, acc, mask=mask, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _rows_amax_kernel(
     x_ptr, offs_ptr, q_ptr, scale_ptr, amax_ptr, rows, cols, G, group_rows, span, p_a, p_b, p_c, p_sa, p_sb,
     HAS_OFFS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-    EVEN: tl.constexpr, EXACT: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr,
+    EVEN: tl.constexpr, EXACT: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr, HALVES: tl.constexpr,
 ):  # fmt: skip
     """``fp8_rowwise``'s rows kernel over rows [pid * span, (pid + 1) * span) of x (rows, cols), BLOCK_R whole rows
     at a time, folding the column amax of each group's rows into amax (G, cols) (int32 bits of fp32, zero at
@@ -119,10 +121,19 @@ def _rows_amax_kernel(
     running column amax stays in registers, then folded with one atomic max per column: x is dead by then, so the
     fold's addresses never share the registers with a row. The rows come from PRODUCE (``block_math.load_rows``'
     signature, its arguments p_*, VARIANT): the load of x, or a fused stage's producer that computes them and
-    writes them to x (``moe_fused``)."""
+    writes them to x (``moe_fused``). HALVES: the tile's lanes hold a row of two halves of cols / 2 as two halves of
+    BLOCK_C / 2 (lane j of the second at column cols / 2 + j), for a producer that computes both halves of a column
+    at once (``swiglu.swiglu_backward_halves_producer``)."""
     first = tl.program_id(0) * span
     last = tl.minimum(first + span, rows)
     c = tl.arange(0, BLOCK_C)
+    if HALVES:
+        upper = c >= BLOCK_C // 2
+        lane = tl.where(upper, c - BLOCK_C // 2, c)
+        col_ok = lane < cols // 2
+        c = tl.where(upper, lane + cols // 2, lane)
+    else:
+        col_ok = c < cols
     if HAS_OFFS:
         # Ends clamped to [0, rows] as padding.group_bounds does: malformed offs never address outside x.
         lane = tl.arange(0, BLOCK_G)
@@ -143,11 +154,12 @@ def _rows_amax_kernel(
         acc = magnitude(tl.zeros((BLOCK_R, BLOCK_C), x_ptr.dtype.element_ty))
         for r0 in range(tl.maximum(start, first), hi, BLOCK_R):
             r = r0 + tl.arange(0, BLOCK_R)
-            x = PRODUCE(x_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], r.to(tl.int64), r < hi, c, c < cols, cols,
+            x = PRODUCE(x_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], r.to(tl.int64), r < hi, c, col_ok, cols,
                         p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN, EXACT)  # fmt: skip
-            fp8_rowwise.quantize_whole_rows(x, q_ptr, scale_ptr, r, r < hi, cols, BLOCK_C, EVEN, EXACT)
+            fp8_rowwise.quantize_rows_at(x, q_ptr, scale_ptr, r, r < hi, c, col_ok, cols, EVEN, EXACT)
             acc = tl.maximum(acc, magnitude(x))
-        _fold(amax_ptr, tl.max(magnitude_fp32_bits(acc, x_ptr.dtype.element_ty == tl.bfloat16), 0), g, c, cols, G)
+        bits = tl.max(magnitude_fp32_bits(acc, x_ptr.dtype.element_ty == tl.bfloat16), 0)
+        _fold(amax_ptr, bits, g, c, col_ok, cols, G)
 
 
 @dataclass(frozen=True)
@@ -198,9 +210,10 @@ ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=256, ste
                                               num_warps=4)  # fmt: skip
 
 
-def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None, producer: Producer | None = None):
+def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None, producer: Producer | None = None,
+                    halves: bool = False):  # fmt: skip
     """Launch the rows kernel with the column amax on validated arguments; with a ``producer``, x2d is the bf16
-    output it writes (``moe_fused``)."""
+    output it writes (``moe_fused``), its tile in the HALVES lane order if ``halves`` (an even number of columns)."""
     rows, cols = x2d.shape
     width = max(triton.next_power_of_2(max(cols, 1)), 16)
     config = config or (WIDE_ROWS_CONFIG if width >= 8192 else AMAX_ROWS_CONFIG)
@@ -223,7 +236,7 @@ def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None
             span, *args, HAS_OFFS=offs is not None, BLOCK_R=block_r, BLOCK_C=width,
             BLOCK_G=triton.next_power_of_2(groups),
             EVEN=width == cols and (block_r == 1 or (offs is None and group_rows % block_r == 0)), EXACT=INTERPRET,
-            num_warps=config.num_warps, **produce, **cap,
+            HALVES=halves, num_warps=config.num_warps, **produce, **cap,
         )  # fmt: skip
     return q, scale, amax.view(torch.float32)
 

@@ -146,10 +146,17 @@ def quantize_whole_rows(x, q_ptr, scale_ptr, r, row_ok, cols, BLOCK_C: tl.conste
     holding them whole (zeros outside): their amax, scale and cast, in registers. The callers load it (or produce
     it: ``fp8_amax``'s fused stages) and fold more out of it (``fp8_amax``'s column amax)."""
     c = tl.arange(0, BLOCK_C)
+    quantize_rows_at(x, q_ptr, scale_ptr, r, row_ok, c, c < cols, cols, EVEN, EXACT)
+
+
+@triton.jit
+def quantize_rows_at(x, q_ptr, scale_ptr, r, row_ok, c, col_ok, cols, EVEN: tl.constexpr, EXACT: tl.constexpr):
+    """``quantize_whole_rows`` of a tile whose lanes hold the columns ``c`` (col_ok: those inside the row; the others
+    hold zeros): a producer may lay a row out in another lane order (``fp8_amax``'s HALVES)."""
     scale, recip = fp8_scale_and_reciprocal(abs_max_bits(x, 1).to(tl.float32, bitcast=True))
     masked_store(scale_ptr + r, scale, row_ok, EVEN)
     masked_store(q_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], to_e4m3_bits(to_fp32(x) * recip[:, None], EXACT),
-                 row_ok[:, None] & (c < cols)[None, :], EVEN)  # fmt: skip
+                 row_ok[:, None] & col_ok[None, :], EVEN)  # fmt: skip
 
 
 @triton.jit
