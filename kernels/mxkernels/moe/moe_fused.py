@@ -47,15 +47,16 @@ _BF16 = torch.bfloat16
 # in registers, the column amax folded per program): up to 4096-wide rows, many small programs (one row a step, 16
 # 4-warp programs an SM: ~16 elements a thread, so the hardware overlaps one program's loads with another's stores,
 # as the plain rows quantizer's grid does; 1.1-1.6x the few large programs); DeepSeek-V3's 7168-wide weighted gather
-# keeps two 8-warp programs; SwiGLU's backward one 32-warp program (its producer computes both halves of a row, and
-# no launch made it beat its chain). The plain quantizer's 80-register cap spills these producers catastrophically
-# (Scout's backward: 69 ms against 8.9).
+# keeps two 8-warp programs. SwiGLU's backward (its producer computing both halves of a row from one read) the same
+# up to 4096-wide rows with 32 programs an SM, two 8-warp programs to 8192, Scout's 16384 two 16-warp programs. The
+# plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
 MX_FUSED = quantize.RowsConfig(tile=(4, 512), num_warps=1)
 # config=None under the interpreter (runtime.default_launch): a whole 128-row block per program.
 _MX_LAUNCH = default_launch(MX_FUSED, quantize.INTERPRETER_ROWS)
 FP8_NARROW = fp8_amax.AmaxRowsConfig(programs_per_sm=16, num_warps=4, block_rows=1)
 FP8_GATHER_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)  # rows wider than 4096
-FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=1, num_warps=32)
+FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=32, num_warps=4, block_rows=1)
+FP8_SWIGLU_BWD_8192 = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)  # 2N rows of 4097-8192
 _FP8_INTERPRETED = fp8_amax.AmaxRowsConfig(programs_per_sm=1)
 FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)  # rows of 16384 and wider
 
@@ -149,8 +150,9 @@ def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.Ama
     offs)``."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
     halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
-    return _fp8(out, offs, config or (FP8_SWIGLU_BWD_WIDE if out.shape[1] >= 16384 else FP8_SWIGLU_BWD), halves,
-                halves=True)  # fmt: skip
+    width = out.shape[1]
+    launch = FP8_SWIGLU_BWD_WIDE if width > 8192 else FP8_SWIGLU_BWD_8192 if width > 4096 else FP8_SWIGLU_BWD
+    return _fp8(out, offs, config or (_FP8_INTERPRETED if INTERPRET else launch), halves, halves=True)
 
 
 # ---- costs: the producer's reads, and the writes of both; the chain also reads the bf16 tensor back -------------
