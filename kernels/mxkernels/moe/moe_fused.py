@@ -47,18 +47,20 @@ _BF16 = torch.bfloat16
 # in registers, the column amax folded per program): up to 4096-wide rows, many small programs (one row a step, 16
 # 4-warp programs an SM: ~16 elements a thread, so the hardware overlaps one program's loads with another's stores,
 # as the plain rows quantizer's grid does; 1.1-1.6x the few large programs); DeepSeek-V3's 7168-wide weighted gather
-# keeps two 8-warp programs. SwiGLU's backward (its producer computing both halves of a row from one read) the same
-# up to 4096-wide rows with 32 programs an SM, two 8-warp programs to 8192, Scout's 16384 two 16-warp programs. The
+# keeps two 8-warp programs, and so does every row wider than 4096 (measured on the H100 only, at DeepSeek-V3's and
+# Scout's widths). SwiGLU's backward (its producer computing both halves of a row from one read): up to 4096-wide rows
+# 32 programs an SM, two 8-warp programs to 8192 (gpt-oss), Scout's 16384 two 16-warp programs (the H100's). The
 # plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
 MX_FUSED = quantize.RowsConfig(tile=(4, 512), num_warps=1)
 # config=None under the interpreter (runtime.default_launch): a whole 128-row block per program.
 _MX_LAUNCH = default_launch(MX_FUSED, quantize.INTERPRETER_ROWS)
 FP8_NARROW = fp8_amax.AmaxRowsConfig(programs_per_sm=16, num_warps=4, block_rows=1)
-FP8_GATHER_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)  # rows wider than 4096
-FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=32, num_warps=4, block_rows=1)
-FP8_SWIGLU_BWD_8192 = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)  # 2N rows of 4097-8192
+# Rows wider than 4096: the gather's and SwiGLU's launch before (two 8-warp programs an SM; the H100's pick at
+# DeepSeek-V3's and Scout's widths, DeepSeek-V3's 7168-wide weighted gather on the H200).
+FP8_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
+FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=32, num_warps=4, block_rows=1)  # 2N up to 4096
+FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)  # 2N past 8192 (FP8_WIDE between)
 _FP8_INTERPRETED = fp8_amax.AmaxRowsConfig(programs_per_sm=1)
-FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)  # rows of 16384 and wider
 
 
 def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer):
@@ -70,12 +72,12 @@ def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Produc
     return out, q, s
 
 
-def _fp8_launch(narrow: fp8_amax.AmaxRowsConfig, cols: int = 0, wide: fp8_amax.AmaxRowsConfig | None = None):
+def _fp8_launch(narrow: fp8_amax.AmaxRowsConfig, cols: int, wide: fp8_amax.AmaxRowsConfig):
     """The FP8 default for rows of ``cols``: ``wide`` past 4096 columns, else ``narrow``; under the interpreter
     (whose time is its program count) one program an SM."""
     if INTERPRET:
         return _FP8_INTERPRETED
-    return wide if wide is not None and cols > 4096 else narrow
+    return wide if cols > 4096 else narrow
 
 
 def _fp8(out: torch.Tensor, offs: torch.Tensor, config, producer: Producer, halves: bool = False):
@@ -134,15 +136,15 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *, conf
 def gather_quantize_fp8(x, src, weight, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(xs, xs_q, xs_s, xs_amax): ``xs = gather_weighted(x, src, weight)`` and
     ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: ``FP8_NARROW``, or
-    ``FP8_GATHER_WIDE`` for rows wider than 4096)."""
+    ``FP8_WIDE`` for rows wider than 4096)."""
     out, producer = _gather(x, src, weight)
-    return _fp8(out, offs, config or _fp8_launch(FP8_NARROW, out.shape[1], FP8_GATHER_WIDE), producer)
+    return _fp8(out, offs, config or _fp8_launch(FP8_NARROW, out.shape[1], FP8_WIDE), producer)
 
 
 def swiglu_quantize_fp8(h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(act, act_q, act_s, act_amax): ``act = swiglu(h1, h3)`` and ``quantize_fp8_rowwise_with_amax(act, offs)``."""
     out, producer = _swiglu(h1, h3)
-    return _fp8(out, offs, config or _fp8_launch(FP8_NARROW), producer)
+    return _fp8(out, offs, config or _fp8_launch(FP8_NARROW, out.shape[1], FP8_WIDE), producer)
 
 
 def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
@@ -151,7 +153,7 @@ def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.Ama
     out, producer = _swiglu_backward(grad_act, h1, h3)
     halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
     width = out.shape[1]
-    launch = FP8_SWIGLU_BWD_WIDE if width > 8192 else FP8_SWIGLU_BWD_8192 if width > 4096 else FP8_SWIGLU_BWD
+    launch = FP8_SWIGLU_BWD_WIDE if width > 8192 else FP8_WIDE if width > 4096 else FP8_SWIGLU_BWD
     return _fp8(out, offs, config or (_FP8_INTERPRETED if INTERPRET else launch), halves, halves=True)
 
 
