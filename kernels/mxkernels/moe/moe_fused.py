@@ -40,17 +40,17 @@ from .moe_rows import check_gather, gather_producer, gather_weighted_cost
 _BF16 = torch.bfloat16
 
 # The measured defaults (config=None): scripts/tune_layer_fused.py, first on an H100 at DeepSeek-V3's and Scout's
-# widths, then on an H200 at the fine-grained models' too, with bf16 rounded by the hardware cast (docs/perf-log.md,
-# "The fused layer stages at fine-grained widths"). MXFP8: one-warp programs of four 512-wide rows were best or within
-# a few percent for all three producers at every width (768-7168): a producer tile (a gathered row, or two halves of
-# h) costs registers and loads that the plain quantizer's (32, 512) x 8 warps does not hide. FP8 rowwise (whole rows
-# in registers, the column amax folded per program): up to 4096-wide rows, many small programs (one row a step, 16
-# 4-warp programs an SM: ~16 elements a thread, so the hardware overlaps one program's loads with another's stores,
-# as the plain rows quantizer's grid does; 1.1-1.6x the few large programs); DeepSeek-V3's 7168-wide weighted gather
-# keeps two 8-warp programs, and so does every row wider than 4096 (measured on the H100 only, at DeepSeek-V3's and
-# Scout's widths). SwiGLU's backward (its producer computing both halves of a row from one read): up to 4096-wide rows
-# 32 programs an SM, two 8-warp programs to 8192 (gpt-oss), Scout's 16384 two 16-warp programs (the H100's). The
-# plain quantizer's 80-register cap spills these producers catastrophically (Scout's backward: 69 ms against 8.9).
+# widths, then on an H200 at the fine-grained models' too, with bf16 rounded by the hardware cast (numbers in
+# docs/perf-log.md, "The fused layer stages at fine-grained widths"). MXFP8: one-warp programs of four 512-wide rows,
+# best or near it for all three producers at every width measured (768-7168): a producer tile (a gathered row, or two
+# halves of h) costs registers and loads that the plain quantizer's (32, 512) x 8 warps does not hide. FP8 rowwise
+# (whole rows in registers, the column amax folded per program): up to 4096-wide rows, many small programs (one row a
+# step, 16 4-warp programs an SM: ~16 elements a thread, so the hardware overlaps one program's loads with another's
+# stores, as the plain rows quantizer's grid does, where a few large programs sit idle through each store); wider
+# rows keep two 8-warp programs (DeepSeek-V3's 7168-wide weighted gather on the H200; Scout's widths on the H100 only).
+# SwiGLU's backward (its producer computing both halves of a row from one read): 32 programs an SM up to 4096-wide
+# rows, two 8-warp programs to 8192 (gpt-oss), two 16-warp programs at Scout's 16384 (the H100's). The plain
+# quantizer's 80-register cap spills these producers catastrophically (Scout's backward, perf log).
 MX_FUSED = quantize.RowsConfig(tile=(4, 512), num_warps=1)
 # config=None under the interpreter (runtime.default_launch): a whole 128-row block per program.
 _MX_LAUNCH = default_launch(MX_FUSED, quantize.INTERPRETER_ROWS)

@@ -195,16 +195,16 @@ MAX_COLS = fp8_rowwise.SINGLE_PASS_MAX
 WIDE_ROWS_CONFIG = AmaxRowsConfig(programs_per_sm=3, num_warps=8, max_registers=80)
 AMAX_ROWS_CONFIG = AmaxRowsConfig(programs_per_sm=2, num_warps=8)
 # The experts' weights along K (``quantize_fp8_rowwise_3d_with_amax``), by row width (``tune_fp8_and_fused_quantizers
-# --only fine_amax``, an H200, the fine-grained models' weights and DeepSeek-V3's): rows of up to 2048 want six 4-warp
-# programs an SM (1.11-1.15x the two 8-warp ones), 4096-wide steps (K = 2880) four capped at 64 registers (1.28x);
-# 8192-wide steps keep WIDE_ROWS_CONFIG, which no candidate beat. Activations keep the defaults above (not measured
+# --only fine_amax``, an H200, the fine-grained models' weights and DeepSeek-V3's; numbers in docs/perf-log.md): rows
+# of up to 2048 want six 4-warp programs an SM, 4096-wide steps (K = 2880) four capped at 64 registers; 8192-wide
+# steps keep WIDE_ROWS_CONFIG, which no candidate beat. Activations keep the defaults above (not measured
 # at these widths with their groups).
 WEIGHT_ROWS_DEFAULTS = ((2048, AmaxRowsConfig(programs_per_sm=6, num_warps=4)),
                         (4096, AmaxRowsConfig(programs_per_sm=4, num_warps=8, max_registers=64)),
                         (MAX_COLS, WIDE_ROWS_CONFIG))  # fmt: skip
 # The second quantization, the strips kernel's pass 2 alone: k_groups as the unfused k_groups launch (64-column
 # strips of 512-row chunks; its ``split`` plays no part), 3D along N (shorter groups) in 256-row chunks of 64-row
-# steps, 4 warps (1.01-1.14x the 128-row chunks at the fine-grained weights and DeepSeek-V3's, the fine_amax sweep).
+# steps, 4 warps (faster than 128-row chunks at every fine-grained weight and DeepSeek-V3's in the fine_amax sweep).
 K_GROUPS_FROM_AMAX = fp8_colwise.K_GROUPS_CONFIG
 ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=256, step_rows=64, group_cols=512,
                                               num_warps=4)  # fmt: skip
