@@ -58,8 +58,11 @@ FP8_NARROW = fp8_amax.AmaxRowsConfig(programs_per_sm=16, num_warps=4, block_rows
 # Rows wider than 4096: the gather's and SwiGLU's launch before (two 8-warp programs an SM; the H100's pick at
 # DeepSeek-V3's and Scout's widths, DeepSeek-V3's 7168-wide weighted gather on the H200).
 FP8_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
-FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=32, num_warps=4, block_rows=1)  # 2N up to 4096
-FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)  # 2N past 8192 (FP8_WIDE between)
+FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=32, num_warps=4, block_rows=1)
+FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)
+# The launch classes by row width (``fp8_amax.by_width``).
+FP8_ROWS = ((4096, FP8_NARROW), (fp8_amax.MAX_COLS, FP8_WIDE))  # the gather and SwiGLU
+FP8_BACKWARD_ROWS = ((4096, FP8_SWIGLU_BWD), (8192, FP8_WIDE), (fp8_amax.MAX_COLS, FP8_SWIGLU_BWD_WIDE))
 _FP8_INTERPRETED = fp8_amax.AmaxRowsConfig(programs_per_sm=1)
 
 
@@ -72,12 +75,10 @@ def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Produc
     return out, q, s
 
 
-def _fp8_launch(narrow: fp8_amax.AmaxRowsConfig, cols: int, wide: fp8_amax.AmaxRowsConfig):
-    """The FP8 default for rows of ``cols``: ``wide`` past 4096 columns, else ``narrow``; under the interpreter
-    (whose time is its program count) one program an SM."""
-    if INTERPRET:
-        return _FP8_INTERPRETED
-    return wide if cols > 4096 else narrow
+def _fp8_launch(table, cols: int) -> fp8_amax.AmaxRowsConfig | None:
+    """The FP8 default for rows of ``cols``: its class in ``table``; under the interpreter (whose time is its
+    program count) one program an SM."""
+    return _FP8_INTERPRETED if INTERPRET else fp8_amax.by_width(table, cols)
 
 
 def _fp8(out: torch.Tensor, offs: torch.Tensor, config, producer: Producer, halves: bool = False):
@@ -135,16 +136,16 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *, conf
 
 def gather_quantize_fp8(x, src, weight, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(xs, xs_q, xs_s, xs_amax): ``xs = gather_weighted(x, src, weight)`` and
-    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: ``FP8_NARROW``, or
-    ``FP8_WIDE`` for rows wider than 4096)."""
+    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: its class of
+    ``FP8_ROWS``)."""
     out, producer = _gather(x, src, weight)
-    return _fp8(out, offs, config or _fp8_launch(FP8_NARROW, out.shape[1], FP8_WIDE), producer)
+    return _fp8(out, offs, config or _fp8_launch(FP8_ROWS, out.shape[1]), producer)
 
 
 def swiglu_quantize_fp8(h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(act, act_q, act_s, act_amax): ``act = swiglu(h1, h3)`` and ``quantize_fp8_rowwise_with_amax(act, offs)``."""
     out, producer = _swiglu(h1, h3)
-    return _fp8(out, offs, config or _fp8_launch(FP8_NARROW, out.shape[1], FP8_WIDE), producer)
+    return _fp8(out, offs, config or _fp8_launch(FP8_ROWS, out.shape[1]), producer)
 
 
 def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
@@ -152,9 +153,7 @@ def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.Ama
     offs)``."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
     halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
-    width = out.shape[1]
-    launch = FP8_SWIGLU_BWD_WIDE if width > 8192 else FP8_WIDE if width > 4096 else FP8_SWIGLU_BWD
-    return _fp8(out, offs, config or (_FP8_INTERPRETED if INTERPRET else launch), halves, halves=True)
+    return _fp8(out, offs, config or _fp8_launch(FP8_BACKWARD_ROWS, out.shape[1]), halves, halves=True)
 
 
 # ---- costs: the producer's reads, and the writes of both; the chain also reads the bf16 tensor back -------------
