@@ -152,13 +152,13 @@ def _warm(args, shapes, recipes, only) -> None:
     compile lands in Triton's cache for the timed run."""
     i, j = (int(v) for v in args.warm_part.split("/"))
     k = 0
-    for _call, _shape, _producer, _quant, fused, _cost, _grouped in cases(only, shapes, recipes):
-        for c in MX_CONFIGS if _call.endswith("mxfp8") else FP8_CONFIGS:
+    for call, shape, _producer, _quant, fused, _cost, _grouped in cases(only, shapes, recipes):
+        for c in MX_CONFIGS if call.endswith("mxfp8") else FP8_CONFIGS:
             if k % j == i:
                 try:
                     fused(c)
                 except Exception as e:  # noqa: BLE001 (the timed run reports it)
-                    print(f"warm {_call} {_shape} {c}: {type(e).__name__}", file=sys.stderr)
+                    print(f"warm {call} {shape} {c}: {type(e).__name__}", file=sys.stderr)
             k += 1
     torch.cuda.synchronize()
 
