@@ -1,12 +1,13 @@
 """Tune the MoE layer's fused stages (``mxkernels.moe.moe_fused``) against the chains they replace, on a CUDA GPU.
 
     python scripts/tune_layer_fused.py [--budget-s 240] [--samples 10] [--only gather,gather_w,swiglu,swiglu_bwd]
-        [--shapes qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-120b,deepseek-v3] [--recipes fp8,mxfp8]
+        [--shapes qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-120b,deepseek-v3] [--recipes fp8,fp8_alone,mxfp8]
 
 At each shape's layer (``SHAPES``: the fine-grained models' routed rows of all their experts, top-k copies of each
 token, balanced, padded as the layer pads them; DeepSeek-V3 and Llama 4 Scout as the coarse controls), for each
 fused call (the gather, SwiGLU and SwiGLU's backward fused with the MXFP8 blocked quantizer and with the FP8 rowwise
-quantizer with column amax): the chain (the producer's kernel, then the quantizer, both at their defaults) is timed
+quantizer with column amax; ``fp8_alone``: without the table, as a layer with bf16 weight gradients runs them, against
+the plain rows quantizer's chain): the chain (the producer's kernel, then the quantizer, both at their defaults) is timed
 first, then each candidate launch config of the fused call, whose outputs are first checked bit-identical to the
 chain's. One line per (call, shape, config): median us, TB/s over the call's declared cost, % of the roof measured
 first (the bf16 -> fp8 cast: a fused call writes less than it reads), and the ratio to the chain. Every number goes
@@ -25,7 +26,7 @@ import traceback
 import torch
 from mxkernels.layouts.padding import padded_rows
 from mxkernels.moe import moe_fused, moe_rows, swiglu
-from mxkernels.quant import fp8_amax, quantize_blocked
+from mxkernels.quant import fp8_amax, fp8_rowwise, quantize_blocked
 from mxkernels.quant.fp8_amax import AmaxRowsConfig
 from mxkernels.quant.quantize import RowsConfig
 from tuning import start
@@ -54,6 +55,12 @@ FP8_CONFIGS = [None, R(1, 32), R(2, 8), R(2, 8, block_rows=1), R(4, 8), R(4, 4),
                # 8-16 programs an SM for the hardware to overlap; each folds its columns once per group it meets.
                R(16, 4, block_rows=1), R(16, 4, block_rows=2), R(16, 8, block_rows=2), R(32, 4, block_rows=1),
                R(8, 8, block_rows=2), R(32, 8, block_rows=1)]  # fmt: skip
+# Without the table nothing is folded per program: as many small programs as registers allow (16 4-warp programs fill
+# an SM's 2048 threads; more make later waves), the plain rows quantizer's 4-row tiles, and the wide rows' launch.
+FP8_ALONE_CONFIGS = [None, R(16, 4, block_rows=1), R(64, 4, block_rows=1), R(16, 4, block_rows=2), R(64, 4, block_rows=2),
+                     R(16, 8, block_rows=4), R(64, 8, block_rows=4), R(32, 2, block_rows=1), R(8, 8, block_rows=1),
+                     R(2, 8)]  # fmt: skip
+CONFIGS = {"fp8": FP8_CONFIGS, "fp8_alone": FP8_ALONE_CONFIGS, "mxfp8": MX_CONFIGS}
 
 
 def layout(K: int, E: int, top_k: int, tokens: int):
@@ -75,20 +82,23 @@ def layout(K: int, E: int, top_k: int, tokens: int):
     return x, src, w, offs, rows, copies
 
 
+RECIPES = ("fp8", "fp8_alone", "mxfp8")
+
+
 def _recipe_cases(recipe: str, only: set[str], name: str, t: dict) -> list[tuple]:
     """One recipe's fused calls at one shape, over the tensors ``t`` (``_shape_tensors``)."""
-    x, src, w, offs, g, h1, h3 = (t[k] for k in ("x", "src", "w", "offs", "g", "h1", "h3"))
-    rows, K, N, E = t["rows"], t["K"], t["N"], t["E"]
-    mx = recipe == "mxfp8"
-    fn = lambda call: getattr(moe_fused, f"{call}_quantize_{recipe}")
-    cost = lambda call: getattr(moe_fused, f"{call}_quantize_{recipe}_cost")
+    x, src, w, g, h1, h3 = (t[k] for k in ("x", "src", "w", "g", "h1", "h3"))
+    rows, K, N = t["rows"], t["K"], t["N"]
+    alone = recipe == "fp8_alone"  # no column amax table: no offs, the plain rows quantizer's chain
+    offs, E = (None, 0) if alone else (t["offs"], t["E"])
+    kernel = "fp8" if alone else recipe
+    fn = lambda call: getattr(moe_fused, f"{call}_quantize_{kernel}")
+    cost = lambda call: getattr(moe_fused, f"{call}_quantize_{kernel}_cost")
 
     def quant(made):
-        return (
-            quantize_blocked.quantize_dim0_blocked(made, offs)
-            if mx
-            else fp8_amax.quantize_fp8_rowwise_with_amax(made, offs)
-        )
+        if recipe == "mxfp8":
+            return quantize_blocked.quantize_dim0_blocked(made, offs)
+        return fp8_rowwise.quantize_fp8_rowwise(made) if alone else fp8_amax.quantize_fp8_rowwise_with_amax(made, offs)
 
     out = []
     if "gather" in only:  # unweighted: the combine's backward when the scores go first (the layer's default)
@@ -140,7 +150,7 @@ def _equal(a, b, rows: int) -> bool:
 def _options(parser) -> None:
     parser.add_argument("--shapes", default="qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-120b,deepseek-v3",
                         help=f"comma list of {', '.join(SHAPES)}")  # fmt: skip
-    parser.add_argument("--recipes", default="fp8,mxfp8", help="comma list of fp8, mxfp8")
+    parser.add_argument("--recipes", default="fp8,mxfp8", help=f"comma list of {', '.join(RECIPES)}")
     parser.add_argument("--compile-jobs", type=int, default=1,
                         help="compile every launch first in this many processes (Triton's disk cache then serves "
                              "the timed run: ~2 s of compiling a launch, hundreds of launches)")  # fmt: skip
@@ -153,7 +163,7 @@ def _warm(args, shapes, recipes, only) -> None:
     i, j = (int(v) for v in args.warm_part.split("/"))
     k = 0
     for call, shape, _producer, _quant, fused, _cost, _grouped in cases(only, shapes, recipes):
-        for c in MX_CONFIGS if call.endswith("mxfp8") else FP8_CONFIGS:
+        for c in CONFIGS[call.split("+")[1]]:
             if k % j == i:
                 try:
                     fused(c)
@@ -184,7 +194,7 @@ def main() -> None:
     only = set(s.args.only.split(","))
     shapes = s.args.shapes.split(",")
     recipes = s.args.recipes.split(",")
-    if unknown := [n for n in shapes if n not in SHAPES] + [r for r in recipes if r not in ("fp8", "mxfp8")]:
+    if unknown := [n for n in shapes if n not in SHAPES] + [r for r in recipes if r not in RECIPES]:
         raise SystemExit(f"unknown shapes or recipes: {unknown}")
     if s.args.warm_part:
         return _warm(s.args, shapes, recipes, only)
@@ -201,7 +211,7 @@ def main() -> None:
         chain_us = (time_fn(producer, samples=s.args.samples).median_us
                     + time_fn(lambda t=made, q=quant: q(t), samples=s.args.samples).median_us)  # fmt: skip
         print(f"{call:22} {shape:17} chain {chain_us:9.1f} us ({cost.bytes / 1e6:.0f} MB fused)", flush=True)
-        configs = MX_CONFIGS if call.endswith("mxfp8") else FP8_CONFIGS
+        configs = CONFIGS[call.split("+")[1]]
         for c in configs:
             if time.monotonic() - s.t0 > s.args.budget_s:
                 skipped.append((call, shape, str(c)))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from mxkernels.stages.layer import LayerShape, layer_stages
-from mxkernels.stages.layer_specs import layer_specs
+from mxkernels.stages.layer_specs import FUSED_STAGES, NO_AMAX, layer_specs
 from mxkernels.autograd.layer import layer_inputs, layer_outputs, layer_sqnr
 from mxkernels.stages.pipeline import run_stages
 
@@ -151,17 +151,24 @@ def test_layer_cli_models_without_a_gpu_and_tables_render(tmp_path):
     assert wrong_kind.exit_code == 2
 
 
-@pytest.mark.parametrize("recipe, config", [("mxfp8", dict()), ("mxfp8", dict(score_before=False, shared=1)),
-                                            ("fp8_rowwise", dict(score_before=False, shared=1))],
-                         ids=["mxfp8-before", "mxfp8-after-shared", "fp8_rowwise-after-shared"])  # fmt: skip
-def test_fused_layer_is_bit_identical_to_the_chains(recipe, config, device):
-    """The four fused stages replace their chains without changing one bit of y or of any gradient."""
+@pytest.mark.parametrize("recipe, config, wgrad", [("mxfp8", dict(), "recipe"),
+                                                   ("mxfp8", dict(score_before=False, shared=1), "recipe"),
+                                                   ("fp8_rowwise", dict(score_before=False, shared=1), "recipe"),
+                                                   ("fp8_rowwise", dict(), "bf16")],
+                         ids=["mxfp8-before", "mxfp8-after-shared", "fp8_rowwise-after-shared",
+                              "fp8_rowwise-bf16-wgrad"])  # fmt: skip
+def test_fused_layer_is_bit_identical_to_the_chains(recipe, config, wgrad, device):
+    """The four fused stages replace their chains without changing one bit of y or of any gradient (with bf16
+    weight gradients, FP8 rowwise's without the column amax table, as the chain's plain quantizer)."""
     shape = LayerShape(**SMALL, routing="skewed", **config)
     inputs = layer_inputs(shape, seed=5, device=device)
-    chains, fused = layer_outputs(recipe, inputs, shape), layer_outputs(recipe, inputs, shape, fuse=True)
+    staged = lambda fuse: layer_stages(recipe, shape, fuse=fuse, wgrad=wgrad)
+    chains = layer_outputs(recipe, inputs, shape, stages=staged(False))
+    fused = layer_outputs(recipe, inputs, shape, stages=staged(True))
     assert set(chains) == set(fused) and all(torch.equal(chains[k], fused[k]) for k in chains)
-    names = {s.name for s in layer_stages(recipe, shape, fuse=True)}
-    assert {"permute_quantize", "swiglu_quantize", "combine_grad_quantize", "swiglu_grad_quantize"} <= names
+    names = {s.name for s in staged(True)}
+    suffix = NO_AMAX if wgrad == "bf16" else ""
+    assert {f"{n}{suffix}" for n in FUSED_STAGES} <= names
     assert not any(n.endswith(("quantize_a_blocked", "quantize_a_amax")) for n in names if n.startswith(("up.", "down.")))
 
 

@@ -5,7 +5,7 @@ unwritten byte shows unless the chain leaves the same byte unwritten); argument 
 import pytest
 import torch
 from kernel_helpers import bits_of
-from mxkernels.quant import fp8_amax
+from mxkernels.quant import fp8_amax, fp8_rowwise
 from mxkernels.moe import moe_rows
 from mxkernels.quant import quantize_blocked
 from mxkernels.moe import swiglu
@@ -118,6 +118,28 @@ def test_swiglu_quantize_fp8_is_the_chain(poisoned_empty, ends):
                     (grad_h, *fp8_amax.quantize_fp8_rowwise_with_amax(grad_h, offs)))  # fmt: skip
 
 
+# Without the table (offs None): every row quantized, as the plain rows quantizer does; the launches split the 72 rows
+# among programs (the default steps one row at a time; the second, 2-row steps) and the persistent default among
+# several programs an SM.
+FP8_ALONE_CONFIGS = [None, AmaxRowsConfig(programs_per_sm=1, num_warps=2, block_rows=2),
+                     AmaxRowsConfig(programs_per_sm=4, num_warps=1, block_rows=1)]  # fmt: skip
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_fp8_fused_calls_without_a_table_are_the_plain_chain(poisoned_empty, weighted):
+    x, src, w = gather_inputs(R=FP8_ROWS, D=80)
+    w = w if weighted else None
+    g, h1, h3 = swiglu_inputs(M=FP8_ROWS, N=40)
+    xs, act = moe_rows.gather_weighted(x, src, w), swiglu.swiglu(h1, h3)
+    (grad_h,) = swiglu.swiglu_backward(g, h1, h3)
+    for config in FP8_ALONE_CONFIGS:
+        assert_same(mf.gather_quantize_fp8(x, src, w, None, config=config),
+                    (xs, *fp8_rowwise.quantize_fp8_rowwise(xs)))  # fmt: skip
+        assert_same(mf.swiglu_quantize_fp8(h1, h3, None, config=config), (act, *fp8_rowwise.quantize_fp8_rowwise(act)))
+        assert_same(mf.swiglu_backward_quantize_fp8(g, h1, h3, None, config=config),
+                    (grad_h, *fp8_rowwise.quantize_fp8_rowwise(grad_h)))  # fmt: skip
+
+
 def test_special_values():
     # Inf and NaN in the produced tile: their blocks' scales are 255 and data 0x7F; a row's FP8 scale goes NaN/inf.
     x, src, w = gather_inputs(R=40, T=5, D=64)
@@ -173,6 +195,11 @@ def test_costs_are_the_chain_less_the_reread():
          swiglu.swiglu_cost(M, N) + fp8_amax.with_amax_cost(M, N, G, bf16)),
         ("swiglu_backward", mf.swiglu_backward_quantize_fp8_cost(M, N, G),
          swiglu.swiglu_backward_cost(M, N) + fp8_amax.with_amax_cost(M, 2 * N, G, bf16)),
+        # no table (G 0): the plain rows quantizer's writes
+        ("swiglu", mf.swiglu_quantize_fp8_cost(M, N, 0),
+         swiglu.swiglu_cost(M, N) + fp8_rowwise.quantize_fp8_rowwise_cost(M, N, bf16)),
+        ("gather", mf.gather_quantize_fp8_cost(R, D, 0, T, True),
+         moe_rows.gather_weighted_cost(R, D, T, True) + fp8_rowwise.quantize_fp8_rowwise_cost(R, D, bf16)),
     ]  # fmt: skip
     for kind, fused, chain in pairs:
         assert fused == Cost(chain.bytes_read - reread[kind], chain.bytes_written)

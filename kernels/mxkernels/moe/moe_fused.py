@@ -12,7 +12,8 @@ in one launch, where the layer would otherwise write a bf16 tensor and read it s
 
 Each returns the bf16 tensor too (the weight-gradient GEMM's transposed quantizer reads it), then the quantizer's
 outputs: MXFP8, the e4m3 data and the M-groups blocked scales; FP8 rowwise, the e4m3 data, the row scales and the
-(G, C) column amax table. What the fusion saves is the quantizer's read of the bf16 tensor (2 bytes an element) and
+(G, C) column amax table, or, with ``offs=None``, no table (the chain's quantizer then ``quantize_fp8_rowwise(xs)``:
+a layer whose weight gradients run in bf16 reads no column amax, and folding one costs atomics). What the fusion saves is the quantizer's read of the bf16 tensor (2 bytes an element) and
 a launch; each ``*_cost`` says its bytes.
 
 No kernel here: the quantizers' rows kernels (``quantize._quantize_rows_kernel`` with M-groups scales,
@@ -63,6 +64,10 @@ FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)
 # The launch classes by row width (``fp8_amax.by_width``).
 FP8_ROWS = ((4096, FP8_NARROW), (fp8_amax.MAX_COLS, FP8_WIDE))  # the gather and SwiGLU
 FP8_BACKWARD_ROWS = ((4096, FP8_SWIGLU_BWD), (8192, FP8_WIDE), (fp8_amax.MAX_COLS, FP8_SWIGLU_BWD_WIDE))
+# Without the table (offs None): nothing folded per program, so programs as many as the rows quantizer's grid
+# launches; not yet measured against the chain (scripts/tune_layer_fused.py --recipes fp8_alone).
+FP8_ALONE = fp8_amax.AmaxRowsConfig(programs_per_sm=32, num_warps=4, block_rows=1)
+FP8_ROWS_ALONE = ((4096, FP8_ALONE), (fp8_amax.MAX_COLS, FP8_WIDE))
 _FP8_INTERPRETED = fp8_amax.AmaxRowsConfig(programs_per_sm=1)
 
 
@@ -81,10 +86,13 @@ def _fp8_launch(table, cols: int) -> fp8_amax.AmaxRowsConfig | None:
     return _FP8_INTERPRETED if INTERPRET else fp8_amax.by_width(table, cols)
 
 
-def _fp8(out: torch.Tensor, offs: torch.Tensor, config, producer: Producer, halves: bool = False):
-    offs = check_group_offsets(offs, out, out.shape[0])
+def _fp8(out: torch.Tensor, offs: torch.Tensor | None, config, producer: Producer, halves: bool = False):
+    """The FP8 fused call's outputs: (out, q, scale, amax) folding ``offs``' groups; (out, q, scale) for None."""
+    if offs is not None:
+        offs = check_group_offsets(offs, out, out.shape[0])
     check_config("config", config, fp8_amax.AmaxRowsConfig)
-    return (out, *fp8_amax._rows_with_amax(out, offs, offs.numel(), 1, config, producer, halves))
+    groups = 0 if offs is None else offs.numel()
+    return (out, *fp8_amax._rows_with_amax(out, offs, groups, 1, config, producer, halves))
 
 
 def _gather(x, src, weight) -> tuple[torch.Tensor, Producer]:
@@ -134,26 +142,32 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *, conf
 # ---- FP8 rowwise: the bf16 tensor, its e4m3 data, row scales (M,) and the (G, C) column amax table ------------
 
 
+def _fp8_default(table, out: torch.Tensor, offs: torch.Tensor | None) -> fp8_amax.AmaxRowsConfig | None:
+    return _fp8_launch(table if offs is not None else FP8_ROWS_ALONE, out.shape[1])
+
+
 def gather_quantize_fp8(x, src, weight, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(xs, xs_q, xs_s, xs_amax): ``xs = gather_weighted(x, src, weight)`` and
-    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``. ``config``: that kernel's launch (None: its class of
-    ``FP8_ROWS``)."""
+    ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``; offs None: (xs, xs_q, xs_s), ``xs``'s
+    ``fp8_rowwise.quantize_fp8_rowwise`` without the table (the layer whose weight gradients run in bf16 reads
+    none). ``config``: that kernel's launch (None: its class of ``FP8_ROWS``, or of ``FP8_ROWS_ALONE``)."""
     out, producer = _gather(x, src, weight)
-    return _fp8(out, offs, config or _fp8_launch(FP8_ROWS, out.shape[1]), producer)
+    return _fp8(out, offs, config or _fp8_default(FP8_ROWS, out, offs), producer)
 
 
 def swiglu_quantize_fp8(h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
-    """(act, act_q, act_s, act_amax): ``act = swiglu(h1, h3)`` and ``quantize_fp8_rowwise_with_amax(act, offs)``."""
+    """(act, act_q, act_s, act_amax): ``act = swiglu(h1, h3)`` and ``quantize_fp8_rowwise_with_amax(act, offs)``;
+    offs None: (act, act_q, act_s), no table (``gather_quantize_fp8``)."""
     out, producer = _swiglu(h1, h3)
-    return _fp8(out, offs, config or _fp8_launch(FP8_ROWS, out.shape[1]), producer)
+    return _fp8(out, offs, config or _fp8_default(FP8_ROWS, out, offs), producer)
 
 
 def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(grad_h, gh_q, gh_s, gh_amax): the packed ``swiglu_backward`` and ``quantize_fp8_rowwise_with_amax(grad_h,
-    offs)``."""
+    offs)``; offs None: (grad_h, gh_q, gh_s), no table (``gather_quantize_fp8``)."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
     halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
-    return _fp8(out, offs, config or _fp8_launch(FP8_BACKWARD_ROWS, out.shape[1]), halves, halves=True)
+    return _fp8(out, offs, config or _fp8_default(FP8_BACKWARD_ROWS, out, offs), halves, halves=True)
 
 
 # ---- costs: the producer's reads, and the writes of both; the chain also reads the bf16 tensor back -------------
@@ -191,17 +205,18 @@ def swiglu_backward_quantize_mxfp8_cost(M: int, N: int, G: int) -> Cost:
 def gather_quantize_fp8_cost(
     R: int, D: int, G: int, tokens_rows: int, weighted: bool, *, sources: int | None = None
 ) -> Cost:
-    """``gather_quantize_fp8``: the gather's reads, xs, its e4m3, R fp32 scales and the (G, D) amax table. Saves
-    R * D * 2 bytes."""
+    """``gather_quantize_fp8``: the gather's reads, xs, its e4m3, R fp32 scales and the (G, D) amax table (G 0:
+    offs None, no table). Saves R * D * 2 bytes."""
     return _fused(gather_weighted_cost(R, D, tokens_rows, weighted, sources=sources), fp8_amax.with_amax_cost(R, D, G, _BF16))
 
 
 def swiglu_quantize_fp8_cost(M: int, N: int, G: int) -> Cost:
-    """``swiglu_quantize_fp8``: read h1, h3; write act, its e4m3, M scales, the (G, N) table. Saves M * N * 2."""
+    """``swiglu_quantize_fp8``: read h1, h3; write act, its e4m3, M scales, the (G, N) table (G 0: none). Saves
+    M * N * 2."""
     return _fused(swiglu.swiglu_cost(M, N), fp8_amax.with_amax_cost(M, N, G, _BF16))
 
 
 def swiglu_backward_quantize_fp8_cost(M: int, N: int, G: int) -> Cost:
     """``swiglu_backward_quantize_fp8``: read grad_act, h1, h3; write grad_h (M, 2N), its e4m3, M scales, the
-    (G, 2N) table. Saves M * 2N * 2."""
+    (G, 2N) table (G 0: none). Saves M * 2N * 2."""
     return _fused(swiglu.swiglu_backward_cost(M, N), fp8_amax.with_amax_cost(M, 2 * N, G, _BF16))

@@ -112,6 +112,7 @@ def _rows_amax_kernel(
     x_ptr, offs_ptr, q_ptr, scale_ptr, amax_ptr, rows, cols, G, group_rows, span, p_a, p_b, p_c, p_sa, p_sb,
     HAS_OFFS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
     EVEN: tl.constexpr, EXACT: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr, HALVES: tl.constexpr,
+    AMAX: tl.constexpr,
 ):  # fmt: skip
     """``fp8_rowwise``'s rows kernel over rows [pid * span, (pid + 1) * span) of x (rows, cols), BLOCK_R whole rows
     at a time, folding the column amax of each group's rows into amax (G, cols) (int32 bits of fp32, zero at
@@ -123,7 +124,8 @@ def _rows_amax_kernel(
     signature, its arguments p_*, VARIANT): the load of x, or a fused stage's producer that computes them and
     writes them to x (``moe_fused``). HALVES: the tile's lanes hold a row of two halves of cols / 2 as two halves of
     BLOCK_C / 2 (lane j of the second at column cols / 2 + j), for a producer that computes both halves of a column
-    at once (``swiglu.swiglu_backward_halves_producer``)."""
+    at once (``swiglu.swiglu_backward_halves_producer``). Without AMAX, no table: the rows quantized alone (one
+    group of all rows), for a fused stage whose column amax nothing reads."""
     first = tl.program_id(0) * span
     last = tl.minimum(first + span, rows)
     c = tl.arange(0, BLOCK_C)
@@ -157,9 +159,11 @@ def _rows_amax_kernel(
             x = PRODUCE(x_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], r.to(tl.int64), r < hi, c, col_ok, cols,
                         p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN, EXACT)  # fmt: skip
             fp8_rowwise.quantize_rows_at(x, q_ptr, scale_ptr, r, r < hi, c, col_ok, cols, EVEN, EXACT)
-            acc = tl.maximum(acc, magnitude(x))
-        bits = tl.max(magnitude_fp32_bits(acc, x_ptr.dtype.element_ty == tl.bfloat16), 0)
-        _fold(amax_ptr, bits, g, c, col_ok, cols, G)
+            if AMAX:
+                acc = tl.maximum(acc, magnitude(x))
+        if AMAX:
+            bits = tl.max(magnitude_fp32_bits(acc, x_ptr.dtype.element_ty == tl.bfloat16), 0)
+            _fold(amax_ptr, bits, g, c, col_ok, cols, G)
 
 
 @dataclass(frozen=True)
@@ -220,8 +224,9 @@ ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=256, ste
 
 def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None, producer: Producer | None = None,
                     halves: bool = False):  # fmt: skip
-    """Launch the rows kernel with the column amax on validated arguments; with a ``producer``, x2d is the bf16
-    output it writes (``moe_fused``), its tile in the HALVES lane order if ``halves`` (an even number of columns)."""
+    """Launch the rows kernel with the column amax on validated arguments: (q, scale, amax); with a ``producer``,
+    x2d is the bf16 output it writes (``moe_fused``), its tile in the HALVES lane order if ``halves`` (an even
+    number of columns). ``groups`` 0: no table, (q, scale) alone (``offs`` and ``group_rows`` unread)."""
     rows, cols = x2d.shape
     width = max(triton.next_power_of_2(max(cols, 1)), 16)
     config = config or (WIDE_ROWS_CONFIG if width >= 8192 else AMAX_ROWS_CONFIG)
@@ -231,6 +236,8 @@ def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None
     q = torch.empty(rows, cols, dtype=DATA_DTYPE, device=x2d.device)
     scale = torch.empty(rows, dtype=torch.float32, device=x2d.device)
     amax = torch.zeros(groups, cols, dtype=torch.int32, device=x2d.device)
+    if not groups:  # the rows as one group, folded nowhere
+        offs, group_rows = None, max(rows, 1)
     if rows and cols:
         block_r = config.block_rows or fp8_rowwise.default_rowwise_config(cols).block_rows
         span = triton.cdiv(triton.cdiv(rows, sm_count(x2d.device) * config.programs_per_sm), block_r) * block_r
@@ -240,13 +247,13 @@ def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None
             cap["enable_fp_fusion"] = False
         args, produce = producer_args(producer, x2d)
         _rows_amax_kernel[(triton.cdiv(rows, span),)](
-            x2d, offs if offs is not None else amax, q.view(torch.uint8), scale, amax, rows, cols, groups, group_rows,
-            span, *args, HAS_OFFS=offs is not None, BLOCK_R=block_r, BLOCK_C=width,
-            BLOCK_G=triton.next_power_of_2(groups),
+            x2d, offs if offs is not None else scale, q.view(torch.uint8), scale, amax if groups else scale, rows,
+            cols, groups, group_rows, span, *args, HAS_OFFS=offs is not None, BLOCK_R=block_r, BLOCK_C=width,
+            BLOCK_G=triton.next_power_of_2(max(groups, 1)),
             EVEN=width == cols and (block_r == 1 or (offs is None and group_rows % block_r == 0)), EXACT=INTERPRET,
-            HALVES=halves, num_warps=config.num_warps, **produce, **cap,
+            HALVES=halves, AMAX=groups > 0, num_warps=config.num_warps, **produce, **cap,
         )  # fmt: skip
-    return q, scale, amax.view(torch.float32)
+    return (q, scale, amax.view(torch.float32)) if groups else (q, scale)
 
 
 def quantize_fp8_rowwise_with_amax(

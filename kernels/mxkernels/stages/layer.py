@@ -26,8 +26,9 @@ bf16 output gradient and the bf16 activations the layer already holds (the permu
 the gradients ``grad_h`` and ``grad_out``; the fused stages write them beside their quantized copies), while the
 forward and the input gradients stay in the recipe. It saves no extra activation: the recipe's wgrad quantizers
 read the same bf16 ``xs`` and ``act`` in the backward, so the autograd function keeps them either way (and with
-``bf16`` no longer keeps FP8 rowwise's column amaxes of them). The fused stages still write the FP8 rowwise column
-amaxes, which the bf16 wgrad leaves unread (one kernel writes them with the quantized copy).
+``bf16`` no longer keeps FP8 rowwise's column amaxes of them). FP8 rowwise's fused stages then write no column
+amax table either (``layer_specs.NO_AMAX``, the same names with that suffix): their quantizer is the plain rowwise
+one, as in the chain.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from enum import StrEnum
 from ..moe import router as moe_router, moe_rows, swiglu
 from ..quant import fp8_amax
 from ..core.cost import Cost
-from .layer_specs import FUSED_RECIPES, get_layer_spec, placed_spec
+from .layer_specs import FUSED_RECIPES, NO_AMAX, get_layer_spec, placed_spec
 from ..moe.router import ScoreFunc
 from ..core.names import Category, Pass, Recipe, Wgrad, parse_wgrad
 from ..layouts.padding import padded_rows
@@ -234,6 +235,9 @@ def layer_stages(
     down = proj("down", K, N, {"a": "act", "w": "w2", "offs": "offs", "out": "out", "grad_out": "grad_out",
                                "grad_a": "grad_act", "grad_w": "grad_w2"})  # fmt: skip
     quantized = {}
+    # FP8 rowwise's fused stages fold the column amax table only for the recipe's weight gradients to read.
+    table = not (recipe == Recipe.FP8_ROWWISE and wgrad == Wgrad.BF16)
+    fused = _FusedNames(recipe, table, E)
     if fuse:
         quantized["xs"] = _absorb(ups[0], fwd, "quantize_a")
         for extra in ups[1:]:  # the second projection reads the first one's quantized tokens
@@ -247,13 +251,13 @@ def layer_stages(
     # Every gather of token rows reads each of the T rows once from DRAM; its other top_k - 1 copies are re-reads
     # (``Cost.bytes_reread``, which L2 may serve), not DRAM bytes.
     gather_cost = lambda weighted: moe_rows.gather_weighted_cost(rows, K, S, weighted, sources=T)
-    fused_gather_cost = lambda weighted: _fused_cost(recipe, "gather", rows, K, E, S, weighted, sources=T)
+    fused_gather_cost = lambda weighted: _fused_cost(recipe, "gather", rows, K, fused.groups, S, weighted, sources=T)
     score_grad_cost = moe_rows.row_dot_cost(S, K, b_sources=T)  # a copy's own row, and its token's row
     perm_cost = gather_cost(s.score_before)
     if fuse:
-        b.add("permute_quantize", [(T, K), (rows,)], fused_gather_cost(s.score_before),
-              ("x", "row_src", "row_w", "offs"), ("xs", *quantized["xs"][:_q(recipe)]), {**perm_w, **_mode(recipe, mode)},
-              recipe)  # fmt: skip
+        b.add(fused.name("permute_quantize"), [(T, K), (rows,)], fused_gather_cost(s.score_before),
+              ("x", "row_src", "row_w", *fused.offs), ("xs", *fused.outputs(quantized["xs"])),
+              {**perm_w, **_mode(recipe, mode)}, recipe)  # fmt: skip
     else:
         b.add("permute", [(T, K), (rows,)], perm_cost, ("x", "row_src", "row_w"), ("xs",), perm_w)
     for up in ups:
@@ -261,8 +265,8 @@ def layer_stages(
     h_in = ("h",) if s.fuse_up else ("h1", "h3")
     act_cost = swiglu.swiglu_cost(rows, N)
     if fuse:
-        b.add("swiglu_quantize", [(rows, 2 * N)], _fused_cost(recipe, "swiglu", rows, N, E), ("h", "offs"),
-              ("act", *quantized["act"][:_q(recipe)]), _mode(recipe, mode), recipe)  # fmt: skip
+        b.add(fused.name("swiglu_quantize"), [(rows, 2 * N)], _fused_cost(recipe, "swiglu", rows, N, fused.groups),
+              ("h", *fused.offs), ("act", *fused.outputs(quantized["act"])), _mode(recipe, mode), recipe)  # fmt: skip
     else:
         b.add("swiglu" if s.fuse_up else "swiglu_split", [(rows, 2 * N)], act_cost, h_in, ("act",))
     b.stages += down[fwd]
@@ -285,9 +289,9 @@ def layer_stages(
 
     # Backward: combine, down projection, SwiGLU, gate/up projection, permute, shared experts, router.
     if fuse:
-        b.add("combine_grad_quantize", [(T, K), (rows,)], fused_gather_cost(not s.score_before),
-              ("dy", "row_src", "row_w", "offs"),
-              ("grad_out", *quantized["grad_out"][:_q(recipe)]), {**comb_w, **_mode(recipe, mode)}, recipe)  # fmt: skip
+        b.add(fused.name("combine_grad_quantize"), [(T, K), (rows,)], fused_gather_cost(not s.score_before),
+              ("dy", "row_src", "row_w", *fused.offs), ("grad_out", *fused.outputs(quantized["grad_out"])),
+              {**comb_w, **_mode(recipe, mode)}, recipe)  # fmt: skip
     else:
         b.add("combine_grad", [(T, K), (rows,)], gather_cost(not s.score_before),
               ("dy", "row_src", "row_w"), ("grad_out",), comb_w)  # fmt: skip
@@ -297,8 +301,9 @@ def layer_stages(
     b.stages += down[bwd]
     grad_cost = swiglu.swiglu_backward_cost(rows, N)
     if fuse:
-        b.add("swiglu_grad_quantize", [(rows, N), (rows, 2 * N)], _fused_cost(recipe, "swiglu_backward", rows, N, E),
-              ("grad_act", "h", "offs"), ("grad_h", *quantized["grad_h"][:_q(recipe)]), _mode(recipe, mode), recipe)
+        b.add(fused.name("swiglu_grad_quantize"), [(rows, N), (rows, 2 * N)],
+              _fused_cost(recipe, "swiglu_backward", rows, N, fused.groups), ("grad_act", "h", *fused.offs),
+              ("grad_h", *fused.outputs(quantized["grad_h"])), _mode(recipe, mode), recipe)  # fmt: skip
     elif s.fuse_up:
         b.add("swiglu_grad", [(rows, N), (rows, 2 * N)], grad_cost, ("grad_act", "h"), ("grad_h",))
     else:
@@ -371,9 +376,31 @@ def _alias(passes: dict[Pass, list[Stage]], old: Sequence[str], new: Sequence[st
         passes[p] = [replace(st, inputs=tuple(mapping.get(i, i) for i in st.inputs)) for st in stages]
 
 
-def _q(recipe: Recipe) -> int:
-    """How many tensors a recipe's fused quantizer writes: (data, blocked scales) or (data, scales, amax)."""
-    return 2 if recipe == Recipe.MXFP8 else 3
+@dataclass(frozen=True)
+class _FusedNames:
+    """How the layer binds a recipe's fused stages: FP8 rowwise's with the column amax ``table`` (the recipe's
+    weight gradients read it) or without (``layer_specs.NO_AMAX``: no offs read, no table written)."""
+
+    recipe: Recipe
+    table: bool
+    experts: int
+
+    def name(self, base: str) -> str:
+        return base if self.table else base + NO_AMAX
+
+    @property
+    def offs(self) -> tuple[str, ...]:
+        return ("offs",) if self.table else ()
+
+    @property
+    def groups(self) -> int:
+        """The groups of the table the stage's cost counts (0: none)."""
+        return self.experts if self.table else 0
+
+    def outputs(self, absorbed: Sequence[str]) -> tuple[str, ...]:
+        """The quantized outputs of the stage, from those of the quantizer it absorbs: (data, blocked scales),
+        (data, scales, amax) or (data, scales)."""
+        return tuple(absorbed[: 2 if self.recipe == Recipe.MXFP8 or not self.table else 3])
 
 
 def _mode(recipe: Recipe, mode: str) -> dict:

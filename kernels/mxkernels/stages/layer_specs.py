@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 
 from ..moe import router as moe_router, moe_rows, swiglu
-from ..quant import fp8_amax
+from ..quant import fp8_amax, fp8_rowwise
 from ..core.comparison import BitExact, MinSQNR
 from ..core.names import Category, Pass, Recipe
 from ..quant.quantize_blocked import quantize_dim0_blocked_reference
@@ -145,20 +145,26 @@ def _shared_up_grad_reference(g, x, ws13, grad_x):
 def _quantized_reference(recipe: Recipe, x, offs, mode):
     if recipe == Recipe.MXFP8:
         return quantize_dim0_blocked_reference(x, offs, mode)
+    if offs is None:  # the FP8 fused stages without the column amax table
+        return fp8_rowwise.quantize_fp8_rowwise_reference(x)
     return fp8_amax.quantize_fp8_rowwise_with_amax_reference(x, offs)
 
 
-def _fused_chain(recipe: Recipe, producer):
+def _fused_chain(recipe: Recipe, producer, grouped: bool = True):
+    """The fused stage's oracle: ``producer``'s reference, then the quantizer's; ``grouped`` False: the stage takes
+    no offs (its quantizer no groups)."""
+
     def chain(*args, mode="rceil", **params):
-        *ins, offs = args
+        *ins, offs = args if grouped else (*args, None)
         (bf16, *_) = producer(*ins, **params)
         return (bf16, *_quantized_reference(recipe, bf16, offs, mode))
 
     return chain
 
 
-def _fused_impl(recipe: Recipe, kind: str):
-    """mxkernels' fused kernel of ``kind`` for ``recipe`` (``moe_fused``), in the stage's calling contract."""
+def _fused_impl(recipe: Recipe, kind: str, grouped: bool = True):
+    """mxkernels' fused kernel of ``kind`` for ``recipe`` (``moe_fused``), in the stage's calling contract;
+    ``grouped`` False: the stage takes no offs, the FP8 kernel writes no column amax table."""
     producer = {"permute": "gather", "combine_grad": "gather", "swiglu": "swiglu",
                 "swiglu_grad": "swiglu_backward"}[kind]  # fmt: skip
     mx = recipe == Recipe.MXFP8
@@ -168,10 +174,11 @@ def _fused_impl(recipe: Recipe, kind: str):
 
         fn = getattr(moe_fused, f"{producer}_quantize_{'mxfp8' if mx else 'fp8'}")
         scale_mode = (mode,) if mx else ()  # FP8 rowwise scales have no mode
+        *args, offs = args if grouped else (*args, None)
         if producer == "gather":
-            x, row_src, row_w, offs = args
+            x, row_src, row_w = args
             return fn(x, row_src, row_w if weighted else None, offs, *scale_mode)
-        *grad_act, h, offs = args  # SwiGLU (h, offs) or its backward (grad_act, h, offs)
+        *grad_act, h = args  # SwiGLU (h,) or its backward (grad_act, h)
         return fn(*grad_act, *swiglu.split_halves(h), offs, *scale_mode)
 
     return call
@@ -274,43 +281,54 @@ def _common() -> list[StageSpec]:
     ]  # fmt: skip
 
 
-def _fused(recipe: Recipe) -> list[StageSpec]:
-    """The fused stages of a recipe: each writes a bf16 tensor and the quantized operand the next GEMM reads."""
+def _fused(recipe: Recipe, column_amax: bool = True) -> list[StageSpec]:
+    """The fused stages of a recipe: each writes a bf16 tensor and the quantized operand the next GEMM reads.
+    FP8 rowwise's write the (E, D) column amax table for the weight gradient's quantizer too; without
+    ``column_amax`` (``NO_AMAX``: a layer whose weight gradients run in bf16 reads none) they take no offs and write
+    the rowwise quantizer's outputs alone, every row."""
+    grouped = recipe == Recipe.MXFP8 or column_amax
     if recipe == Recipe.MXFP8:
         quantized = lambda n: (_p(f"{n}_q", "e4m3 (rows, D)"), _p(f"{n}_sb", "e8m0 M-groups blocked scales"))
         params = ("mode",)
     else:
-        quantized = lambda n: (_p(f"{n}_q", "e4m3 (rows, D)"), _p(f"{n}_s", "fp32 (rows,) row scales"),
-                               _p(f"{n}_amax", "fp32 (E, D) column amax per group"))  # fmt: skip
+        table = (lambda n: (_p(f"{n}_amax", "fp32 (E, D) column amax per group"),)) if grouped else (lambda n: ())
+        quantized = lambda n: (_p(f"{n}_q", "e4m3 (rows, D)"), _p(f"{n}_s", "fp32 (rows,) row scales"), *table(n))
         params = ()
     rule = MinSQNR(_FUSED_DB)
     h13 = _p("h", "bf16 (rows, 2N) gate | up projections")
+    offs = (_OFFS,) if grouped else ()
     # the quantized rows past offs[-1] (in no group) are left unwritten, as the chain's quantizer leaves them
-    unwritten = lambda n: {f"{n}_q": _rows_until_last_offset}
+    unwritten = lambda n: {f"{n}_q": _rows_until_last_offset} if grouped else {}
     k = "moe_fused"
-    rows = lambda name, what: (_p(name, what), _ROW_SRC, _ROW_W, _OFFS)
+    suffix = "" if grouped else NO_AMAX
+    rows = lambda name, what: (_p(name, what), _ROW_SRC, _ROW_W, *offs)
+    chain = lambda producer: _fused_chain(recipe, producer, grouped)
+    impl = lambda kind: _fused_impl(recipe, kind, grouped)
     return [
-        _spec(recipe, "permute_quantize", F, Category.PERMUTE, "Permute + pad + quantize in one pass",
-              rows("x", "bf16 (T, K)"), (_p("xs", "bf16 (rows, K)"), *quantized("xs")),
-              _fused_chain(recipe, _permute_reference), rule, _fused_impl(recipe, "permute"), f"{k}.gather_quantize",
-              (*params, "weighted"), unwritten("xs")),
-        _spec(recipe, "swiglu_quantize", F, Category.ACTIVATION, "SwiGLU writing the down projection's operand",
-              (h13, _OFFS), (_p("act", "bf16 (rows, N)"), *quantized("act")), _fused_chain(recipe, _swiglu_reference),
-              rule, _fused_impl(recipe, "swiglu"), f"{k}.swiglu_quantize", params, unwritten("act")),
-        _spec(recipe, "combine_grad_quantize", DI, Category.COMBINE, "Combine gradient into slots + quantize",
+        _spec(recipe, f"permute_quantize{suffix}", F, Category.PERMUTE, "Permute + pad + quantize in one pass",
+              rows("x", "bf16 (T, K)"), (_p("xs", "bf16 (rows, K)"), *quantized("xs")), chain(_permute_reference),
+              rule, impl("permute"), f"{k}.gather_quantize", (*params, "weighted"), unwritten("xs")),
+        _spec(recipe, f"swiglu_quantize{suffix}", F, Category.ACTIVATION, "SwiGLU writing the down projection's operand",
+              (h13, *offs), (_p("act", "bf16 (rows, N)"), *quantized("act")), chain(_swiglu_reference), rule,
+              impl("swiglu"), f"{k}.swiglu_quantize", params, unwritten("act")),
+        _spec(recipe, f"combine_grad_quantize{suffix}", DI, Category.COMBINE, "Combine gradient into slots + quantize",
               rows("dy", "bf16 (T, K)"), (_p("grad_out", "bf16 (rows, K)"), *quantized("grad_out")),
-              _fused_chain(recipe, _permute_reference), rule, _fused_impl(recipe, "combine_grad"),
-              f"{k}.gather_quantize", (*params, "weighted"), unwritten("grad_out")),
-        _spec(recipe, "swiglu_grad_quantize", DI, Category.ACTIVATION, "SwiGLU backward writing the up "
-              "projection's gradient operand", (_p("grad_act", "bf16 (rows, N)"), h13, _OFFS),
-              (_p("grad_h", "bf16 (rows, 2N)"), *quantized("grad_h")), _fused_chain(recipe, _swiglu_grad_reference),
-              rule, _fused_impl(recipe, "swiglu_grad"), f"{k}.swiglu_backward_quantize", params, unwritten("grad_h")),
+              chain(_permute_reference), rule, impl("combine_grad"), f"{k}.gather_quantize", (*params, "weighted"),
+              unwritten("grad_out")),
+        _spec(recipe, f"swiglu_grad_quantize{suffix}", DI, Category.ACTIVATION, "SwiGLU backward writing the up "
+              "projection's gradient operand", (_p("grad_act", "bf16 (rows, N)"), h13, *offs),
+              (_p("grad_h", "bf16 (rows, 2N)"), *quantized("grad_h")), chain(_swiglu_grad_reference), rule,
+              impl("swiglu_grad"), f"{k}.swiglu_backward_quantize", params, unwritten("grad_h")),
     ]  # fmt: skip
 
 
+# The FP8 fused stages without the column amax table are these names with this suffix.
+NO_AMAX = "_no_amax"
 FUSED_STAGES = ("permute_quantize", "swiglu_quantize", "combine_grad_quantize", "swiglu_grad_quantize")
 FUSED_RECIPES = (Recipe.MXFP8, Recipe.FP8_ROWWISE)
-_FUSED_GATHERS = {"permute_quantize": "permute", "combine_grad_quantize": "combine_grad"}  # fused: its producer
+# fused: (its producer, whether it takes offs)
+_FUSED_GATHERS = {f"{n}{suffix}": (p, not suffix) for n, p in (("permute_quantize", "permute"),
+                  ("combine_grad_quantize", "combine_grad")) for suffix in ("", NO_AMAX)}  # fmt: skip
 
 
 def placed_spec(spec: StageSpec, score_before: bool) -> StageSpec:
@@ -318,17 +336,18 @@ def placed_spec(spec: StageSpec, score_before: bool) -> StageSpec:
     fused stage whose producer is one) gets the oracle of that placement (``reference.layer_stages``), which never
     reads the ``weighted`` flag its kernel is given; any other spec is returned as it is. The table's own oracles
     follow that flag: they are the kernels' contracts, not the layer's."""
-    producer = _FUSED_GATHERS.get(spec.name, spec.name)
+    producer, grouped = _FUSED_GATHERS.get(spec.name, (spec.name, True))
     if producer not in SCORED_STAGES:
         return spec
     oracle = scored_oracle(producer, score_before)
-    return replace(spec, oracle=oracle if producer == spec.name else _fused_chain(spec.recipe, oracle))
+    return replace(spec, oracle=oracle if producer == spec.name else _fused_chain(spec.recipe, oracle, grouped))
 
 
 @functools.cache
 def layer_specs() -> dict[tuple[Recipe, str], StageSpec]:
     """Every stage spec of the layer's own by (recipe, name)."""
-    return {s.key: s for s in (*_common(), *_fused(Recipe.MXFP8), *_fused(Recipe.FP8_ROWWISE))}
+    fused = (*_fused(Recipe.MXFP8), *_fused(Recipe.FP8_ROWWISE), *_fused(Recipe.FP8_ROWWISE, column_amax=False))
+    return {s.key: s for s in (*_common(), *fused)}
 
 
 def get_layer_spec(recipe: str, name: str) -> StageSpec:
