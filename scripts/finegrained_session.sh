@@ -2,8 +2,8 @@
 # The fine-grained MoE runs of issue 32 on one GPU machine (no network): install, the GPU tests of what changed, the
 # quantizer and router tuning runs, the layer at the four fine-grained and coarse presets (the maps:
 # scripts/map_session.sh).
-# Usage: bash scripts/finegrained_session.sh [tests] [quant] [weightquant] [fused] [fineamax] [router] [layers]
-#   [wgrad[/PRESET]] [step]
+# Usage: bash scripts/finegrained_session.sh [tests] [quant] [weightquant] [fused] [alone] [fineamax] [router]
+#   [layers] [coarse] [wgrad[/PRESET]] [step]
 # Runs go to results/<card>/ and plots/<card>/; everything written there is packed into $OUT/results.tgz (the device
 # tool brings back few files) after every step, logs beside it. SAMPLES (default 5) sets the samples per stage.
 # DEADLINE (epoch seconds): a step is cut short at it, and a step with under 20 s left is skipped.
@@ -43,6 +43,15 @@ for step in "$@"; do
     fused)  # the fused layer stages at the fine-grained widths against their chains (scripts/tune_layer_fused.py)
       timeout -s INT "$(within 400)" python3 scripts/tune_layer_fused.py --compile-jobs 14 --budget-s 250 --samples 5 \
         --out "results/$CARD/tuning/tune_layer_fused-finegrained.json" > "$OUT/fused.log" 2>&1; grep -v Warning "$OUT/fused.log" | tail -30 ;;
+    alone)  # the FP8 fused calls without the column amax table (--wgrad bf16's) against the plain quantizer's chain
+      timeout -s INT "$(within 300)" python3 scripts/tune_layer_fused.py --recipes fp8_alone --compile-jobs 14 \
+        --budget-s 180 --samples 5 --out "results/$CARD/tuning/tune_layer_fused-alone$TAG.json" > "$OUT/alone.log" 2>&1
+      grep -v Warning "$OUT/alone.log" | tail -30 ;;
+    coarse)  # DeepSeek-V3 and Llama 4 Scout without the shared expert (the issue's 1.47x / 1.63x), chains and fused
+      for p in deepseek-v3 llama4-scout; do
+        timeout -s INT "$(within 200)" mxbench layer --preset "$p" --shared-experts 0 --recipe fp8_rowwise --fuse \
+          --samples "$SAMPLES" --out "results/$CARD/layer-$p-no-shared$TAG.json" 2>&1 \
+          | grep -v "Warning\|t = self" | tee "$OUT/layer-$p-no-shared$TAG.log" | grep -A6 "^Model"; done ;;
     fineamax)  # the fused-scale weight quantizers (along K with the table, along N from it) at the fine-grained weights
       timeout -s INT "$(within 170)" python3 scripts/tune_fp8_and_fused_quantizers.py --only fine_amax --budget-s 130 \
         --samples 5 --out "results/$CARD/tuning/tune_fp8_and_fused_quantizers-fine-amax.json" > "$OUT/fineamax.log" 2>&1
