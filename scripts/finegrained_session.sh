@@ -3,7 +3,7 @@
 # quantizer and router tuning runs, the layer at the four fine-grained and coarse presets (the maps:
 # scripts/map_session.sh).
 # Usage: bash scripts/finegrained_session.sh [tests] [quant] [weightquant] [fused] [alone] [fineamax] [router]
-#   [layers] [coarse] [wgrad[/PRESET]] [step]
+#   [layers] [coarse[/PRESET]] [wgrad[/PRESET]] [step]
 # Runs go to results/<card>/ and plots/<card>/; everything written there is packed into $OUT/results.tgz (the device
 # tool brings back few files) after every step, logs beside it. SAMPLES (default 5) sets the samples per stage.
 # DEADLINE (epoch seconds): a step is cut short at it, and a step with under 20 s left is skipped.
@@ -47,8 +47,9 @@ for step in "$@"; do
       timeout -s INT "$(within 300)" python3 scripts/tune_layer_fused.py --recipes fp8_alone --compile-jobs 14 \
         --budget-s 180 --samples 5 --out "results/$CARD/tuning/tune_layer_fused-alone$TAG.json" > "$OUT/alone.log" 2>&1
       grep -v Warning "$OUT/alone.log" | tail -30 ;;
-    coarse)  # DeepSeek-V3 and Llama 4 Scout without the shared expert (the 1.47x / 1.63x), chains and fused
-      for p in deepseek-v3 llama4-scout; do
+    coarse|coarse/*)  # DeepSeek-V3 and Llama 4 Scout without the shared expert (the 1.47x / 1.63x), chains and fused
+      presets=$([ "$step" = coarse ] && echo "deepseek-v3 llama4-scout" || echo "${step#coarse/}")
+      for p in $presets; do
         timeout -s INT "$(within 200)" mxbench layer --preset "$p" --shared-experts 0 --recipe fp8_rowwise --fuse \
           --samples "$SAMPLES" --out "results/$CARD/layer-$p-no-shared$TAG.json" 2>&1 \
           | grep -v "Warning\|t = self" | tee "$OUT/layer-$p-no-shared$TAG.log" | grep -A6 "^Model"; done ;;

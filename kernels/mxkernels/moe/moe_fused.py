@@ -64,10 +64,12 @@ FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)
 # The launch classes by row width (``fp8_amax.by_width``).
 FP8_ROWS = ((4096, FP8_NARROW), (fp8_amax.MAX_COLS, FP8_WIDE))  # the gather and SwiGLU
 FP8_BACKWARD_ROWS = ((4096, FP8_SWIGLU_BWD), (8192, FP8_WIDE), (fp8_amax.MAX_COLS, FP8_SWIGLU_BWD_WIDE))
-# Without the table (offs None): nothing folded per program, so programs as many as the rows quantizer's grid
-# launches; not yet measured against the chain (scripts/tune_layer_fused.py --recipes fp8_alone).
-FP8_ALONE = fp8_amax.AmaxRowsConfig(programs_per_sm=32, num_warps=4, block_rows=1)
-FP8_ROWS_ALONE = ((4096, FP8_ALONE), (fp8_amax.MAX_COLS, FP8_WIDE))
+# Without the table (offs None) nothing is folded per program: 64 4-warp one-row programs an SM (a grid in waves, as
+# the plain rows quantizer's) was best or within 8% of the best of every call at every width measured up to 7168
+# (tune_layer_fused --recipes fp8_alone, an H200); wider rows keep the launches above (not measured).
+FP8_ALONE = fp8_amax.AmaxRowsConfig(programs_per_sm=64, num_warps=4, block_rows=1)
+FP8_ROWS_ALONE = ((8192, FP8_ALONE), (fp8_amax.MAX_COLS, FP8_WIDE))
+FP8_BACKWARD_ROWS_ALONE = ((8192, FP8_ALONE), (fp8_amax.MAX_COLS, FP8_SWIGLU_BWD_WIDE))
 _FP8_INTERPRETED = fp8_amax.AmaxRowsConfig(programs_per_sm=1)
 
 
@@ -142,24 +144,25 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *, conf
 # ---- FP8 rowwise: the bf16 tensor, its e4m3 data, row scales (M,) and the (G, C) column amax table ------------
 
 
-def _fp8_default(table, out: torch.Tensor, offs: torch.Tensor | None) -> fp8_amax.AmaxRowsConfig | None:
-    return _fp8_launch(table if offs is not None else FP8_ROWS_ALONE, out.shape[1])
+def _fp8_default(tables, out: torch.Tensor, offs: torch.Tensor | None) -> fp8_amax.AmaxRowsConfig | None:
+    """The default launch for ``out``'s rows from ``tables`` = (with the table, without)."""
+    return _fp8_launch(tables[offs is None], out.shape[1])
 
 
 def gather_quantize_fp8(x, src, weight, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(xs, xs_q, xs_s, xs_amax): ``xs = gather_weighted(x, src, weight)`` and
     ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``; offs None: (xs, xs_q, xs_s), ``xs``'s
     ``fp8_rowwise.quantize_fp8_rowwise`` without the table (the layer whose weight gradients run in bf16 reads
-    none). ``config``: that kernel's launch (None: its class of ``FP8_ROWS``, or of ``FP8_ROWS_ALONE``)."""
+    none). ``config``: that kernel's launch (None: its class of ``FP8_ROWS``, or without the table ``FP8_ROWS_ALONE``)."""
     out, producer = _gather(x, src, weight)
-    return _fp8(out, offs, config or _fp8_default(FP8_ROWS, out, offs), producer)
+    return _fp8(out, offs, config or _fp8_default((FP8_ROWS, FP8_ROWS_ALONE), out, offs), producer)
 
 
 def swiglu_quantize_fp8(h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
     """(act, act_q, act_s, act_amax): ``act = swiglu(h1, h3)`` and ``quantize_fp8_rowwise_with_amax(act, offs)``;
     offs None: (act, act_q, act_s), no table (``gather_quantize_fp8``)."""
     out, producer = _swiglu(h1, h3)
-    return _fp8(out, offs, config or _fp8_default(FP8_ROWS, out, offs), producer)
+    return _fp8(out, offs, config or _fp8_default((FP8_ROWS, FP8_ROWS_ALONE), out, offs), producer)
 
 
 def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.AmaxRowsConfig | None = None):
@@ -167,7 +170,8 @@ def swiglu_backward_quantize_fp8(grad_act, h1, h3, offs, *, config: fp8_amax.Ama
     offs)``; offs None: (grad_h, gh_q, gh_s), no table (``gather_quantize_fp8``)."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
     halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
-    return _fp8(out, offs, config or _fp8_default(FP8_BACKWARD_ROWS, out, offs), halves, halves=True)
+    config = config or _fp8_default((FP8_BACKWARD_ROWS, FP8_BACKWARD_ROWS_ALONE), out, offs)
+    return _fp8(out, offs, config, halves, halves=True)
 
 
 # ---- costs: the producer's reads, and the writes of both; the chain also reads the bf16 tensor back -------------
