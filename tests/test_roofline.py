@@ -280,3 +280,29 @@ def test_model_speedup_reads_stored_records_and_skips_end_to_end_rows():
 def test_model_speedup_needs_stages_on_both_sides():
     with pytest.raises(ValueError, match="stage"):
         roofline.model_speedup([], stages(), spec())
+
+
+def test_a_mixed_precision_sum_runs_against_its_faster_roof():
+    """bf16 + FP8 FLOPs (the FP8 layer's graph: the router's bf16 GEMMs beside the experts' FP8 ones) sum to the FP8
+    roof, whichever comes first; a part with no FLOPs does not label the sum."""
+    router, experts = Cost(10, 0, 4_000, "bf16"), Cost(10, 0, 96_000, "fp8")
+    for total in (router + experts, experts + router):
+        assert total == Cost(20, 0, 100_000, "fp8")
+    assert (Cost(5, 5) + router).precision == "bf16" and (Cost(1, 1, 0, "fp8") + router).precision == "bf16"
+    assert (experts + Cost(1, 1, 8, "mxfp8")).precision == "mxfp8"
+
+
+def test_the_fp8_layers_graph_is_held_to_a_floor_it_can_meet():
+    """The FP8 rowwise Scout layer's fused graph measured 99.3 ms on an H200 (layer-llama4-scout-no-shared-sixth):
+    its 99.08 TFLOP at the bf16 peak would floor it at 100.2 ms and call it impossible; at the FP8 peak the floor is
+    50.1 ms (hand-worked: 99084895518720 / 1979e12 s), which that time passes and half of it does not."""
+    from mxkernels.stages.layer import LayerShape, layer_stages
+
+    shape = LayerShape(T=131072, K=5120, N=8192, E=8, top_k=1)
+    total = sum((s.cost for s in layer_stages("fp8_rowwise", shape, fuse=True)), Cost(0, 0))
+    assert total.flops == 99_084_895_518_720 and total.precision == "fp8"
+    h200 = spec("h200", "H200 SXM", 4.8, 989.0, 1979.0, None)
+    floor = roofline.floor_us(total, h200)
+    assert floor == pytest.approx(99_084_895_518_720 / 1979e6)
+    assert roofline.below_floor(99.3e3, total, h200) is None
+    assert "below the roofline floor" in roofline.below_floor(floor / 2, total, h200)
