@@ -60,7 +60,16 @@ FP8_CONFIGS = [None, R(1, 32), R(2, 8), R(2, 8, block_rows=1), R(4, 8), R(4, 4),
 FP8_ALONE_CONFIGS = [None, R(16, 4, block_rows=1), R(64, 4, block_rows=1), R(16, 4, block_rows=2), R(64, 4, block_rows=2),
                      R(16, 8, block_rows=4), R(64, 8, block_rows=4), R(32, 2, block_rows=1), R(8, 8, block_rows=1),
                      R(2, 8)]  # fmt: skip
+# MXFP8's SwiGLU backward in the halves lane order (whole rows; moe_fused.HalvesConfig): rows a program x warps.
+MX_HALVES_CONFIGS = [moe_fused.HalvesConfig(r, w) for r, w in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (1, 2), (4, 4))]
 CONFIGS = {"fp8": FP8_CONFIGS, "fp8_alone": FP8_ALONE_CONFIGS, "mxfp8": MX_CONFIGS}
+
+
+def configs_of(call: str) -> list:
+    """The candidate launches of a case's call ("<producer>+<recipe>")."""
+    producer, recipe = call.split("+")
+    extra = MX_HALVES_CONFIGS if (producer, recipe) == ("swiglu_bwd", "mxfp8") else []
+    return CONFIGS[recipe] + extra
 
 
 def layout(K: int, E: int, top_k: int, tokens: int):
@@ -163,7 +172,7 @@ def _warm(args, shapes, recipes, only) -> None:
     i, j = (int(v) for v in args.warm_part.split("/"))
     k = 0
     for call, shape, _producer, _quant, fused, _cost, _grouped in cases(only, shapes, recipes):
-        for c in CONFIGS[call.split("+")[1]]:
+        for c in configs_of(call):
             if k % j == i:
                 try:
                     fused(c)
@@ -211,7 +220,7 @@ def main() -> None:
         chain_us = (time_fn(producer, samples=s.args.samples).median_us
                     + time_fn(lambda t=made, q=quant: q(t), samples=s.args.samples).median_us)  # fmt: skip
         print(f"{call:22} {shape:17} chain {chain_us:9.1f} us ({cost.bytes / 1e6:.0f} MB fused)", flush=True)
-        configs = CONFIGS[call.split("+")[1]]
+        configs = configs_of(call)
         for c in configs:
             if time.monotonic() - s.t0 > s.args.budget_s:
                 skipped.append((call, shape, str(c)))

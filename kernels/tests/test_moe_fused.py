@@ -92,6 +92,29 @@ def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
         assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "floor", config=config), chain)
 
 
+@pytest.mark.parametrize("ends", OFFS)
+@pytest.mark.parametrize("N", [64, 192])
+def test_swiglu_backward_quantize_mxfp8_in_halves_is_the_chain(poisoned_empty, ends, N):
+    # Each column computed once for both halves (HalvesConfig; the default where 2N is a multiple of 128): N = 192
+    # takes 512-lane rows whose halves end 64 lanes early (masked lanes, masked scale blocks); 32-row (the
+    # interpreter's default) and 8-row programs over the groups' 128-row scale blocks, an empty group and the tail
+    # rows past the last end. (Fewer rows a program cost the interpreter its time, not the test a case.)
+    g, h1, h3 = swiglu_inputs(N=N)
+    offs = offsets(ends)
+    (grad_h,) = swiglu.swiglu_backward(g, h1, h3, packed=True)
+    chain = (grad_h, *quantize_blocked.quantize_dim0_blocked(grad_h, offs, "rceil"))
+    for config in (None, mf.HalvesConfig(8, 2)):
+        assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "rceil", config=config), chain)
+
+
+def test_the_halves_launch_refuses_widths_it_cannot_lay_out():
+    g, h1, h3 = swiglu_inputs(M=40, N=48)  # 2N = 96: a 32-block would straddle the halves
+    with pytest.raises(InputError, match="multiple of 128"):
+        mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offsets([40]), config=mf.HalvesConfig())
+    with pytest.raises(InputError, match="at most 128"):
+        mf.HalvesConfig(block_rows=256)
+
+
 @pytest.mark.parametrize("ends", [*FP8_OFFS, [0, 36, 72]])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_gather_quantize_fp8_is_the_chain(poisoned_empty, ends, weighted):

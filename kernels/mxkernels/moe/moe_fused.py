@@ -28,12 +28,17 @@ the unfused quantizer's are not. Launches: the quantizers' configs, passed as ``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import triton
 
 from ..core.block_math import Producer
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE
-from ..core.runtime import INTERPRET, check_config, check_group_offsets, check_multiple, default_launch
+from ..core.runtime import (INTERPRET, InputError, check_config, check_fields_power_of_two, check_group_offsets,
+                            check_multiple, default_launch)  # fmt: skip
+from ..layouts.scale_layout import TILE_ROWS
 from ..quant import fp8_amax, quantize, quantize_blocked
 from . import swiglu
 from .moe_rows import check_gather, gather_producer, gather_weighted_cost
@@ -73,12 +78,41 @@ FP8_BACKWARD_ROWS_ALONE = ((8192, FP8_ALONE), (fp8_amax.MAX_COLS, FP8_SWIGLU_BWD
 _FP8_INTERPRETED = fp8_amax.AmaxRowsConfig(programs_per_sm=1)
 
 
-def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer):
+@dataclass(frozen=True)
+class HalvesConfig:
+    """A launch of the MXFP8 rows kernel in its HALVES lane order (``swiglu_backward_quantize_mxfp8``): whole rows,
+    so the tile's columns follow from the width (the next power of two of 2N)."""
+
+    # Rows a program quantizes, a power of two (at most a 128-row block of the scales).
+    block_rows: int = 1
+    num_warps: int = 4
+
+    def __post_init__(self):
+        check_fields_power_of_two(self, "block_rows", "num_warps")
+        if self.block_rows > TILE_ROWS:
+            raise InputError(f"HalvesConfig.block_rows must be at most {TILE_ROWS}, got {self.block_rows}")
+
+    def rows_config(self, cols: int) -> quantize.RowsConfig:
+        return quantize.RowsConfig(tile=(self.block_rows, max(triton.next_power_of_2(cols), 64)),
+                                   num_warps=self.num_warps)  # fmt: skip
+
+
+# SwiGLU's backward in MXFP8, computing each column once for both halves: one row a program, 4 warps, as the FP8 call
+# without a table launches (not yet measured for MXFP8; scripts/tune_layer_fused.py --recipes mxfp8). Under the
+# interpreter, 32 rows a program (its time is its program count).
+MX_HALVES = HalvesConfig(1, 4)
+# The widths it takes: each half whole 32-blocks, and the blocked scales' columns (a multiple of 4) all blocks of the
+# row, so the kernel writes no padding scale column.
+_HALVES_MULTIPLE = 4 * BLOCK_SIZE
+_MX_HALVES_INTERPRETED = HalvesConfig(32, 4)
+
+
+def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer, halves: bool = False):
     check_multiple("the output", out.shape[1], BLOCK_SIZE, "its width (the blocked dim)")
     offs = check_group_offsets(offs, out, out.shape[0])
     check_config("config", config, quantize.RowsConfig)
-    q, s = quantize._quantize_rows(out, mode, config or _MX_LAUNCH, "m_groups", offs=offs,
-                                   producer=producer)  # fmt: skip
+    q, s = quantize._quantize_rows(out, mode, config or _MX_LAUNCH, "m_groups", offs=offs, producer=producer,
+                                   halves=halves)  # fmt: skip
     return out, q, s
 
 
@@ -134,11 +168,24 @@ def swiglu_quantize_mxfp8(h1, h3, offs, mode="rceil", *, config: quantize.RowsCo
     return _mxfp8(out, offs, mode, config, producer)
 
 
-def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *, config: quantize.RowsConfig | None = None):
+def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *,
+                                   config: quantize.RowsConfig | HalvesConfig | None = None):  # fmt: skip
     """(grad_h, gh_q, gh_sb): ``(grad_h,) = swiglu.swiglu_backward(grad_act, h1, h3, packed=True)`` (M, 2N) bf16 and
-    ``quantize_dim0_blocked(grad_h, offs, mode)``. 2N a multiple of 32."""
+    ``quantize_dim0_blocked(grad_h, offs, mode)``. 2N a multiple of 32. ``config``: a ``HalvesConfig`` (each column
+    computed once for both halves; 2N a multiple of 128) or a ``RowsConfig`` (column tiles, each half's lanes
+    computed apart); None: ``MX_HALVES`` where 2N is a multiple of 128, else ``MX_FUSED``."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
-    return _mxfp8(out, offs, mode, config, producer)
+    width = out.shape[1]
+    check_config("config", config, (quantize.RowsConfig, HalvesConfig))
+    if config is None and width % _HALVES_MULTIPLE == 0:
+        config = _MX_HALVES_INTERPRETED if INTERPRET else MX_HALVES
+    if not isinstance(config, HalvesConfig):
+        return _mxfp8(out, offs, mode, config, producer)
+    if width % _HALVES_MULTIPLE:
+        raise InputError(f"the halves launch takes 2N a multiple of {_HALVES_MULTIPLE} (each half whole 32-blocks, "
+                         f"and no padding columns in the blocked scales), got 2N = {width}; pass a RowsConfig")  # fmt: skip
+    halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
+    return _mxfp8(out, offs, mode, config.rows_config(width), halves, halves=True)
 
 
 # ---- FP8 rowwise: the bf16 tensor, its e4m3 data, row scales (M,) and the (G, C) column amax table ------------

@@ -103,6 +103,7 @@ def _quantize_rows_kernel(
     x_ptr, q_ptr, s_ptr, offs_ptr, n_rows, n_cols, G, group_rows, s_cols, p_a, p_b, p_c, p_sa, p_sb,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, EVEN: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr,
     SCALES: tl.constexpr, BLOCK_G: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr, TAIL: tl.constexpr,
+    HALVES: tl.constexpr = False,
 ):  # fmt: skip
     """x (n_rows, n_cols) bf16/fp32 row-major, 32-blocks along each row -> q (n_rows, n_cols) e4m3 bytes, row-major,
     and the scale bytes. EVEN: no masks (the tiles divide every dim they walk).
@@ -117,9 +118,16 @@ def _quantize_rows_kernel(
     The tile comes from PRODUCE (``block_math.load_rows``' signature, its arguments p_*, VARIANT): the load of x,
     or a fused stage's producer that computes the tile and writes it to x. TAIL (M-groups, with a producer): the
     buffer's tail blocks also take the rows past offs[-1], in no group, so the producer writes every row of x;
-    they are quantized as zeros and their q rows are not written, as the unfused quantizer's are not."""
+    they are quantized as zeros and their q rows are not written, as the unfused quantizer's are not.
+
+    HALVES (M-groups, whole rows: BLOCK_C / 2 >= n_cols / 2, each half a whole number of 32-blocks, and as many
+    blocks as the buffer has scale columns): the tile holds a row of two halves as two halves of BLOCK_C / 2 lanes
+    (lane j of the second at column n_cols / 2 + j), for a producer that computes both halves of a column at once
+    (``swiglu.swiglu_backward_halves_producer``); every 32-lane block is still 32 consecutive columns."""
     pid = tl.program_id(0)
-    if SCALES == _STRIDED:
+    if HALVES:
+        n_col_tiles = 1
+    elif SCALES == _STRIDED:
         n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
     else:
         n_col_tiles = tl.cdiv(s_cols * _BLOCK, BLOCK_C)
@@ -143,24 +151,38 @@ def _quantize_rows_kernel(
         rows = tile_row + r
         valid = rows < n_rows
         made = valid
-    cols = (pid % n_col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
+    if HALVES:
+        lane = tl.arange(0, BLOCK_C)
+        upper = lane >= BLOCK_C // 2
+        j = tl.where(upper, lane - BLOCK_C // 2, lane)
+        col_ok = j < n_cols // 2
+        cols = tl.where(upper, j + n_cols // 2, j)
+    else:
+        cols = (pid % n_col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
+        col_ok = cols < n_cols
     offs = rows[:, None] * n_cols + cols[None, :]
-    mask = valid[:, None] & (cols[None, :] < n_cols)
+    mask = valid[:, None] & col_ok[None, :]
 
-    x = PRODUCE(x_ptr + offs, rows, made, cols, cols < n_cols, n_cols, p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN, EXACT)
+    x = PRODUCE(x_ptr + offs, rows, made, cols, col_ok, n_cols, p_a, p_b, p_c, p_sa, p_sb, VARIANT, EVEN, EXACT)
     if TAIL:
         x = tl.where(valid[:, None], x, 0.0)
     q, scale = quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)
     masked_store(q_ptr + offs, tl.reshape(q, (BLOCK_R, BLOCK_C)), mask, EVEN)
 
     blocks = (pid % n_col_tiles) * (BLOCK_C // _BLOCK) + tl.arange(0, BLOCK_C // _BLOCK)
+    block_ok = blocks < s_cols
+    if HALVES:  # the blocks of each half: those of the columns its lanes hold
+        HALF_BLOCKS: tl.constexpr = BLOCK_C // (2 * _BLOCK)
+        jb = tl.where(blocks >= HALF_BLOCKS, blocks - HALF_BLOCKS, blocks)
+        block_ok = jb < n_cols // (2 * _BLOCK)
+        blocks = tl.where(blocks >= HALF_BLOCKS, jb + n_cols // (2 * _BLOCK), jb)
     if SCALES == _STRIDED:
         n_blocks = n_cols // _BLOCK
         s_mask = valid[:, None] & (blocks[None, :] < n_blocks)
         masked_store(s_ptr + rows[:, None] * n_blocks + blocks[None, :], scale, s_mask, EVEN)
     else:
         dest = blocked_byte((tile_row + r)[:, None], blocks[None, :], s_cols)
-        masked_store(s_ptr + dest, scale, (blocks < s_cols)[None, :], EVEN)
+        masked_store(s_ptr + dest, scale, block_ok[None, :], EVEN)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -175,11 +197,13 @@ def _quantize_rows(
     offs: torch.Tensor | None = None,
     group_rows: int = 0,
     producer: Producer | None = None,
+    halves: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the rows kernel on a validated row-major (R, C) matrix: q (R, C) e4m3 and the scales (e8m0) by
     ``scales``: "row_major" (R, C/32); "m_groups", the blocked buffer of the groups of rows that ``offs`` ends
     (``layouts.m_groups_shape``); "3d", the blocked buffer of R / group_rows experts (``layouts.blocked_3d_shape``).
-    ``producer`` (M-groups only): x is the bf16 output the producer writes, every row of it (``moe_fused``)."""
+    ``producer`` (M-groups only): x is the bf16 output the producer writes, every row of it (``moe_fused``);
+    ``halves``: its tile in the kernel's HALVES lane order, whole rows (``config``'s columns at least C)."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     R, C = x.shape
     config = fit_interpreted(config, INTERPRETER_ROWS, R, C)
@@ -204,6 +228,11 @@ def _quantize_rows(
         s_cols = shape[-1]
         grid_rows, width = s.numel() // s_cols, s_cols * BLOCK_SIZE
         even = scales == "3d" and group_rows % TILE_ROWS == 0 and C == width and C % tc == 0
+    if halves:
+        if scales != "m_groups" or tc < C or (C // 2) % BLOCK_SIZE or s_cols != Cb:
+            raise InputError(f"the halves lane order takes M-groups scales of whole rows, each half of {C} columns "
+                             f"a number of 32-blocks and {s_cols} scale columns its blocks; tile {config.tile}")  # fmt: skip
+        width, even = tc, False
     grid = (triton.cdiv(grid_rows, tr) * triton.cdiv(width, tc),)
     args, produce = producer_args(producer, x)
     # A producer's arithmetic rounds every operation as its unfused kernel does: no FMA contraction.
@@ -212,7 +241,8 @@ def _quantize_rows(
         _quantize_rows_kernel[grid](
             x, q.view(torch.uint8), s, offs if offs is not None else s, R, C, G, group_rows, s_cols, *args,
             BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, SCALES=kind,
-            BLOCK_G=triton.next_power_of_2(G), TAIL=producer is not None, num_warps=num_warps, **produce, **fusion,
+            BLOCK_G=triton.next_power_of_2(G), TAIL=producer is not None, HALVES=halves, num_warps=num_warps, **produce,
+            **fusion,
         )  # fmt: skip
     elif s.numel():
         s.zero_()  # no data: every scale byte is padding
