@@ -295,7 +295,7 @@ def test_producer_arithmetic_compiles_without_fma(producer):
                  "p_sa": "i32", "p_sb": "i32"}  # fmt: skip
     constexprs = {"BLOCK_R": 32, "BLOCK_C": 512, "EVEN": False, "RCEIL": True, "EXACT": False, "SCALES": 1,
                   "BLOCK_G": 8, "PRODUCE": {"jit": f"mxkernels.moe.swiglu:{producer}"}, "VARIANT": False,
-                  "TAIL": True}  # fmt: skip
+                  "TAIL": True, "HALVES": False}  # fmt: skip
     signature.update({name: "constexpr" for name in constexprs})
     ptx = {fusion: compile_ptx("mxkernels.quant.quantize", "_quantize_rows_kernel", signature, constexprs, 90,
                                options={"enable_fp_fusion": fusion}) for fusion in (False, True)}  # fmt: skip

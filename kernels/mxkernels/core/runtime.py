@@ -72,6 +72,12 @@ def default_launch(measured, interpreted):
     return interpreted if INTERPRET else measured
 
 
+def launch_by_width(table, cols: int):
+    """The launch of the first class of ``table`` ((widest row, launch) pairs, narrowest first) that rows of ``cols``
+    fit; None past the widest."""
+    return next((config for widest, config in table if cols <= widest), None)
+
+
 def fit_interpreted(config, default, rows: int, cols: int):
     """``config`` with its tile shrunk to a (rows, cols) matrix smaller than it (powers of two, at least 32 each)
     when it is ``default``, the interpreter's own default launch, and the interpreter runs; otherwise ``config``

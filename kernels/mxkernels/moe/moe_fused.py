@@ -37,7 +37,7 @@ from ..core.block_math import Producer
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE
 from ..core.runtime import (INTERPRET, InputError, check_config, check_fields_power_of_two, check_group_offsets,
-                            check_multiple, default_launch)  # fmt: skip
+                            check_multiple, default_launch, launch_by_width)  # fmt: skip
 from ..layouts.scale_layout import TILE_ROWS
 from ..quant import fp8_amax, quantize, quantize_blocked
 from . import swiglu
@@ -66,7 +66,7 @@ FP8_NARROW = fp8_amax.AmaxRowsConfig(programs_per_sm=16, num_warps=4, block_rows
 FP8_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=8)
 FP8_SWIGLU_BWD = fp8_amax.AmaxRowsConfig(programs_per_sm=32, num_warps=4, block_rows=1)
 FP8_SWIGLU_BWD_WIDE = fp8_amax.AmaxRowsConfig(programs_per_sm=2, num_warps=16)
-# The launch classes by row width (``fp8_amax.by_width``).
+# The launch classes by row width (``runtime.launch_by_width``).
 FP8_ROWS = ((4096, FP8_NARROW), (fp8_amax.MAX_COLS, FP8_WIDE))  # the gather and SwiGLU
 FP8_BACKWARD_ROWS = ((4096, FP8_SWIGLU_BWD), (8192, FP8_WIDE), (fp8_amax.MAX_COLS, FP8_SWIGLU_BWD_WIDE))
 # Without the table (offs None) nothing is folded per program: 64 4-warp one-row programs an SM (a grid in waves, as
@@ -97,10 +97,11 @@ class HalvesConfig:
                                    num_warps=self.num_warps)  # fmt: skip
 
 
-# SwiGLU's backward in MXFP8, computing each column once for both halves: one row a program, 4 warps, as the FP8 call
-# without a table launches (not yet measured for MXFP8; scripts/tune_layer_fused.py --recipes mxfp8). Under the
-# interpreter, 32 rows a program (its time is its program count).
-MX_HALVES = HalvesConfig(1, 4)
+# SwiGLU's backward in MXFP8, computing each column once for both halves: one row a program, two warps up to
+# 2048-wide rows, four above (the best or within 1% of it at each width measured, 1536-5760, on an H200:
+# tune_layer_fused --recipes mxfp8 --only swiglu_bwd; numbers in docs/perf-log.md). Under the interpreter, 32 rows a
+# program (its time is its program count).
+MX_HALVES_ROWS = ((2048, HalvesConfig(1, 2)), (2**30, HalvesConfig(1, 4)))
 # The widths it takes: each half whole 32-blocks, and the blocked scales' columns (a multiple of 4) all blocks of the
 # row, so the kernel writes no padding scale column.
 _HALVES_MULTIPLE = 4 * BLOCK_SIZE
@@ -119,7 +120,7 @@ def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Produc
 def _fp8_launch(table, cols: int) -> fp8_amax.AmaxRowsConfig | None:
     """The FP8 default for rows of ``cols``: its class in ``table``; under the interpreter (whose time is its
     program count) one program an SM."""
-    return _FP8_INTERPRETED if INTERPRET else fp8_amax.by_width(table, cols)
+    return _FP8_INTERPRETED if INTERPRET else launch_by_width(table, cols)
 
 
 def _fp8(out: torch.Tensor, offs: torch.Tensor | None, config, producer: Producer, halves: bool = False):
@@ -173,12 +174,12 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *,
     """(grad_h, gh_q, gh_sb): ``(grad_h,) = swiglu.swiglu_backward(grad_act, h1, h3, packed=True)`` (M, 2N) bf16 and
     ``quantize_dim0_blocked(grad_h, offs, mode)``. 2N a multiple of 32. ``config``: a ``HalvesConfig`` (each column
     computed once for both halves; 2N a multiple of 128) or a ``RowsConfig`` (column tiles, each half's lanes
-    computed apart); None: ``MX_HALVES`` where 2N is a multiple of 128, else ``MX_FUSED``."""
+    computed apart); None: its class of ``MX_HALVES_ROWS`` where 2N is a multiple of 128, else ``MX_FUSED``."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
     width = out.shape[1]
     check_config("config", config, (quantize.RowsConfig, HalvesConfig))
     if config is None and width % _HALVES_MULTIPLE == 0:
-        config = _MX_HALVES_INTERPRETED if INTERPRET else MX_HALVES
+        config = _MX_HALVES_INTERPRETED if INTERPRET else launch_by_width(MX_HALVES_ROWS, width)
     if not isinstance(config, HalvesConfig):
         return _mxfp8(out, offs, mode, config, producer)
     if width % _HALVES_MULTIPLE:

@@ -50,6 +50,7 @@ from ..core.runtime import (
     check_same_device,
     check_shape,
     check_tensor,
+    launch_by_width,
     sm_count,
 )
 from ..layouts.padding import pick
@@ -208,12 +209,6 @@ WEIGHT_ROWS_DEFAULTS = ((2048, AmaxRowsConfig(programs_per_sm=6, num_warps=4)),
                         (MAX_COLS, WIDE_ROWS_CONFIG))  # fmt: skip
 
 
-def by_width(table, cols: int) -> AmaxRowsConfig | None:
-    """The launch of the first class of ``table`` ((widest row, launch) pairs, narrowest first) that rows of ``cols``
-    fit; None past the widest."""
-    return next((config for widest, config in table if cols <= widest), None)
-
-
 # The second quantization, the strips kernel's pass 2 alone: k_groups as the unfused k_groups launch (64-column
 # strips of 512-row chunks; its ``split`` plays no part), 3D along N (shorter groups) in 256-row chunks of 64-row
 # steps, 4 warps (faster than 128-row chunks at every fine-grained weight and DeepSeek-V3's in the fine_amax sweep).
@@ -281,7 +276,7 @@ def quantize_fp8_rowwise_3d_with_amax(
     if G > MAX_GROUPS:
         raise InputError(f"w must hold at most {MAX_GROUPS} experts (dim 0), got {G}")
     if not INTERPRET:  # the interpreter's time is its program count: keep its two programs an SM
-        config = config or by_width(WEIGHT_ROWS_DEFAULTS, K)
+        config = config or launch_by_width(WEIGHT_ROWS_DEFAULTS, K)
     q, scale, amax = _rows_with_amax(w.view(G * N, K), None, G, max(N, 1), config)
     return q.view(G, N, K), scale.view(G, N), amax
 

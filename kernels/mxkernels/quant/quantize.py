@@ -103,7 +103,7 @@ def _quantize_rows_kernel(
     x_ptr, q_ptr, s_ptr, offs_ptr, n_rows, n_cols, G, group_rows, s_cols, p_a, p_b, p_c, p_sa, p_sb,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, EVEN: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr,
     SCALES: tl.constexpr, BLOCK_G: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr, TAIL: tl.constexpr,
-    HALVES: tl.constexpr = False,
+    HALVES: tl.constexpr,
 ):  # fmt: skip
     """x (n_rows, n_cols) bf16/fp32 row-major, 32-blocks along each row -> q (n_rows, n_cols) e4m3 bytes, row-major,
     and the scale bytes. EVEN: no masks (the tiles divide every dim they walk).
