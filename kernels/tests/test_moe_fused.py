@@ -81,30 +81,20 @@ def test_swiglu_quantize_mxfp8_is_the_chain(poisoned_empty, ends, packed):
 
 
 @pytest.mark.parametrize("ends", OFFS)
-@pytest.mark.parametrize("N", [64, 48])
+@pytest.mark.parametrize("N", [64, 48, 192])
 def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
-    # N = 48: 2N = 96, so a 64-column tile straddles the two halves.
+    # N = 48: 2N = 96, so a 64-column tile straddles the two halves (no halves launch: the column-tiled default).
+    # 2N a multiple of 128: the halves launch too (HalvesConfig, the default there), each column computed once for
+    # both halves; N = 192 takes 512-lane rows whose halves end 64 lanes early (masked lanes, masked scale blocks);
+    # 32-row (the interpreter's default) and 8-row programs over the groups' 128-row scale blocks, an empty group and
+    # the tail rows past the last end. (Fewer rows a program cost the interpreter time, not the test a case.)
     g, h1, h3 = swiglu_inputs(N=N)
     offs = offsets(ends)
     (grad_h,) = swiglu.swiglu_backward(g, h1, h3, packed=True)
     chain = (grad_h, *quantize_blocked.quantize_dim0_blocked(grad_h, offs, "floor"))
-    for config in MX_CONFIGS:
+    halves = [mf.HalvesConfig(8, 2)] if 2 * N % 128 == 0 else []
+    for config in [*MX_CONFIGS, *halves]:
         assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "floor", config=config), chain)
-
-
-@pytest.mark.parametrize("ends", OFFS)
-@pytest.mark.parametrize("N", [64, 192])
-def test_swiglu_backward_quantize_mxfp8_in_halves_is_the_chain(poisoned_empty, ends, N):
-    # Each column computed once for both halves (HalvesConfig; the default where 2N is a multiple of 128): N = 192
-    # takes 512-lane rows whose halves end 64 lanes early (masked lanes, masked scale blocks); 32-row (the
-    # interpreter's default) and 8-row programs over the groups' 128-row scale blocks, an empty group and the tail
-    # rows past the last end. (Fewer rows a program cost the interpreter its time, not the test a case.)
-    g, h1, h3 = swiglu_inputs(N=N)
-    offs = offsets(ends)
-    (grad_h,) = swiglu.swiglu_backward(g, h1, h3, packed=True)
-    chain = (grad_h, *quantize_blocked.quantize_dim0_blocked(grad_h, offs, "rceil"))
-    for config in (None, mf.HalvesConfig(8, 2)):
-        assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "rceil", config=config), chain)
 
 
 def test_the_halves_launch_refuses_widths_it_cannot_lay_out():
