@@ -23,7 +23,9 @@ No kernel here: the quantizers' rows kernels (``quantize._quantize_rows_kernel``
 unfused kernel, writes it to the bf16 output and hands it to the quantizer, so both outputs are those of the chain,
 bit for bit. The MXFP8 kernel walks the blocked buffer's rows; the rows past ``offs[-1]`` (in no group) ride in the
 buffer's tail, which has room for them, so every row of the bf16 tensor is written, while their q rows are not, as
-the unfused quantizer's are not. Launches: the quantizers' configs, passed as ``config=``.
+the unfused quantizer's are not. SwiGLU's backward takes ``swiglu.swiglu_backward_halves_producer`` in both
+recipes' kernels (their HALVES lane order: each input column read, and its sigmoid computed, once for both halves of a
+row). Launches: the quantizers' configs, passed as ``config=`` (MXFP8's backward also a ``HalvesConfig``).
 """
 
 from __future__ import annotations
