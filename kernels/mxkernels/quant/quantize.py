@@ -66,6 +66,7 @@ from ..core.runtime import (
 )
 
 IN_DTYPES = (torch.bfloat16, torch.float32)
+_ROWS_BLOCK = tl.constexpr(TILE_ROWS)  # rows of a blocked buffer's scale block
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Launch configurations
@@ -123,27 +124,57 @@ def _quantize_rows_kernel(
     HALVES (M-groups, whole rows: BLOCK_C / 2 >= n_cols / 2, each half a whole number of 32-blocks, and as many
     blocks as the buffer has scale columns): the tile holds a row of two halves as two halves of BLOCK_C / 2 lanes
     (lane j of the second at column n_cols / 2 + j), for a producer that computes both halves of a column at once
-    (``swiglu.swiglu_backward_halves_producer``); every 32-lane block is still 32 consecutive columns."""
+    (``swiglu.swiglu_backward_halves_producer``); every 32-lane block is still 32 consecutive columns. A program then
+    walks a whole 128-row block, BLOCK_R rows a step."""
     pid = tl.program_id(0)
-    if HALVES:
+    if HALVES:  # a program walks a whole 128-row block of the scales, BLOCK_R rows a step
         n_col_tiles = 1
+        tile_row = pid.to(tl.int64) * _ROWS_BLOCK
     elif SCALES == _STRIDED:
         n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
+        tile_row = (pid // n_col_tiles).to(tl.int64) * BLOCK_R
     else:
         n_col_tiles = tl.cdiv(s_cols * _BLOCK, BLOCK_C)
-    tile_row = (pid // n_col_tiles).to(tl.int64) * BLOCK_R
+        tile_row = (pid // n_col_tiles).to(tl.int64) * BLOCK_R
+    col_tile = pid % n_col_tiles
+    # Where the tile's 128-row block takes its rows from: looked up once a program (with HALVES, once for the block's
+    # 128 / BLOCK_R steps: each lookup loads and reduces the G group ends).
+    first, n_data, tail_first, n_tail = 0, 0, 0, 0
+    if SCALES == _M_GROUPS:
+        first, n_data = m_groups_rows(offs_ptr, G, n_rows, tile_row // _ROWS_BLOCK, BLOCK_G)
+        if TAIL:
+            tail_first, n_tail = m_groups_tail(offs_ptr, G, n_rows, tile_row // _ROWS_BLOCK, BLOCK_G)
+    if HALVES:
+        for step in range(0, _ROWS_BLOCK, BLOCK_R):
+            _rows_tile(x_ptr, q_ptr, s_ptr, n_rows, n_cols, group_rows, s_cols, p_a, p_b, p_c, p_sa, p_sb,
+                       tile_row + step, col_tile, first, n_data, tail_first, n_tail, BLOCK_R, BLOCK_C, EVEN, RCEIL,
+                       EXACT, SCALES, PRODUCE, VARIANT, TAIL, HALVES)  # fmt: skip
+    else:
+        _rows_tile(x_ptr, q_ptr, s_ptr, n_rows, n_cols, group_rows, s_cols, p_a, p_b, p_c, p_sa, p_sb, tile_row,
+                   col_tile, first, n_data, tail_first, n_tail, BLOCK_R, BLOCK_C, EVEN, RCEIL, EXACT, SCALES, PRODUCE,
+                   VARIANT, TAIL, HALVES)  # fmt: skip
+
+
+@triton.jit
+def _rows_tile(
+    x_ptr, q_ptr, s_ptr, n_rows, n_cols, group_rows, s_cols, p_a, p_b, p_c, p_sa, p_sb, tile_row, col_tile, first,
+    n_data, tail_first, n_tail, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, EVEN: tl.constexpr,
+    RCEIL: tl.constexpr, EXACT: tl.constexpr, SCALES: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr,
+    TAIL: tl.constexpr, HALVES: tl.constexpr,
+):  # fmt: skip
+    """One BLOCK_R x BLOCK_C tile of ``_quantize_rows_kernel``: rows from ``tile_row`` of the walk (M-groups: of the
+    128-row block whose source rows ``first``, ``n_data`` and tail rows ``tail_first``, ``n_tail`` are given),
+    column tile ``col_tile``."""
     r = tl.arange(0, BLOCK_R)
     if SCALES == _M_GROUPS:
-        first, n_data = m_groups_rows(offs_ptr, G, n_rows, tile_row // 128, BLOCK_G)
-        local = tile_row % 128 + r
+        local = tile_row % _ROWS_BLOCK + r
         rows, valid = first + local, local < n_data
         made = valid
         if TAIL:
-            tail_first, n_tail = m_groups_tail(offs_ptr, G, n_rows, tile_row // 128, BLOCK_G)
             rows = tl.where(n_tail > 0, tail_first + local, rows)
             made = valid | (local < n_tail)
     elif SCALES == _BLOCKED_3D:
-        image = tl.cdiv(group_rows, 128) * 128
+        image = tl.cdiv(group_rows, _ROWS_BLOCK) * _ROWS_BLOCK
         local = tile_row % image + r
         rows, valid = (tile_row // image) * group_rows + local, local < group_rows
         made = valid
@@ -158,7 +189,7 @@ def _quantize_rows_kernel(
         col_ok = j < n_cols // 2
         cols = tl.where(upper, j + n_cols // 2, j)
     else:
-        cols = (pid % n_col_tiles) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cols = col_tile * BLOCK_C + tl.arange(0, BLOCK_C)
         col_ok = cols < n_cols
     offs = rows[:, None] * n_cols + cols[None, :]
     mask = valid[:, None] & col_ok[None, :]
@@ -169,7 +200,7 @@ def _quantize_rows_kernel(
     q, scale = quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)
     masked_store(q_ptr + offs, tl.reshape(q, (BLOCK_R, BLOCK_C)), mask, EVEN)
 
-    blocks = (pid % n_col_tiles) * (BLOCK_C // _BLOCK) + tl.arange(0, BLOCK_C // _BLOCK)
+    blocks = col_tile * (BLOCK_C // _BLOCK) + tl.arange(0, BLOCK_C // _BLOCK)
     block_ok = blocks < s_cols
     if HALVES:  # the blocks of each half: those of the columns its lanes hold
         HALF_BLOCKS: tl.constexpr = BLOCK_C // (2 * _BLOCK)
@@ -233,7 +264,8 @@ def _quantize_rows(
             raise InputError(f"the halves lane order takes M-groups scales of whole rows, each half of {C} columns "
                              f"a number of 32-blocks and {s_cols} scale columns its blocks; tile {config.tile}")  # fmt: skip
         width, even = tc, False
-    grid = (triton.cdiv(grid_rows, tr) * triton.cdiv(width, tc),)
+    # HALVES: a program a 128-row block (the kernel walks its rows); otherwise a program a tile.
+    grid = (triton.cdiv(grid_rows, TILE_ROWS) if halves else triton.cdiv(grid_rows, tr) * triton.cdiv(width, tc),)
     args, produce = producer_args(producer, x)
     # A producer's arithmetic rounds every operation as its unfused kernel does: no FMA contraction.
     fusion = {"enable_fp_fusion": False} if producer else {}
