@@ -61,7 +61,8 @@ FP8_ALONE_CONFIGS = [None, R(16, 4, block_rows=1), R(64, 4, block_rows=1), R(16,
                      R(16, 8, block_rows=4), R(64, 8, block_rows=4), R(32, 2, block_rows=1), R(8, 8, block_rows=1),
                      R(2, 8)]  # fmt: skip
 # MXFP8's SwiGLU backward in the halves lane order (whole rows; moe_fused.HalvesConfig): rows a program x warps.
-MX_HALVES_CONFIGS = [moe_fused.HalvesConfig(r, w) for r, w in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (1, 2), (4, 4))]
+MX_HALVES_CONFIGS = [*(moe_fused.HalvesConfig(r, w) for r, w in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (1, 2), (4, 4))),
+                     *(moe_fused.HalvesConfig(r, w, walk=False) for r, w in ((1, 4), (1, 2)))]  # fmt: skip
 CONFIGS = {"fp8": FP8_CONFIGS, "fp8_alone": FP8_ALONE_CONFIGS, "mxfp8": MX_CONFIGS}
 
 

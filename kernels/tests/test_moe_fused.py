@@ -86,13 +86,14 @@ def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
     # N = 48: 2N = 96, so a 64-column tile straddles the two halves (no halves launch: the column-tiled default).
     # 2N a multiple of 128: the halves launch too (HalvesConfig, the default there), each column computed once for
     # both halves; N = 192 takes 512-lane rows whose halves end 64 lanes early (masked lanes, masked scale blocks);
-    # 32-row (the interpreter's default) and 8-row programs over the groups' 128-row scale blocks, an empty group and
-    # the tail rows past the last end. (Fewer rows a program cost the interpreter time, not the test a case.)
+    # programs walking each 128-row scale block in 32-row (the interpreter's default) or 8-row steps, and 8-row
+    # programs of one tile, over an empty group and the tail rows past the last end. (Fewer rows a program cost the
+    # interpreter time, not the test a case.)
     g, h1, h3 = swiglu_inputs(N=N)
     offs = offsets(ends)
     (grad_h,) = swiglu.swiglu_backward(g, h1, h3, packed=True)
     chain = (grad_h, *quantize_blocked.quantize_dim0_blocked(grad_h, offs, "floor"))
-    halves = [mf.HalvesConfig(8, 2)] if 2 * N % 128 == 0 else []
+    halves = [mf.HalvesConfig(8, 2), mf.HalvesConfig(8, 2, walk=False)] if 2 * N % 128 == 0 else []
     for config in [*MX_CONFIGS, *halves]:
         assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "floor", config=config), chain)
 
@@ -285,7 +286,7 @@ def test_producer_arithmetic_compiles_without_fma(producer):
                  "p_sa": "i32", "p_sb": "i32"}  # fmt: skip
     constexprs = {"BLOCK_R": 32, "BLOCK_C": 512, "EVEN": False, "RCEIL": True, "EXACT": False, "SCALES": 1,
                   "BLOCK_G": 8, "PRODUCE": {"jit": f"mxkernels.moe.swiglu:{producer}"}, "VARIANT": False,
-                  "TAIL": True, "HALVES": False}  # fmt: skip
+                  "TAIL": True, "HALVES": False, "WALK": False}  # fmt: skip
     signature.update({name: "constexpr" for name in constexprs})
     ptx = {fusion: compile_ptx("mxkernels.quant.quantize", "_quantize_rows_kernel", signature, constexprs, 90,
                                options={"enable_fp_fusion": fusion}) for fusion in (False, True)}  # fmt: skip

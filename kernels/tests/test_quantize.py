@@ -411,9 +411,11 @@ _COMMON_SIG = {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "offs_ptr": "*i
 _CONSTEXPR_SIG = {name: "constexpr" for name in ("BLOCK_R", "BLOCK_C", "EVEN", "RCEIL", "EXACT")}
 _ROWS_SIG = {**_COMMON_SIG, "group_rows": "i32", "s_cols": "i32", "p_a": "*bf16", "p_b": "*bf16", "p_c": "*bf16",
              "p_sa": "i32", "p_sb": "i32", **_CONSTEXPR_SIG,
-             **{name: "constexpr" for name in ("SCALES", "BLOCK_G", "PRODUCE", "VARIANT", "TAIL", "HALVES")}}  # fmt: skip
+             **{name: "constexpr" for name in ("SCALES", "BLOCK_G", "PRODUCE", "VARIANT", "TAIL", "HALVES",
+                                                  "WALK")}}  # fmt: skip
 # The rows kernel's tile comes from a producer: the plain load (block_math.load_rows) here.
-_LOAD = {"PRODUCE": {"jit": "mxkernels.core.block_math:load_rows"}, "VARIANT": False, "TAIL": False, "HALVES": False}
+_LOAD = {"PRODUCE": {"jit": "mxkernels.core.block_math:load_rows"}, "VARIANT": False, "TAIL": False, "HALVES": False,
+         "WALK": False}
 _COLS_SIG = {**_COMMON_SIG, "grid_rows": "i32", "grid_cols": "i32", "s_stride_batch": "i32", "s_stride_col": "i32",
              "s_stride_block": "i32", **_CONSTEXPR_SIG,
              **{name: "constexpr" for name in ("GROUP", "STAGES", "PREFETCH", "SCALES", "WORDS", "BLOCK_G")}}  # fmt: skip

@@ -85,9 +85,12 @@ class HalvesConfig:
     """A launch of the MXFP8 rows kernel in its HALVES lane order (``swiglu_backward_quantize_mxfp8``): whole rows,
     so the tile's columns follow from the width (the next power of two of 2N)."""
 
-    # Rows a program quantizes, a power of two (at most a 128-row block of the scales).
+    # Rows a program quantizes a step, a power of two (at most a 128-row block of the scales).
     block_rows: int = 1
     num_warps: int = 4
+    # A program walks a whole 128-row block of the scales, block_rows a step, and looks its group up once (each
+    # lookup loads and reduces the G group ends); else a program is one tile.
+    walk: bool = True
 
     def __post_init__(self):
         check_fields_power_of_two(self, "block_rows", "num_warps")
@@ -99,23 +102,26 @@ class HalvesConfig:
                                    num_warps=self.num_warps)  # fmt: skip
 
 
-# SwiGLU's backward in MXFP8, computing each column once for both halves: one row a program, two warps up to
-# 2048-wide rows, four above (the best or within 1% of it at each width measured, 1536-5760, on an H200:
-# tune_layer_fused --recipes mxfp8 --only swiglu_bwd; numbers in docs/perf-log.md). Under the interpreter, 32 rows a
-# program (its time is its program count).
-MX_HALVES_ROWS = ((2048, HalvesConfig(1, 2)), (2**30, HalvesConfig(1, 4)))
+# SwiGLU's backward in MXFP8, computing each column once for both halves (tune_layer_fused --recipes mxfp8 --only
+# swiglu_bwd on an H200; numbers in docs/perf-log.md): a program walks a 128-row block one row a step, four warps up
+# to 2048-wide rows, eight above (the best of each fine-grained width measured, 64-128 groups). With few groups
+# (DeepSeek-V3's 8, the one such shape measured) a one-row program's group lookup is cheap and one-row programs, four
+# warps, ran faster. Under the interpreter, 32 rows a program (its time is its program count).
+MX_HALVES_ROWS = ((2048, HalvesConfig(1, 4)), (2**30, HalvesConfig(1, 8)))
+MX_HALVES_FEW_GROUPS = (8, HalvesConfig(1, 4, walk=False))
 # The widths it takes: each half whole 32-blocks, and the blocked scales' columns (a multiple of 4) all blocks of the
 # row, so the kernel writes no padding scale column.
 _HALVES_MULTIPLE = 4 * BLOCK_SIZE
 _MX_HALVES_INTERPRETED = HalvesConfig(32, 4)
 
 
-def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer, halves: bool = False):
+def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer, halves: bool = False,
+           walk: bool = False):  # fmt: skip
     check_multiple("the output", out.shape[1], BLOCK_SIZE, "its width (the blocked dim)")
     offs = check_group_offsets(offs, out, out.shape[0])
     check_config("config", config, quantize.RowsConfig)
     q, s = quantize._quantize_rows(out, mode, config or _MX_LAUNCH, "m_groups", offs=offs, producer=producer,
-                                   halves=halves)  # fmt: skip
+                                   halves=halves, walk=walk)  # fmt: skip
     return out, q, s
 
 
@@ -176,19 +182,23 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *,
     """(grad_h, gh_q, gh_sb): ``(grad_h,) = swiglu.swiglu_backward(grad_act, h1, h3, packed=True)`` (M, 2N) bf16 and
     ``quantize_dim0_blocked(grad_h, offs, mode)``. 2N a multiple of 32. ``config``: a ``HalvesConfig`` (each column
     computed once for both halves; 2N a multiple of 128) or a ``RowsConfig`` (column tiles, each half's lanes
-    computed apart); None: its class of ``MX_HALVES_ROWS`` where 2N is a multiple of 128, else ``MX_FUSED``."""
+    computed apart); None where 2N is a multiple of 128: ``MX_HALVES_FEW_GROUPS``' launch for up to its groups,
+    else the class of ``MX_HALVES_ROWS``; ``MX_FUSED`` otherwise."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
     width = out.shape[1]
     check_config("config", config, (quantize.RowsConfig, HalvesConfig))
+    offs = check_group_offsets(offs, out, out.shape[0])
     if config is None and width % _HALVES_MULTIPLE == 0:
-        config = _MX_HALVES_INTERPRETED if INTERPRET else launch_by_width(MX_HALVES_ROWS, width)
+        few, tile = MX_HALVES_FEW_GROUPS
+        config = (_MX_HALVES_INTERPRETED if INTERPRET else tile if offs.numel() <= few
+                  else launch_by_width(MX_HALVES_ROWS, width))  # fmt: skip
     if not isinstance(config, HalvesConfig):
         return _mxfp8(out, offs, mode, config, producer)
     if width % _HALVES_MULTIPLE:
         raise InputError(f"the halves launch takes 2N a multiple of {_HALVES_MULTIPLE} (each half whole 32-blocks, "
                          f"and no padding columns in the blocked scales), got 2N = {width}; pass a RowsConfig")  # fmt: skip
     halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
-    return _mxfp8(out, offs, mode, config.rows_config(width), halves, halves=True)
+    return _mxfp8(out, offs, mode, config.rows_config(width), halves, halves=True, walk=config.walk)
 
 
 # ---- FP8 rowwise: the bf16 tensor, its e4m3 data, row scales (M,) and the (G, C) column amax table ------------

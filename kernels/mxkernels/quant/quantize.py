@@ -104,7 +104,7 @@ def _quantize_rows_kernel(
     x_ptr, q_ptr, s_ptr, offs_ptr, n_rows, n_cols, G, group_rows, s_cols, p_a, p_b, p_c, p_sa, p_sb,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, EVEN: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.constexpr,
     SCALES: tl.constexpr, BLOCK_G: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr, TAIL: tl.constexpr,
-    HALVES: tl.constexpr,
+    HALVES: tl.constexpr, WALK: tl.constexpr,
 ):  # fmt: skip
     """x (n_rows, n_cols) bf16/fp32 row-major, 32-blocks along each row -> q (n_rows, n_cols) e4m3 bytes, row-major,
     and the scale bytes. EVEN: no masks (the tiles divide every dim they walk).
@@ -124,12 +124,15 @@ def _quantize_rows_kernel(
     HALVES (M-groups, whole rows: BLOCK_C / 2 >= n_cols / 2, each half a whole number of 32-blocks, and as many
     blocks as the buffer has scale columns): the tile holds a row of two halves as two halves of BLOCK_C / 2 lanes
     (lane j of the second at column n_cols / 2 + j), for a producer that computes both halves of a column at once
-    (``swiglu.swiglu_backward_halves_producer``); every 32-lane block is still 32 consecutive columns. A program then
-    walks a whole 128-row block, BLOCK_R rows a step."""
+    (``swiglu.swiglu_backward_halves_producer``); every 32-lane block is still 32 consecutive columns. WALK (with
+    HALVES): a program walks a whole 128-row block, BLOCK_R rows a step, looking its group up once."""
     pid = tl.program_id(0)
-    if HALVES:  # a program walks a whole 128-row block of the scales, BLOCK_R rows a step
+    if WALK:  # a program walks a whole 128-row block of the scales, BLOCK_R rows a step
         n_col_tiles = 1
         tile_row = pid.to(tl.int64) * _ROWS_BLOCK
+    elif HALVES:
+        n_col_tiles = 1
+        tile_row = pid.to(tl.int64) * BLOCK_R
     elif SCALES == _STRIDED:
         n_col_tiles = tl.cdiv(n_cols, BLOCK_C)
         tile_row = (pid // n_col_tiles).to(tl.int64) * BLOCK_R
@@ -137,14 +140,14 @@ def _quantize_rows_kernel(
         n_col_tiles = tl.cdiv(s_cols * _BLOCK, BLOCK_C)
         tile_row = (pid // n_col_tiles).to(tl.int64) * BLOCK_R
     col_tile = pid % n_col_tiles
-    # Where the tile's 128-row block takes its rows from: looked up once a program (with HALVES, once for the block's
+    # Where the tile's 128-row block takes its rows from: looked up once a program (with WALK, once for the block's
     # 128 / BLOCK_R steps: each lookup loads and reduces the G group ends).
     first, n_data, tail_first, n_tail = 0, 0, 0, 0
     if SCALES == _M_GROUPS:
         first, n_data = m_groups_rows(offs_ptr, G, n_rows, tile_row // _ROWS_BLOCK, BLOCK_G)
         if TAIL:
             tail_first, n_tail = m_groups_tail(offs_ptr, G, n_rows, tile_row // _ROWS_BLOCK, BLOCK_G)
-    if HALVES:
+    if WALK:
         for step in range(0, _ROWS_BLOCK, BLOCK_R):
             _rows_tile(x_ptr, q_ptr, s_ptr, n_rows, n_cols, group_rows, s_cols, p_a, p_b, p_c, p_sa, p_sb,
                        tile_row + step, col_tile, first, n_data, tail_first, n_tail, BLOCK_R, BLOCK_C, EVEN, RCEIL,
@@ -229,12 +232,14 @@ def _quantize_rows(
     group_rows: int = 0,
     producer: Producer | None = None,
     halves: bool = False,
+    walk: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the rows kernel on a validated row-major (R, C) matrix: q (R, C) e4m3 and the scales (e8m0) by
     ``scales``: "row_major" (R, C/32); "m_groups", the blocked buffer of the groups of rows that ``offs`` ends
     (``layouts.m_groups_shape``); "3d", the blocked buffer of R / group_rows experts (``layouts.blocked_3d_shape``).
     ``producer`` (M-groups only): x is the bf16 output the producer writes, every row of it (``moe_fused``);
-    ``halves``: its tile in the kernel's HALVES lane order, whole rows (``config``'s columns at least C)."""
+    ``halves``: its tile in the kernel's HALVES lane order, whole rows (``config``'s columns at least C); ``walk``
+    (with ``halves``): a program a 128-row block of the scales."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     R, C = x.shape
     config = fit_interpreted(config, INTERPRETER_ROWS, R, C)
@@ -264,8 +269,9 @@ def _quantize_rows(
             raise InputError(f"the halves lane order takes M-groups scales of whole rows, each half of {C} columns "
                              f"a number of 32-blocks and {s_cols} scale columns its blocks; tile {config.tile}")  # fmt: skip
         width, even = tc, False
-    # HALVES: a program a 128-row block (the kernel walks its rows); otherwise a program a tile.
-    grid = (triton.cdiv(grid_rows, TILE_ROWS) if halves else triton.cdiv(grid_rows, tr) * triton.cdiv(width, tc),)
+    walk = halves and walk
+    # walk: a program a 128-row block (the kernel walks its rows); otherwise a program a tile.
+    grid = (triton.cdiv(grid_rows, TILE_ROWS) if walk else triton.cdiv(grid_rows, tr) * triton.cdiv(width, tc),)
     args, produce = producer_args(producer, x)
     # A producer's arithmetic rounds every operation as its unfused kernel does: no FMA contraction.
     fusion = {"enable_fp_fusion": False} if producer else {}
@@ -273,7 +279,8 @@ def _quantize_rows(
         _quantize_rows_kernel[grid](
             x, q.view(torch.uint8), s, offs if offs is not None else s, R, C, G, group_rows, s_cols, *args,
             BLOCK_R=tr, BLOCK_C=tc, EVEN=even, RCEIL=rceil, EXACT=INTERPRET, SCALES=kind,
-            BLOCK_G=triton.next_power_of_2(G), TAIL=producer is not None, HALVES=halves, num_warps=num_warps, **produce,
+            BLOCK_G=triton.next_power_of_2(G), TAIL=producer is not None, HALVES=halves, WALK=walk,
+            num_warps=num_warps, **produce,
             **fusion,
         )  # fmt: skip
     elif s.numel():
