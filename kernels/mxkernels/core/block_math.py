@@ -151,6 +151,17 @@ def quantize_blocks(x, AXIS: tl.constexpr, RCEIL: tl.constexpr, EXACT: tl.conste
 
 
 @triton.jit
+def halves_lanes(BLOCK: tl.constexpr, n):
+    """The HALVES lane order of a row of ``n`` positions (columns, or their 32-blocks) over BLOCK lanes: lane j of the
+    first BLOCK / 2 at position j, lane BLOCK / 2 + j at n / 2 + j, for a producer that computes both halves of a
+    position at once (``swiglu.swiglu_backward_halves_producer``). (positions, inside: j < n / 2)."""
+    lane = tl.arange(0, BLOCK)
+    upper = lane >= BLOCK // 2
+    j = tl.where(upper, lane - BLOCK // 2, lane)
+    return tl.where(upper, j + n // 2, j), j < n // 2
+
+
+@triton.jit
 def to_bf16_bits(x, EXACT: tl.constexpr):
     """fp32 tile -> bf16 bits (int16), round to nearest even, overflow to Inf.
 

@@ -13,8 +13,8 @@ in one launch, where the layer would otherwise write a bf16 tensor and read it s
 Each returns the bf16 tensor too (the weight-gradient GEMM's transposed quantizer reads it), then the quantizer's
 outputs: MXFP8, the e4m3 data and the M-groups blocked scales; FP8 rowwise, the e4m3 data, the row scales and the
 (G, C) column amax table, or, with ``offs=None``, no table (the chain's quantizer then ``quantize_fp8_rowwise(xs)``:
-a layer whose weight gradients run in bf16 reads no column amax, and folding one costs atomics). What the fusion saves is the quantizer's read of the bf16 tensor (2 bytes an element) and
-a launch; each ``*_cost`` says its bytes.
+a layer whose weight gradients run in bf16 reads no column amax, and folding one costs atomics). What the fusion
+saves is the quantizer's read of the bf16 tensor (2 bytes an element) and a launch; each ``*_cost`` says its bytes.
 
 No kernel here: the quantizers' rows kernels (``quantize._quantize_rows_kernel`` with M-groups scales,
 ``fp8_amax._rows_amax_kernel``) take their tile from a *producer* passed as a constexpr jit function
@@ -213,7 +213,8 @@ def gather_quantize_fp8(x, src, weight, offs, *, config: fp8_amax.AmaxRowsConfig
     """(xs, xs_q, xs_s, xs_amax): ``xs = gather_weighted(x, src, weight)`` and
     ``fp8_amax.quantize_fp8_rowwise_with_amax(xs, offs)``; offs None: (xs, xs_q, xs_s), ``xs``'s
     ``fp8_rowwise.quantize_fp8_rowwise`` without the table (the layer whose weight gradients run in bf16 reads
-    none). ``config``: that kernel's launch (None: its class of ``FP8_ROWS``, or without the table ``FP8_ROWS_ALONE``)."""
+    none). ``config``: that kernel's launch (None: its class of ``FP8_ROWS``, or without the table
+    ``FP8_ROWS_ALONE``)."""
     out, producer = _gather(x, src, weight)
     return _fp8(out, offs, config or _fp8_default((FP8_ROWS, FP8_ROWS_ALONE), out, offs), producer)
 

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core.block_math import Producer, magnitude, magnitude_fp32_bits, producer_args
+from ..core.block_math import Producer, halves_lanes, magnitude, magnitude_fp32_bits, producer_args
 from ..core.cost import Cost
 from ..core.format import DATA_DTYPE
 from ..core.runtime import (
@@ -129,13 +129,10 @@ def _rows_amax_kernel(
     group of all rows), for a fused stage whose column amax nothing reads."""
     first = tl.program_id(0) * span
     last = tl.minimum(first + span, rows)
-    c = tl.arange(0, BLOCK_C)
     if HALVES:
-        upper = c >= BLOCK_C // 2
-        lane = tl.where(upper, c - BLOCK_C // 2, c)
-        col_ok = lane < cols // 2
-        c = tl.where(upper, lane + cols // 2, lane)
+        c, col_ok = halves_lanes(BLOCK_C, cols)
     else:
+        c = tl.arange(0, BLOCK_C)
         col_ok = c < cols
     if HAS_OFFS:
         # Ends clamped to [0, rows] as padding.group_bounds does: malformed offs never address outside x.

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core.block_math import Producer, masked_store, producer_args, quantize_blocks
+from ..core.block_math import Producer, halves_lanes, masked_store, producer_args, quantize_blocks
 from ..core.cost import Cost
 from ..core.format import BLOCK_SIZE, DATA_DTYPE, SCALE_DTYPE, ScaleMode
 from ..layouts.scale_layout import TILE_ROWS, blocked_3d_shape, blocked_byte, m_groups_rows, m_groups_shape, m_groups_tail
@@ -186,11 +186,7 @@ def _rows_tile(
         valid = rows < n_rows
         made = valid
     if HALVES:
-        lane = tl.arange(0, BLOCK_C)
-        upper = lane >= BLOCK_C // 2
-        j = tl.where(upper, lane - BLOCK_C // 2, lane)
-        col_ok = j < n_cols // 2
-        cols = tl.where(upper, j + n_cols // 2, j)
+        cols, col_ok = halves_lanes(BLOCK_C, n_cols)
     else:
         cols = col_tile * BLOCK_C + tl.arange(0, BLOCK_C)
         col_ok = cols < n_cols
@@ -203,13 +199,11 @@ def _rows_tile(
     q, scale = quantize_blocks(tl.reshape(x, (BLOCK_R, BLOCK_C // _BLOCK, _BLOCK)), 2, RCEIL, EXACT)
     masked_store(q_ptr + offs, tl.reshape(q, (BLOCK_R, BLOCK_C)), mask, EVEN)
 
-    blocks = col_tile * (BLOCK_C // _BLOCK) + tl.arange(0, BLOCK_C // _BLOCK)
-    block_ok = blocks < s_cols
     if HALVES:  # the blocks of each half: those of the columns its lanes hold
-        HALF_BLOCKS: tl.constexpr = BLOCK_C // (2 * _BLOCK)
-        jb = tl.where(blocks >= HALF_BLOCKS, blocks - HALF_BLOCKS, blocks)
-        block_ok = jb < n_cols // (2 * _BLOCK)
-        blocks = tl.where(blocks >= HALF_BLOCKS, jb + n_cols // (2 * _BLOCK), jb)
+        blocks, block_ok = halves_lanes(BLOCK_C // _BLOCK, n_cols // _BLOCK)
+    else:
+        blocks = col_tile * (BLOCK_C // _BLOCK) + tl.arange(0, BLOCK_C // _BLOCK)
+        block_ok = blocks < s_cols
     if SCALES == _STRIDED:
         n_blocks = n_cols // _BLOCK
         s_mask = valid[:, None] & (blocks[None, :] < n_blocks)
