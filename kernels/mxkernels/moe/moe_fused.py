@@ -196,7 +196,8 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *,
         return _mxfp8(out, offs, mode, config, producer)
     if width % _HALVES_MULTIPLE:
         raise InputError(f"the halves launch takes 2N a multiple of {_HALVES_MULTIPLE} (each half whole 32-blocks, "
-                         f"and no padding columns in the blocked scales), got 2N = {width}; pass a RowsConfig")  # fmt: skip
+                         f"and no padding columns in the blocked scales), got 2N = {width}; "
+                         "pass a RowsConfig")  # fmt: skip
     halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
     return _mxfp8(out, offs, mode, config.rows_config(width), halves, halves=True, walk=config.walk)
 
