@@ -66,11 +66,6 @@ MX_HALVES_CONFIGS = [*(moe_fused.HalvesConfig(r, w) for r, w in ((1, 4), (1, 8),
 CONFIGS = {"fp8": FP8_CONFIGS, "fp8_alone": FP8_ALONE_CONFIGS, "mxfp8": MX_CONFIGS}
 
 
-def configs_of(call: str) -> list:
-    """The candidate launches of a case's call ("<producer>+<recipe>")."""
-    producer, recipe = call.split("+")
-    extra = MX_HALVES_CONFIGS if (producer, recipe) == ("swiglu_bwd", "mxfp8") else []
-    return CONFIGS[recipe] + extra
 
 
 def layout(K: int, E: int, top_k: int, tokens: int):
@@ -110,21 +105,23 @@ def _recipe_cases(recipe: str, only: set[str], name: str, t: dict) -> list[tuple
             return quantize_blocked.quantize_dim0_blocked(made, offs)
         return fp8_rowwise.quantize_fp8_rowwise(made) if alone else fp8_amax.quantize_fp8_rowwise_with_amax(made, offs)
 
+    launches = CONFIGS[recipe]
     out = []
     if "gather" in only:  # unweighted: the combine's backward when the scores go first (the layer's default)
         out.append((f"gather+{recipe}", name, lambda: (moe_rows.gather_weighted(x, src),), quant,
                     lambda c: fn("gather")(x, src, None, offs, config=c),
-                    cost("gather")(rows, K, E, t["copies"], False, sources=t["tokens"])))  # fmt: skip
+                    cost("gather")(rows, K, E, t["copies"], False, sources=t["tokens"]), launches))  # fmt: skip
     if "gather_w" in only:  # weighted: the permute when the scores go first
         out.append((f"gather_w+{recipe}", name, lambda: (moe_rows.gather_weighted(x, src, w),), quant,
                     lambda c: fn("gather")(x, src, w, offs, config=c),
-                    cost("gather")(rows, K, E, t["copies"], True, sources=t["tokens"])))  # fmt: skip
+                    cost("gather")(rows, K, E, t["copies"], True, sources=t["tokens"]), launches))  # fmt: skip
     if "swiglu" in only:
         out.append((f"swiglu+{recipe}", name, lambda: (swiglu.swiglu(h1, h3),), quant,
-                    lambda c: fn("swiglu")(h1, h3, offs, config=c), cost("swiglu")(rows, N, E)))  # fmt: skip
-    if "swiglu_bwd" in only:
+                    lambda c: fn("swiglu")(h1, h3, offs, config=c), cost("swiglu")(rows, N, E), launches))  # fmt: skip
+    if "swiglu_bwd" in only:  # MXFP8's backward takes its halves launches too
         out.append((f"swiglu_bwd+{recipe}", name, lambda: swiglu.swiglu_backward(g, h1, h3, packed=True), quant,
-                    lambda c: fn("swiglu_backward")(g, h1, h3, offs, config=c), cost("swiglu_backward")(rows, N, E)))  # fmt: skip
+                    lambda c: fn("swiglu_backward")(g, h1, h3, offs, config=c), cost("swiglu_backward")(rows, N, E),
+                    launches + (MX_HALVES_CONFIGS if recipe == "mxfp8" else [])))  # fmt: skip
     return out
 
 
@@ -138,8 +135,8 @@ def _shape_tensors(name: str) -> dict:
 
 
 def cases(only: set[str], shapes: list[str], recipes: list[str]):
-    """(call, shape, chain producer, quantizer, fused call of a config, cost, rows the e4m3 data holds) per case;
-    one shape's tensors alive at a time."""
+    """(call, shape, chain producer, quantizer, fused call of a config, cost, candidate launches, rows the e4m3 data
+    holds) per case; one shape's tensors alive at a time."""
     for name in shapes:
         t = _shape_tensors(name)
         grouped = int(t["offs"][-1])
@@ -172,8 +169,8 @@ def _warm(args, shapes, recipes, only) -> None:
     compile lands in Triton's cache for the timed run."""
     i, j = (int(v) for v in args.warm_part.split("/"))
     k = 0
-    for call, shape, _producer, _quant, fused, _cost, _grouped in cases(only, shapes, recipes):
-        for c in configs_of(call):
+    for call, shape, _producer, _quant, fused, _cost, configs, _grouped in cases(only, shapes, recipes):
+        for c in configs:
             if k % j == i:
                 try:
                     fused(c)
@@ -212,7 +209,7 @@ def main() -> None:
         _compile_first(s.args.compile_jobs)
     rows, skipped = [], []
     print(f"cast roof (bf16 -> e4m3) {s.roof:.3f} TB/s")
-    for call, shape, producer, quant, fused, cost, grouped in cases(only, shapes, recipes):
+    for call, shape, producer, quant, fused, cost, configs, grouped in cases(only, shapes, recipes):
         if time.monotonic() - s.t0 > s.args.budget_s:
             skipped.append((call, shape, "all"))
             continue
@@ -221,7 +218,6 @@ def main() -> None:
         chain_us = (time_fn(producer, samples=s.args.samples).median_us
                     + time_fn(lambda t=made, q=quant: q(t), samples=s.args.samples).median_us)  # fmt: skip
         print(f"{call:22} {shape:17} chain {chain_us:9.1f} us ({cost.bytes / 1e6:.0f} MB fused)", flush=True)
-        configs = configs_of(call)
         for c in configs:
             if time.monotonic() - s.t0 > s.args.budget_s:
                 skipped.append((call, shape, str(c)))
