@@ -307,9 +307,10 @@ def both_case(name: str, shape: tuple[int, int, int], launches: list[tuple[str, 
 
 def both_launches() -> list[tuple[str, str, object]]:
     B = W.BothConfig
-    return [("new: default " + str(W.DEFAULT_CONFIG), "new", None), ("lag 0", "candidate", B(lag=0)),
-            ("lag 2", "candidate", B(lag=2)), ("span 128", "candidate", B(row_span=128)),
-            ("chunk 512", "candidate", B(chunk_rows=512)), ("w8", "candidate", B(num_warps=8))]  # fmt: skip
+    return [("new: default " + str(W.DEFAULT_CONFIG), "new", None), ("lag 3", "candidate", B(lag=3)),
+            ("lag 4 4/SM", "candidate", B(lag=4, programs_per_sm=4)), ("1/SM w8", "candidate", B(programs_per_sm=1, num_warps=8)),
+            ("span 128", "candidate", B(row_span=128)), ("chunk 512 lag 3", "candidate", B(chunk_rows=512, lag=3)),
+            ("lag 1", "candidate", B(lag=1))]  # fmt: skip
 
 
 def both_checks() -> list[dict]:

@@ -88,8 +88,8 @@ def test_refusals_before_any_launch():
 
 def test_fits_l2_hand_worked():
     # (lag + 1) experts x N x K x (2 bytes read + 2 written) against half the L2.
-    assert W.fits_l2(1536, 2048, BF16, 60 * 2**20)  # 2 x 12.6 MB = 25.2 MB <= 30 MB
-    assert not W.fits_l2(5760, 2880, BF16, 60 * 2**20)  # 132.7 MB
+    assert W.fits_l2(1536, 2048, BF16, 60 * 2**20, B(lag=1))  # 2 x 12.6 MB = 25.2 MB <= 30 MB
+    assert not W.fits_l2(5760, 2880, BF16, 60 * 2**20, B(lag=1))  # 132.7 MB
     assert not W.fits_l2(1536, 2048, BF16, 60 * 2**20, B(lag=2))  # 37.7 MB
     assert W.fits_l2(1536, 2048, BF16, 60 * 2**20, B(lag=0))
 

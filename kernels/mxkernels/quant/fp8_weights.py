@@ -13,11 +13,12 @@ A column's scale needs the whole column of its expert, so the expert is the unit
   scales from the table and the chunk cast, stored transposed. This second read of w comes from L2: the rows items
   of g read it moments before.
 
-Order: each program takes a ticket from an atomic counter as it starts, so tickets follow the order programs run
-in, not their ids, and ticket order is expert by expert: g's rows items, then the chunk items of expert g - lag. A
-chunk item waits (spins on g's count) only for rows items of earlier tickets, held by programs already running that
-never wait, so nothing deadlocks whatever fits on the GPU; the interpreter, which runs programs one after another,
-never waits. L2 must hold about lag + 1 experts between their two reads (``fits_l2``), which bounds where one launch
+Order: persistent programs take tickets from an atomic counter, so work goes out in ticket order whatever order the
+programs run in, and ticket order is expert by expert: g's rows items, then the chunk items of expert g - lag. A
+program holds its current ticket and the next. A chunk item waits (spins on g's count) only for rows items of
+earlier tickets; the earliest waiting chunk item waits on rows items that are running (they never wait) or held
+next by programs whose current item comes before them and so does not wait either: nothing deadlocks, whatever
+fits on the GPU. The interpreter, which runs one program to its end first, never waits. L2 must hold about lag + 1 experts between their two reads (``fits_l2``), which bounds where one launch
 beats ``fp8_amax``'s pair: the layer asks before it uses this (``stages.pipeline``).
 
 Arithmetic is ``fp8_rowwise``'s (the rows via ``quantize_rows_at``, the chunks via ``fp8_colwise.strip_scale_pass``;
@@ -43,6 +44,7 @@ from ..core.runtime import (
     check_fields_power_of_two,
     check_int,
     check_tensor,
+    persistent_programs,
 )
 from . import fp8_colwise, fp8_rowwise
 
@@ -116,22 +118,27 @@ def _both_kernel(
     SPAN: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CHUNK: tl.constexpr, STRIP: tl.constexpr,
     STEP: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
-    """One work item a program, by ticket (module doc): slot s holds the rows items of expert s (s < G), then the
-    chunk items of expert s - LAG (s >= LAG). ``work``: the ticket counter, done (G,), amax (G, K) int32, zero at
-    launch."""
-    ticket = tl.atomic_add(work_ptr, 1, sem="relaxed", scope="gpu")
+    """A persistent program working items by ticket (module doc) until they run out: slot s holds the rows items of
+    expert s (s < G), then the chunk items of expert s - LAG (s >= LAG). The next ticket is taken before the current
+    item runs, so its round trip hides behind the work. ``work``: the ticket counter, done (G,), amax (G, K) int32,
+    zero at launch."""
     done_ptr = work_ptr + 1
     amax_ptr = done_ptr + G
     per_slot = rows_items + chunk_items
-    slot = ticket // per_slot
-    item = ticket % per_slot
-    if item < rows_items:
-        if slot < G:
-            _rows_item(w_ptr, qk_ptr, sk_ptr, amax_ptr, done_ptr, slot, item, N, K, SPAN, BLOCK_R, BLOCK_C, EVEN,
-                       EXACT)  # fmt: skip
-    elif slot >= LAG:
-        _chunk_item(w_ptr, qn_ptr, sn_ptr, amax_ptr, done_ptr, slot - LAG, item - rows_items, N, K, rows_items, CHUNK,
-                    STRIP, STEP, PREFETCH, EXACT)  # fmt: skip
+    total = (G + LAG) * per_slot
+    ticket = tl.atomic_add(work_ptr, 1, sem="relaxed", scope="gpu")
+    while ticket < total:
+        upcoming = tl.atomic_add(work_ptr, 1, sem="relaxed", scope="gpu")
+        slot = ticket // per_slot
+        item = ticket % per_slot
+        if item < rows_items:
+            if slot < G:
+                _rows_item(w_ptr, qk_ptr, sk_ptr, amax_ptr, done_ptr, slot, item, N, K, SPAN, BLOCK_R, BLOCK_C, EVEN,
+                           EXACT)  # fmt: skip
+        elif slot >= LAG:
+            _chunk_item(w_ptr, qn_ptr, sn_ptr, amax_ptr, done_ptr, slot - LAG, item - rows_items, N, K, rows_items,
+                        CHUNK, STRIP, STEP, PREFETCH, EXACT)  # fmt: skip
+        ticket = upcoming
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -153,10 +160,13 @@ class BothConfig:
     strip_cols: int = 64
     chunk_rows: int = 256
     step_rows: int = 64
-    # Slots between an expert's rows items and its chunk items: 0 makes the chunks wait on the expert's last rows
-    # item, more keeps more experts in L2 between the two reads.
-    lag: int = 1
+    # Slots between an expert's rows items and its chunk items. The programs in flight hold SMs x programs_per_sm
+    # consecutive tickets; a chunk item spins (holding its program) while its expert's rows items are among them, so
+    # lag x (items a slot) should pass that; more lag keeps more experts in L2 between the two reads.
+    lag: int = 2
     num_warps: int = 4
+    # Persistent programs an SM.
+    programs_per_sm: int = 2
     # Chunk items keep the next step's load in flight (fp8_colwise's prefetch).
     prefetch: bool = True
 
@@ -168,6 +178,7 @@ class BothConfig:
                 raise InputError(f"BothConfig.block_rows ({self.block_rows}) must not exceed row_span "
                                  f"({self.row_span})")  # fmt: skip
         check_int("BothConfig.lag", self.lag, 0, 8)
+        check_int("BothConfig.programs_per_sm", self.programs_per_sm, 1, 32)
         if not isinstance(self.prefetch, bool):
             raise InputError(f"BothConfig.prefetch must be a bool, got {self.prefetch!r}")
 
@@ -209,7 +220,8 @@ def quantize_fp8_rowwise_3d_both(
     rows_items = triton.cdiv(N, config.row_span)
     chunk_items = triton.cdiv(N, config.chunk_rows) * triton.cdiv(K, config.strip_cols)
     work = torch.zeros(1 + G + G * K, dtype=torch.int32, device=w.device)
-    _both_kernel[((G + config.lag) * (rows_items + chunk_items),)](
+    programs = persistent_programs((G + config.lag) * (rows_items + chunk_items), w.device, config.programs_per_sm)
+    _both_kernel[(programs,)](
         w, qk.view(torch.uint8), sk, qn.view(torch.uint8), sn, work, G, N, K, rows_items, chunk_items, config.lag,
         SPAN=config.row_span, BLOCK_R=block_r, BLOCK_C=width, CHUNK=config.chunk_rows, STRIP=config.strip_cols,
         STEP=config.step_rows, PREFETCH=config.prefetch, EVEN=width == K and N % block_r == 0, EXACT=INTERPRET,
