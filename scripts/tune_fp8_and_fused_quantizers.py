@@ -307,10 +307,13 @@ def both_case(name: str, shape: tuple[int, int, int], launches: list[tuple[str, 
 
 def both_launches() -> list[tuple[str, str, object]]:
     B = W.BothConfig
-    return [("new: default " + str(W.DEFAULT_CONFIG), "new", None), ("lag 3", "candidate", B(lag=3)),
-            ("lag 4 4/SM", "candidate", B(lag=4, programs_per_sm=4)), ("1/SM w8", "candidate", B(programs_per_sm=1, num_warps=8)),
-            ("span 128", "candidate", B(row_span=128)), ("chunk 512 lag 3", "candidate", B(chunk_rows=512, lag=3)),
-            ("lag 1", "candidate", B(lag=1))]  # fmt: skip
+    return [("new: default " + str(W.DEFAULT_CONFIG), "new", None),
+            ("span 16 chunk 512 lag 3 4/SM", "candidate", B(row_span=16, chunk_rows=512, lag=3, programs_per_sm=4)),
+            ("span 32 chunk 512 lag 3 4/SM", "candidate", B(row_span=32, chunk_rows=512, lag=3, programs_per_sm=4)),
+            ("span 16 lag 2 4/SM", "candidate", B(row_span=16, lag=2, programs_per_sm=4)),
+            ("span 16 chunk 512 lag 2", "candidate", B(row_span=16, chunk_rows=512, lag=2)),
+            ("span 16 chunk 1024 lag 4 4/SM", "candidate", B(row_span=16, chunk_rows=1024, lag=4, programs_per_sm=4)),
+            ("span 16 chunk 512 lag 3 6/SM", "candidate", B(row_span=16, chunk_rows=512, lag=3, programs_per_sm=6))]  # fmt: skip
 
 
 def both_checks() -> list[dict]:
@@ -397,9 +400,11 @@ def cases() -> list[Case]:
             fine_amax.append(from_amax_case(f"fine_amax {model} W{shape} along N from table", pass2, None, shape))
     for case in fine_amax:
         case.group = "fine_amax"
-    both = [both_case(f"both {model} W{shape}", shape, both_launches())
-            for model, spec in {**FINE, "deepseek-v2-lite": {"weights": [(64, 2816, 2048), (64, 2048, 1408)]}}.items()
-            for shape in spec["weights"]]  # fmt: skip
+    both_weights = {"qwen3-30b-a3b": FINE["qwen3-30b-a3b"]["weights"],
+                    "deepseek-v2-lite": [(64, 2816, 2048), (64, 2048, 1408)], "gpt-oss-120b": FINE["gpt-oss-120b"]["weights"],
+                    "deepseek-v3": FINE["deepseek-v3"]["weights"]}  # fmt: skip
+    both = [both_case(f"both {model} W{shape}", shape, both_launches()) for model, shapes in both_weights.items()
+            for shape in shapes]  # fmt: skip
     return fine_cases() + amax_cases + fine_amax + both + [
         fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
