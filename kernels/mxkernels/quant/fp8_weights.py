@@ -18,8 +18,12 @@ programs run in, and ticket order is expert by expert: g's rows items, then the 
 program holds its current ticket and the next. A chunk item waits (spins on g's count) only for rows items of
 earlier tickets; the earliest waiting chunk item waits on rows items that are running (they never wait) or held
 next by programs whose current item comes before them and so does not wait either: nothing deadlocks, whatever
-fits on the GPU. The interpreter, which runs one program to its end first, never waits. L2 must hold about lag + 1 experts between their two reads (``fits_l2``), which bounds where one launch
-beats ``fp8_amax``'s pair: the layer asks before it uses this (``stages.pipeline``).
+fits on the GPU. The interpreter, which runs one program to its end first, never waits. L2 must hold about lag + 1
+experts between their two reads (``fits_l2``), which bounds where one launch could beat ``fp8_amax``'s pair.
+
+Measured (docs/perf-log.md, "Both copies of the experts' weights from one read"): on an H200 this launch is slower
+than ``fp8_amax``'s pair at every weight shape tried (its best launch per shape: 1.1-1.6x), so no stage calls it; it
+stays as the measured attempt, bit-exact and tested, with its sweep (``tune_fp8_and_fused_quantizers --only both``).
 
 Arithmetic is ``fp8_rowwise``'s (the rows via ``quantize_rows_at``, the chunks via ``fp8_colwise.strip_scale_pass``;
 a max is exact in any order), so both copies are bit-identical to the two unfused quantizers.
