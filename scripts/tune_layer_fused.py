@@ -60,9 +60,10 @@ FP8_CONFIGS = [None, R(1, 32), R(2, 8), R(2, 8, block_rows=1), R(4, 8), R(4, 4),
 FP8_ALONE_CONFIGS = [None, R(16, 4, block_rows=1), R(64, 4, block_rows=1), R(16, 4, block_rows=2), R(64, 4, block_rows=2),
                      R(16, 8, block_rows=4), R(64, 8, block_rows=4), R(32, 2, block_rows=1), R(8, 8, block_rows=1),
                      R(2, 8)]  # fmt: skip
-# MXFP8's SwiGLU backward in the halves lane order (whole rows; moe_fused.HalvesConfig): rows a program x warps.
-MX_HALVES_CONFIGS = [*(moe_fused.HalvesConfig(r, w) for r, w in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (1, 2), (4, 4))),
-                     *(moe_fused.HalvesConfig(r, w, walk=False) for r, w in ((1, 4), (1, 2)))]  # fmt: skip
+# MXFP8 over whole rows (moe_fused.WholeRowsConfig: rows a step x warps, walking a 128-row scale block or not): the
+# SwiGLU backward in the halves lane order, the gather and SwiGLU forward in the plain one.
+MX_WHOLE_CONFIGS = [*(moe_fused.WholeRowsConfig(r, w) for r, w in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (1, 2), (4, 4))),
+                    *(moe_fused.WholeRowsConfig(r, w, walk=False) for r, w in ((1, 4), (1, 2)))]  # fmt: skip
 CONFIGS = {"fp8": FP8_CONFIGS, "fp8_alone": FP8_ALONE_CONFIGS, "mxfp8": MX_CONFIGS}
 
 
@@ -106,22 +107,24 @@ def _recipe_cases(recipe: str, only: set[str], name: str, t: dict) -> list[tuple
         return fp8_rowwise.quantize_fp8_rowwise(made) if alone else fp8_amax.quantize_fp8_rowwise_with_amax(made, offs)
 
     launches = CONFIGS[recipe]
+    mx_whole = MX_WHOLE_CONFIGS if recipe == "mxfp8" else []
     out = []
     if "gather" in only:  # unweighted: the combine's backward when the scores go first (the layer's default)
         out.append((f"gather+{recipe}", name, lambda: (moe_rows.gather_weighted(x, src),), quant,
                     lambda c: fn("gather")(x, src, None, offs, config=c),
-                    cost("gather")(rows, K, E, t["copies"], False, sources=t["tokens"]), launches))  # fmt: skip
+                    cost("gather")(rows, K, E, t["copies"], False, sources=t["tokens"]), launches + mx_whole))  # fmt: skip
     if "gather_w" in only:  # weighted: the permute when the scores go first
         out.append((f"gather_w+{recipe}", name, lambda: (moe_rows.gather_weighted(x, src, w),), quant,
                     lambda c: fn("gather")(x, src, w, offs, config=c),
-                    cost("gather")(rows, K, E, t["copies"], True, sources=t["tokens"]), launches))  # fmt: skip
+                    cost("gather")(rows, K, E, t["copies"], True, sources=t["tokens"]), launches + mx_whole))  # fmt: skip
     if "swiglu" in only:
         out.append((f"swiglu+{recipe}", name, lambda: (swiglu.swiglu(h1, h3),), quant,
-                    lambda c: fn("swiglu")(h1, h3, offs, config=c), cost("swiglu")(rows, N, E), launches))  # fmt: skip
+                    lambda c: fn("swiglu")(h1, h3, offs, config=c), cost("swiglu")(rows, N, E),
+                    launches + mx_whole))  # fmt: skip
     if "swiglu_bwd" in only:  # MXFP8's backward takes its halves launches too
         out.append((f"swiglu_bwd+{recipe}", name, lambda: swiglu.swiglu_backward(g, h1, h3, packed=True), quant,
                     lambda c: fn("swiglu_backward")(g, h1, h3, offs, config=c), cost("swiglu_backward")(rows, N, E),
-                    launches + (MX_HALVES_CONFIGS if recipe == "mxfp8" else [])))  # fmt: skip
+                    launches + mx_whole))  # fmt: skip
     return out
 
 

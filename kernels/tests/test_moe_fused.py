@@ -13,6 +13,7 @@ from mxkernels.moe import moe_fused as mf
 from mxkernels.core.cost import Cost
 from mxkernels.core.errors import InputError
 from mxkernels.quant.fp8_amax import AmaxRowsConfig
+from mxkernels.quant import quantize
 from mxkernels.quant.quantize import RowsConfig
 
 # Group ends over 300 rows: an empty group, groups not multiples of 128, and 40 rows past the last end (tail rows).
@@ -23,6 +24,9 @@ OFFS = [[50, 50, 180, 260], [300], [0, 130, 300]]
 # group's amax. The backward's default launch steps one row at a time: over 300 rows it was most of the file's time.
 FP8_ROWS, FP8_OFFS = 72, [[10, 10, 50, 70], [72]]
 MX_CONFIGS = [None, RowsConfig(tile=(16, 64), num_warps=2)]
+# Whole rows, a program walking each 128-row scale block in 32-row steps (a 64-lane row at N = 64, 128 lanes for the
+# gather's 96 columns: masked lanes and a padding scale column).
+MX_WALK = mf.WholeRowsConfig(32, 4)
 FP8_CONFIGS = [None, AmaxRowsConfig(programs_per_sm=1, num_warps=2, block_rows=2)]
 # The GPU when there is one (the lead's GPU session runs this file), else CPU under the interpreter.
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,7 +69,8 @@ def test_gather_quantize_mxfp8_is_the_chain(poisoned_empty, ends, weighted, mode
     offs = offsets(ends)
     xs = moe_rows.gather_weighted(x, src, w)
     chain = (xs, *quantize_blocked.quantize_dim0_blocked(xs, offs, mode))
-    for config in MX_CONFIGS:
+    walk = [MX_WALK] if ends == OFFS[0] and mode == "rceil" else []  # the walk over every kind of group, once
+    for config in (*MX_CONFIGS, *walk):
         assert_same(mf.gather_quantize_mxfp8(x, src, w, offs, mode, config=config), chain)
 
 
@@ -76,7 +81,7 @@ def test_swiglu_quantize_mxfp8_is_the_chain(poisoned_empty, ends, packed):
     offs = offsets(ends)
     act = swiglu.swiglu(h1, h3)
     chain = (act, *quantize_blocked.quantize_dim0_blocked(act, offs, "rceil"))
-    for config in MX_CONFIGS:
+    for config in (*MX_CONFIGS, *([MX_WALK] if ends == OFFS[0] else [])):
         assert_same(mf.swiglu_quantize_mxfp8(h1, h3, offs, "rceil", config=config), chain)
 
 
@@ -84,7 +89,7 @@ def test_swiglu_quantize_mxfp8_is_the_chain(poisoned_empty, ends, packed):
 @pytest.mark.parametrize("N", [64, 48, 192])
 def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
     # N = 48: 2N = 96, so a 64-column tile straddles the two halves (no halves launch: the column-tiled default).
-    # 2N a multiple of 128: the halves launch too (HalvesConfig, the default there), each column computed once for
+    # 2N a multiple of 128: the halves launch too (WholeRowsConfig, the default there), each column computed once for
     # both halves; N = 192 takes 512-lane rows whose halves end 64 lanes early (masked lanes, masked scale blocks);
     # programs walking each 128-row scale block in 32-row steps (the interpreter's default), and 8-row programs of one
     # tile, over an empty group and the tail rows past the last end. (Fewer rows a program cost the
@@ -95,7 +100,7 @@ def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
     chain = (grad_h, *quantize_blocked.quantize_dim0_blocked(grad_h, offs, "floor"))
     # N = 192 (the interpreter's slowest case) keeps the launches the others do not cover: the default's walk and
     # one-tile programs; the column-tiled RowsConfig runs at N = 48 and 64.
-    configs = [None, mf.HalvesConfig(8, 2, walk=False)] if N == 192 else MX_CONFIGS
+    configs = [None, mf.WholeRowsConfig(8, 2, walk=False)] if N == 192 else MX_CONFIGS
     for config in configs:
         assert_same(mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offs, "floor", config=config), chain)
 
@@ -103,9 +108,16 @@ def test_swiglu_backward_quantize_mxfp8_is_the_chain(poisoned_empty, ends, N):
 def test_the_halves_launch_refuses_widths_it_cannot_lay_out():
     g, h1, h3 = swiglu_inputs(M=40, N=48)  # 2N = 96: a 32-block would straddle the halves
     with pytest.raises(InputError, match="multiple of 128"):
-        mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offsets([40]), config=mf.HalvesConfig())
+        mf.swiglu_backward_quantize_mxfp8(g, h1, h3, offsets([40]), config=mf.WholeRowsConfig())
     with pytest.raises(InputError, match="at most 128"):
-        mf.HalvesConfig(block_rows=256)
+        mf.WholeRowsConfig(block_rows=256)
+
+
+def test_a_walking_launch_refuses_column_tiles():
+    act = torch.zeros(40, 96, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(InputError, match="whole rows"):
+        quantize._quantize_rows(act, "rceil", RowsConfig(tile=(16, 64), num_warps=2), "m_groups", offs=offsets([40]),
+                                walk=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("ends", [*FP8_OFFS, [0, 36, 72]])

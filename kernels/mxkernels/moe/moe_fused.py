@@ -25,7 +25,7 @@ bit for bit. The MXFP8 kernel walks the blocked buffer's rows; the rows past ``o
 buffer's tail, which has room for them, so every row of the bf16 tensor is written, while their q rows are not, as
 the unfused quantizer's are not. SwiGLU's backward takes ``swiglu.swiglu_backward_halves_producer`` in both
 recipes' kernels (their HALVES lane order: each input column read, and its sigmoid computed, once for both halves of a
-row). Launches: the quantizers' configs, passed as ``config=`` (MXFP8's backward also a ``HalvesConfig``).
+row). Launches: the quantizers' configs, passed as ``config=`` (MXFP8's backward also a ``WholeRowsConfig``).
 """
 
 from __future__ import annotations
@@ -81,9 +81,10 @@ _FP8_INTERPRETED = fp8_amax.AmaxRowsConfig(programs_per_sm=1)
 
 
 @dataclass(frozen=True)
-class HalvesConfig:
-    """A launch of the MXFP8 rows kernel in its HALVES lane order (``swiglu_backward_quantize_mxfp8``): whole rows,
-    so the tile's columns follow from the width (the next power of two of 2N)."""
+class WholeRowsConfig:
+    """A launch of the MXFP8 rows kernel over whole rows (the tile's columns follow from the width: the next power of
+    two of it): SwiGLU's backward in the kernel's HALVES lane order (``swiglu_backward_quantize_mxfp8``), the gather
+    and SwiGLU in the plain one (``gather_quantize_mxfp8``, ``swiglu_quantize_mxfp8``)."""
 
     # Rows a program quantizes a step, a power of two (at most a 128-row block of the scales).
     block_rows: int = 1
@@ -95,7 +96,7 @@ class HalvesConfig:
     def __post_init__(self):
         check_fields_power_of_two(self, "block_rows", "num_warps")
         if self.block_rows > TILE_ROWS:
-            raise InputError(f"HalvesConfig.block_rows must be at most {TILE_ROWS}, got {self.block_rows}")
+            raise InputError(f"WholeRowsConfig.block_rows must be at most {TILE_ROWS}, got {self.block_rows}")
 
     def rows_config(self, cols: int) -> quantize.RowsConfig:
         return quantize.RowsConfig(tile=(self.block_rows, max(triton.next_power_of_2(cols), 64)),
@@ -107,19 +108,23 @@ class HalvesConfig:
 # to 2048-wide rows, eight above (the best of each fine-grained width measured, 64-128 groups). With few groups
 # (DeepSeek-V3's 8, the one such shape measured) a one-row program's group lookup is cheap and one-row programs, four
 # warps, ran faster. Under the interpreter, 32 rows a program (its time is its program count).
-MX_HALVES_ROWS = ((2048, HalvesConfig(1, 4)), (2**30, HalvesConfig(1, 8)))
-MX_HALVES_FEW_GROUPS = (8, HalvesConfig(1, 4, walk=False))
-# The widths it takes: each half whole 32-blocks, and the blocked scales' columns (a multiple of 4) all blocks of the
-# row, so the kernel writes no padding scale column.
-_HALVES_MULTIPLE = 4 * BLOCK_SIZE
-_MX_HALVES_INTERPRETED = HalvesConfig(32, 4)
+MX_HALVES_ROWS = ((2048, WholeRowsConfig(1, 4)), (2**30, WholeRowsConfig(1, 8)))
+MX_HALVES_FEW_GROUPS = (8, WholeRowsConfig(1, 4, walk=False))
+# The columns whose scales fill a row of the blocked buffer (its scale columns come in fours). The halves launch takes
+# widths of whole such rows: each half whole 32-blocks, and no padding scale column for the kernel to write.
+_BLOCKED_ROW = 4 * BLOCK_SIZE
+_MX_HALVES_INTERPRETED = WholeRowsConfig(32, 4)
 
 
-def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer, halves: bool = False,
-           walk: bool = False):  # fmt: skip
+def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer, halves: bool = False):
+    """The MXFP8 rows kernel over the producer's rows: ``config`` a ``RowsConfig`` (column tiles) or a
+    ``WholeRowsConfig`` (whole rows, in the HALVES lane order if ``halves``)."""
     check_multiple("the output", out.shape[1], BLOCK_SIZE, "its width (the blocked dim)")
     offs = check_group_offsets(offs, out, out.shape[0])
-    check_config("config", config, quantize.RowsConfig)
+    check_config("config", config, (quantize.RowsConfig, WholeRowsConfig))
+    walk = False
+    if isinstance(config, WholeRowsConfig):  # the row's blocks and the blocked scales' padding column blocks
+        config, walk = config.rows_config(-(-out.shape[1] // _BLOCKED_ROW) * _BLOCKED_ROW), config.walk
     q, s = quantize._quantize_rows(out, mode, config or _MX_LAUNCH, "m_groups", offs=offs, producer=producer,
                                    halves=halves, walk=walk)  # fmt: skip
     return out, q, s
@@ -162,15 +167,16 @@ def _swiglu_backward(grad_act, h1, h3) -> tuple[torch.Tensor, Producer]:
 # ---- MXFP8: the bf16 tensor, its e4m3 data (M, C) and M-groups blocked scales ---------------------------------
 
 
-def gather_quantize_mxfp8(x, src, weight, offs, mode="rceil", *, config: quantize.RowsConfig | None = None):
+def gather_quantize_mxfp8(x, src, weight, offs, mode="rceil", *,
+                          config: quantize.RowsConfig | WholeRowsConfig | None = None):  # fmt: skip
     """(xs, xs_q, xs_sb): ``xs = moe_rows.gather_weighted(x, src, weight)`` (R, D) bf16 and
     ``quantize_blocked.quantize_dim0_blocked(xs, offs, mode)``. D a multiple of 32; offs int32 (G,) group ends over
-    the R rows. ``config``: the rows kernel's launch (None: ``MX_FUSED``, as for every MXFP8 fused call)."""
+    the R rows. ``config``: the rows kernel's launch, column tiles or whole rows (None: ``MX_FUSED``)."""
     out, producer = _gather(x, src, weight)
     return _mxfp8(out, offs, mode, config, producer)
 
 
-def swiglu_quantize_mxfp8(h1, h3, offs, mode="rceil", *, config: quantize.RowsConfig | None = None):
+def swiglu_quantize_mxfp8(h1, h3, offs, mode="rceil", *, config: quantize.RowsConfig | WholeRowsConfig | None = None):
     """(act, act_q, act_sb): ``act = swiglu.swiglu(h1, h3)`` (M, N) bf16 and ``quantize_dim0_blocked(act, offs,
     mode)``. h1, h3 as ``swiglu`` takes them (views of one (M, 2N) output are fine); N a multiple of 32."""
     out, producer = _swiglu(h1, h3)
@@ -178,28 +184,29 @@ def swiglu_quantize_mxfp8(h1, h3, offs, mode="rceil", *, config: quantize.RowsCo
 
 
 def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *,
-                                   config: quantize.RowsConfig | HalvesConfig | None = None):  # fmt: skip
+                                   config: quantize.RowsConfig | WholeRowsConfig | None = None):  # fmt: skip
     """(grad_h, gh_q, gh_sb): ``(grad_h,) = swiglu.swiglu_backward(grad_act, h1, h3, packed=True)`` (M, 2N) bf16 and
-    ``quantize_dim0_blocked(grad_h, offs, mode)``. 2N a multiple of 32. ``config``: a ``HalvesConfig`` (each column
+    ``quantize_dim0_blocked(grad_h, offs, mode)``. 2N a multiple of 32. ``config``: a ``WholeRowsConfig`` (each column
     computed once for both halves; 2N a multiple of 128) or a ``RowsConfig`` (column tiles, each half's lanes
     computed apart); None where 2N is a multiple of 128: ``MX_HALVES_FEW_GROUPS``' launch for up to its groups,
     else the class of ``MX_HALVES_ROWS``; ``MX_FUSED`` otherwise."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
     width = out.shape[1]
-    check_config("config", config, (quantize.RowsConfig, HalvesConfig))
-    offs = check_group_offsets(offs, out, out.shape[0])
-    if config is None and width % _HALVES_MULTIPLE == 0:
+    check_config("config", config, (quantize.RowsConfig, WholeRowsConfig))
+    if config is None and width % _BLOCKED_ROW == 0:
         few, tile = MX_HALVES_FEW_GROUPS
-        config = (_MX_HALVES_INTERPRETED if INTERPRET else tile if offs.numel() <= few
+        # The group count picks the launch; ``_mxfp8`` validates offs (a non-tensor fails there, with its message).
+        groups = offs.numel() if isinstance(offs, torch.Tensor) else 0
+        config = (_MX_HALVES_INTERPRETED if INTERPRET else tile if groups <= few
                   else launch_by_width(MX_HALVES_ROWS, width))  # fmt: skip
-    if not isinstance(config, HalvesConfig):
+    if not isinstance(config, WholeRowsConfig):
         return _mxfp8(out, offs, mode, config, producer)
-    if width % _HALVES_MULTIPLE:
-        raise InputError(f"the halves launch takes 2N a multiple of {_HALVES_MULTIPLE} (each half whole 32-blocks, "
+    if width % _BLOCKED_ROW:
+        raise InputError(f"the halves launch takes 2N a multiple of {_BLOCKED_ROW} (each half whole 32-blocks, "
                          f"and no padding columns in the blocked scales), got 2N = {width}; "
                          "pass a RowsConfig")  # fmt: skip
     halves = producer._replace(fn=swiglu.swiglu_backward_halves_producer)
-    return _mxfp8(out, offs, mode, config.rows_config(width), halves, halves=True, walk=config.walk)
+    return _mxfp8(out, offs, mode, config, halves, halves=True)
 
 
 # ---- FP8 rowwise: the bf16 tensor, its e4m3 data, row scales (M,) and the (G, C) column amax table ------------

@@ -124,8 +124,9 @@ def _quantize_rows_kernel(
     HALVES (M-groups, whole rows: BLOCK_C / 2 >= n_cols / 2, each half a whole number of 32-blocks, and as many
     blocks as the buffer has scale columns): the tile holds a row of two halves as two halves of BLOCK_C / 2 lanes
     (lane j of the second at column n_cols / 2 + j), for a producer that computes both halves of a column at once
-    (``swiglu.swiglu_backward_halves_producer``); every 32-lane block is still 32 consecutive columns. WALK (with
-    HALVES): a program walks a whole 128-row block, BLOCK_R rows a step, looking its group up once."""
+    (``swiglu.swiglu_backward_halves_producer``); every 32-lane block is still 32 consecutive columns. WALK (M-groups,
+    whole rows: BLOCK_C covers every scale column's blocks): a program walks a whole 128-row block, BLOCK_R rows a
+    step, looking its group up once."""
     pid = tl.program_id(0)
     if WALK:  # a program walks a whole 128-row block of the scales, BLOCK_R rows a step
         n_col_tiles = 1
@@ -233,7 +234,7 @@ def _quantize_rows(
     (``layouts.m_groups_shape``); "3d", the blocked buffer of R / group_rows experts (``layouts.blocked_3d_shape``).
     ``producer`` (M-groups only): x is the bf16 output the producer writes, every row of it (``moe_fused``);
     ``halves``: its tile in the kernel's HALVES lane order, whole rows (``config``'s columns at least C); ``walk``
-    (with ``halves``): a program a 128-row block of the scales."""
+    (M-groups, whole rows): a program a 128-row block of the scales."""
     rceil = ScaleMode.parse(mode) is ScaleMode.RCEIL
     R, C = x.shape
     config = fit_interpreted(config, INTERPRETER_ROWS, R, C)
@@ -263,7 +264,8 @@ def _quantize_rows(
             raise InputError(f"the halves lane order takes M-groups scales of whole rows, each half of {C} columns "
                              f"a number of 32-blocks and {s_cols} scale columns its blocks; tile {config.tile}")  # fmt: skip
         width, even = tc, False
-    walk = halves and walk
+    if walk and (scales != "m_groups" or tc < width):
+        raise InputError(f"a walking launch takes M-groups scales of whole rows ({width} columns); tile {config.tile}")
     # walk: a program a 128-row block (the kernel walks its rows); otherwise a program a tile.
     grid = (triton.cdiv(grid_rows, TILE_ROWS) if walk else triton.cdiv(grid_rows, tr) * triton.cdiv(width, tc),)
     args, produce = producer_args(producer, x)
