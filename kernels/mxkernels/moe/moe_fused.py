@@ -110,6 +110,13 @@ class WholeRowsConfig:
 # warps, ran faster. Under the interpreter, 32 rows a program (its time is its program count).
 MX_HALVES_ROWS = ((2048, WholeRowsConfig(1, 4)), (2**30, WholeRowsConfig(1, 8)))
 MX_HALVES_FEW_GROUPS = (8, WholeRowsConfig(1, 4, walk=False))
+# SwiGLU's forward in MXFP8 (tune_layer_fused --recipes mxfp8 --only swiglu, an H200; numbers in docs/perf-log.md):
+# whole rows of one row a step paid where the row fills its power-of-two lanes well enough: at 768 columns (128
+# groups) 4-warp programs walking a scale block, 1.13x the chain against the column tiles' 0.92x; at 2048 columns
+# with 8 groups, 2-warp one-row programs, 1.26x against 0.85x. At 1408 and 2880 columns (V2-Lite, gpt-oss) the
+# column tiles were as fast or faster. Widths or group counts between those measured take the nearest measured class.
+MX_SWIGLU_ROWS = ((1024, WholeRowsConfig(1, 4)), (2**30, MX_FUSED))
+MX_SWIGLU_FEW_GROUPS = (8, ((4096, WholeRowsConfig(1, 2, walk=False)), (2**30, MX_FUSED)))
 # The columns whose scales fill a row of the blocked buffer (its scale columns come in fours). The halves launch takes
 # widths of whole such rows: each half whole 32-blocks, and no padding scale column for the kernel to write.
 _BLOCKED_ROW = 4 * BLOCK_SIZE
@@ -178,8 +185,14 @@ def gather_quantize_mxfp8(x, src, weight, offs, mode="rceil", *,
 
 def swiglu_quantize_mxfp8(h1, h3, offs, mode="rceil", *, config: quantize.RowsConfig | WholeRowsConfig | None = None):
     """(act, act_q, act_sb): ``act = swiglu.swiglu(h1, h3)`` (M, N) bf16 and ``quantize_dim0_blocked(act, offs,
-    mode)``. h1, h3 as ``swiglu`` takes them (views of one (M, 2N) output are fine); N a multiple of 32."""
+    mode)``. h1, h3 as ``swiglu`` takes them (views of one (M, 2N) output are fine); N a multiple of 32. ``config``:
+    the rows kernel's launch (None: ``MX_SWIGLU_FEW_GROUPS``' class for up to its groups, else ``MX_SWIGLU_ROWS``'
+    by N; under the interpreter ``MX_FUSED``'s)."""
     out, producer = _swiglu(h1, h3)
+    if config is None and not INTERPRET:
+        few, table = MX_SWIGLU_FEW_GROUPS
+        groups = offs.numel() if isinstance(offs, torch.Tensor) else 0  # ``_mxfp8`` validates offs
+        config = launch_by_width(table if groups <= few else MX_SWIGLU_ROWS, out.shape[1])
     return _mxfp8(out, offs, mode, config, producer)
 
 
