@@ -55,7 +55,11 @@ from peers import deepgemm as DG
 # over fwd + dgrad on an H200, so no class of its own: gemm/shape_classes.py).
 MODELS = {"deepseek-v3": (7168, 2048, 8, 131072), "llama4-scout": (5120, 8192, 8, 131072),
           "gpt-oss-120b": (2880, 2880, 128, 131072), "qwen3-30b-a3b": (2048, 768, 128, 65536),
-          "qwen3-tiny-groups": (2048, 768, 128, 16384)}  # fmt: skip
+          "qwen3-tiny-groups": (2048, 768, 128, 16384),
+          # The layer's projections at its rows (one microbatch: 16384 tokens x top-8 = 1024 rows an expert; 98304
+          # rows at V2-Lite's top-6): gate/up (N = 2 x the intermediate) and down (K = the intermediate).
+          "qwen3-layer-up": (2048, 1536, 128, 131072), "qwen3-layer-down": (768, 2048, 128, 131072),
+          "v2-lite-layer-up": (2048, 2816, 64, 98304), "v2-lite-layer-down": (1408, 2048, 64, 98304)}  # fmt: skip
 MIN_SQNR_DB = 30.0
 _T = (128, 256, 128)  # the tile that won the first sweep (docs/perf-log.md)
 _PRECISE = [  # promotion every 128 elements, as torch's kernel: tiles whose registers leave room for two programs

@@ -96,7 +96,7 @@ _BUILD = textwrap.dedent(
                           torch.empty(1024, dtype=torch.bfloat16), 1024, 256, 1024, 4, 132, WGRAD=case == "2d2d",
                           STAGES=c.num_stages,
                           GROUP_M=c.group_m, TMA_STORE=c.tma_store, PRODUCER_REGS=c.producer_regs,
-                          CONSUMER_REGS=c.consumer_regs, num_warps=4, grid=(1,))
+                          CONSUMER_REGS=c.consumer_regs, STAGING=W.staging_buffers(c), num_warps=4, grid=(1,))
         built.append({"ptx": k.asm["ptx"], "shared": k.metadata.shared})
     sys.stdout.write(json.dumps(built))
     """

@@ -301,31 +301,40 @@ def _store_masked(value, out_ptr, rows, cols, row_ok, col_ok, ROW_STRIDE):
 
 @gluon.jit
 def _epilogue(ring: _Ring, acc, sa, sb, nonempty, out_ptr, rows, cols, row_ok, col_ok, ROW_STRIDE, whole, desc_row,
-              desc_col, HALF: gl.constexpr):  # fmt: skip
+              desc_col, stores, HALF: gl.constexpr):  # fmt: skip
     """out[rows, cols] = acc * sa[:, None] * sb[None, :] (zeros where ``nonempty`` is false: ``where``, not a multiply
-    by zero, which an inf scale would turn into NaN).
+    by zero, which an inf scale would turn into NaN). Returns the count of this warpgroup's TMA stores.
 
-    With TMA stores (a staging buffer per warpgroup in the ring) and ``whole`` (every row of the block belongs to the
-    tile's group), TMA writes the block at (desc_row, desc_col) of the output's descriptor, clipping columns past the
-    output's; otherwise masked stores from registers (rows past the group's end are the next group's)."""
+    With TMA stores (staging buffers in the ring, ``PER`` a warpgroup) and ``whole`` (every row of the block belongs
+    to the tile's group), TMA writes the block at (desc_row, desc_col) of the output's descriptor, clipping columns
+    past the output's; otherwise masked stores from registers (rows past the group's end are the next group's). The
+    warpgroup's stores take its buffers in turn, so a store waits only for the one PER stores back (the same buffer)
+    to have read it: with two, a 256-column tile's second half no longer waits for its first half's store."""
     value = gl.where(nonempty, acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0), 0.0).to(out_ptr.dtype.element_ty)
     if ring.out_s.type.shape[1] == acc.type.shape[0]:
         if whole:
-            buf = ring.out_s.index(HALF)
-            tma.store_wait(0)  # the buffer's previous store has read it
+            PER: gl.constexpr = ring.out_s.type.shape[0] // 2
+            buf = ring.out_s.index(HALF * PER + stores % PER)
+            tma.store_wait(PER - 1)  # the buffer's previous store has read it (bulk groups complete in order)
             buf.store(value)
             fence_async_shared()
             _tma_store(ring.out_desc, [desc_row, desc_col], buf)
+            stores += 1
         else:
             _store_masked(value, out_ptr, rows, cols, row_ok, col_ok, ROW_STRIDE)
     else:
         _store_masked(value, out_ptr, rows, cols, row_ok, col_ok, ROW_STRIDE)
+    return stores
 
 
 @gluon.constexpr_function
 def _mma_layout(sub):
     """One warpgroup's wgmma accumulator: BLOCK_M / 2 rows x ``sub`` columns in m64 x sub x k32 instructions."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, sub, 32])
+
+
+# The scales' layout while the main loop runs: one warpgroup's 128 threads along the tile's rows or columns.
+_SCALES = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
 
 @gluon.jit
@@ -339,7 +348,9 @@ def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr
     mma: gl.constexpr = _mma_layout(SUB)
     r = HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
     c = gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
+    cb = gl.arange(0, SUB, layout=_SCALES)
     step = 0
+    stores = 0
     part = gl.zeros([ROWS, SUB], gl.float32, mma)
     at_g, before = 0, 0  # the 2D x 3D walk's cursor (``_locate_2d3d``)
     at_start, at_size = _group(w, 0)
@@ -367,20 +378,29 @@ def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr
             sb_base = sb_ptr + g * w.N
             desc_row = row0
             nonempty = True
+        # The scales are loaded before the main loop, a few registers a thread in a blocked layout (the accumulator's
+        # would take 32 a column block), so their latency hides behind it instead of idling the tensor core after.
+        rb = HALF * ROWS + gl.arange(0, ROWS, layout=_SCALES)
+        sa_early = gl.load(sa_base + row0 + rb, mask=rb < rows_left, other=0.0)
+        sb_lo = gl.load(sb_base + n0 + cb, mask=n0 + cb < cols_total, other=0.0)
+        if BLOCK_N // SUB == 2:
+            sb_hi = gl.load(sb_base + n0 + SUB + cb, mask=n0 + SUB + cb < cols_total, other=0.0)
+        else:
+            sb_hi = sb_lo
         acc, acc_hi, step, part = _contract(ring, step, k_steps, part, HALF)
         row_ok = r < rows_left
-        sa = gl.load(sa_base + row0 + r, mask=row_ok, other=0.0)
+        sa = gl.convert_layout(sa_early, gl.SliceLayout(1, mma))
         whole = rows_left >= (HALF + 1) * ROWS
         for h in gl.static_range(BLOCK_N // SUB):
             cols = n0 + h * SUB + c
             col_ok = cols < cols_total
-            sb = gl.load(sb_base + cols, mask=col_ok, other=0.0)
-            _epilogue(ring, acc if h == 0 else acc_hi, sa, sb, nonempty, out_block, row0 + r, cols, row_ok, col_ok,
-                      cols_total, whole, desc_row + HALF * ROWS, n0 + h * SUB, HALF)  # fmt: skip
+            sb = gl.convert_layout(sb_lo if h == 0 else sb_hi, gl.SliceLayout(0, mma))
+            stores = _epilogue(ring, acc if h == 0 else acc_hi, sa, sb, nonempty, out_block, row0 + r, cols, row_ok,
+                               col_ok, cols_total, whole, desc_row + HALF * ROWS, n0 + h * SUB, stores, HALF)  # fmt: skip
 
 
 @gluon.jit
-def _ring(a_desc, b_desc, out_desc, STAGES: gl.constexpr, TMA_STORE: gl.constexpr):
+def _ring(a_desc, b_desc, out_desc, STAGES: gl.constexpr, TMA_STORE: gl.constexpr, STAGING: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -393,8 +413,8 @@ def _ring(a_desc, b_desc, out_desc, STAGES: gl.constexpr, TMA_STORE: gl.constexp
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     mbarrier.init(landed, count=1)
-    if TMA_STORE:  # a staging buffer per consumer warpgroup, of its block's shape
-        out_s = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
+    if TMA_STORE:  # STAGING buffers per consumer warpgroup, of its block's shape
+        out_s = gl.allocate_shared_memory(out_desc.dtype, [2 * STAGING] + out_desc.block_type.shape, out_desc.layout)
     else:  # none (a stand-in no block matches)
         out_s = gl.allocate_shared_memory(out_desc.dtype, [2, 1, out_desc.block_type.shape[1]], out_desc.layout)
     return _Ring(a_desc, b_desc, a_s, b_s, ready, empty, landed, out_desc, out_s)
@@ -404,12 +424,12 @@ def _ring(a_desc, b_desc, out_desc, STAGES: gl.constexpr, TMA_STORE: gl.constexp
 def _fp8_ws(
     a_desc, b_desc, out_desc, sa_ptr, sb_ptr, offs_ptr, out_ptr, M, N, K, G, PROGRAMS,
     WGRAD: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, TMA_STORE: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, STAGING: gl.constexpr = 1,
 ):  # fmt: skip
     """2D x 3D: out (M, N) = (A (M, K) @ B_g (N, K)^T) * sa[:, None] * sb[g][None, :] per row group g.
     WGRAD (2D x 2D): out[g] (N, K) = (X[:, group g] @ Y[:, group g]^T) * sx[g][:, None] * sy[g][None, :], X = a_q
     (N, M), Y = b_q (K, M), offs splitting the contraction M; sx (G, N), sy (G, K)."""
-    ring = _ring(a_desc, b_desc, out_desc, STAGES, TMA_STORE)
+    ring = _ring(a_desc, b_desc, out_desc, STAGES, TMA_STORE, STAGING)
     w = _Walk(offs_ptr, M, N, K, G, PROGRAMS, GROUP_M)
     gl.warp_specialize([
         (_consumer, (ring, w, sa_ptr, sb_ptr, out_ptr, 0, WGRAD)),
@@ -464,7 +484,17 @@ class WsConfig:
             check_int("WsConfig.max_programs", self.max_programs, 1)
 
 
+# Shared memory for the ring and the staging buffers, under the SM90 block's 227 KiB (barriers and the scales'
+# layout conversions take the rest).
+_SHARED_BUDGET = 220 * 1024
 DEFAULT_CONFIG = WsConfig()
+
+
+def staging_buffers(config: WsConfig) -> int:
+    """Staging buffers a consumer warpgroup gets for its TMA stores: two where the ring leaves room for them (the
+    default 2D x 3D ring: 144 + 64 KiB of bf16 64 x 128 blocks), else one (the 2D x 2D default's four slots: 192)."""
+    ring = config.num_stages * (config.block_m + config.block_n) * config.block_k
+    return 2 if ring + 4 * (config.block_m // 2) * min(config.block_n, 128) * 2 <= _SHARED_BUDGET else 1
 # The defaults per case: scripts/tune_fp8_gemm.py's candidates at DeepSeek-V3 and Llama 4 Scout shapes on an H100, two
 # runs (docs/perf-log.md). 2D x 3D: three or four slots and either band height are within 1% over fwd and dgrad; 2D x
 # 2D: four slots and bands of 16 were 2-3% ahead in wgrad (its (N, K) outputs share B panels across more rows).
@@ -517,6 +547,7 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
     _fp8_ws[(programs,)](a_desc, b_desc, out_desc, a_scale, b_scale, offs, out, M, N, K, G, programs,
                         WGRAD=b_q.dim() == 2, STAGES=config.num_stages, GROUP_M=config.group_m, TMA_STORE=tma_store,
                         PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=config.consumer_regs,
+                        STAGING=staging_buffers(config),
                         num_warps=4)  # fmt: skip
     return out
 
