@@ -51,8 +51,8 @@ def main() -> int:
         K, N, G, M = MODELS[model]
         for pass_ in ("fwd", "dgrad"):
             (a_q, sa, b_q, sb), offs = _operands(pass_, K, N, [M // G] * G, seed=0)
-            calls = {"old": lambda: old_ws.run_fp8_rowwise(a_q, sa, b_q, sb, offs, torch.bfloat16),
-                     "new": lambda: new_ws.run_fp8_rowwise(a_q, sa, b_q, sb, offs, torch.bfloat16)}  # fmt: skip
+            ops = (a_q, sa, b_q, sb, offs, torch.bfloat16)
+            calls = {"old": lambda o=ops: old_ws.run_fp8_rowwise(*o), "new": lambda o=ops: new_ws.run_fp8_rowwise(*o)}
             same = torch.equal(calls["old"]().view(torch.int16), calls["new"]().view(torch.int16))
             if not same:
                 print(f"{model} {pass_}: old and new outputs differ", flush=True)
