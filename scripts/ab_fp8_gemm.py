@@ -6,7 +6,7 @@ GPU in one process, rounds interleaved (old, new, old, new, ...) so that clock a
 
 The old file is loaded as a sibling module of the package (``mxkernels.gemm._ab_old``), so its relative imports
 resolve; each version's ``run_fp8_rowwise`` (its default launch) runs on the same operands (``tune_fp8_gemm``'s
-shapes and operands, fwd and dgrad) and must give the same bytes as the other before any timing. Per shape and pass:
+shapes and operands; ``--passes``, fwd and dgrad by default) and must give the same bytes as the other before any timing. Per shape and pass:
 each version's median over the rounds' medians (``time_fn``, cold L2) and new / old. JSON to ``--out``.
 """
 
@@ -39,6 +39,7 @@ def _load_old(path: str):
 def _add_arguments(parser) -> None:
     parser.add_argument("--old-file", required=True, help="an older gemm/fp8_ws.py (git show REV:path > FILE)")
     parser.add_argument("--rounds", type=int, default=4, help="old/new pairs per shape and pass")
+    parser.add_argument("--passes", default="fwd,dgrad", help="comma list of fwd, dgrad, wgrad")
 
 
 def main() -> int:
@@ -49,7 +50,7 @@ def main() -> int:
     rows, skipped = [], []
     for model in args.only.split(","):
         K, N, G, M = MODELS[model]
-        for pass_ in ("fwd", "dgrad"):
+        for pass_ in args.passes.split(","):
             (a_q, sa, b_q, sb), offs = _operands(pass_, K, N, [M // G] * G, seed=0)
             ops = (a_q, sa, b_q, sb, offs, torch.bfloat16)
             calls = {"old": lambda o=ops: old_ws.run_fp8_rowwise(*o), "new": lambda o=ops: new_ws.run_fp8_rowwise(*o)}
