@@ -1,5 +1,5 @@
 """A/B of the warp-specialized FP8 rowwise GEMM (``gemm/fp8_ws.py``) against an older version of the same file, on one
-GPU in one process, rounds interleaved (old, new, old, new, ...) so that clock and thermal drift falls on both.
+GPU in one process, rounds interleaved (old, new, new, old, ...) so that clock and thermal drift falls on both.
 
     git show REV:kernels/mxkernels/gemm/fp8_ws.py > /tmp/fp8_ws_old.py
     python scripts/ab_fp8_gemm.py --old-file /tmp/fp8_ws_old.py [--only qwen3-layer-down,...] [--rounds 4]
@@ -58,8 +58,8 @@ def main() -> int:
             if not same:
                 print(f"{model} {pass_}: old and new outputs differ", flush=True)
             medians = {"old": [], "new": []}
-            for _ in range(args.rounds):
-                for name in ("old", "new"):
+            for round_ in range(args.rounds):  # ABBA: each version goes first in every other round
+                for name in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
                     medians[name].append(time_fn(calls[name], samples=args.samples).median_us)
             old, new = statistics.median(medians["old"]), statistics.median(medians["new"])
             flops = 2 * M * N * K
