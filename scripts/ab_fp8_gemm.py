@@ -1,13 +1,14 @@
-"""A/B of the warp-specialized FP8 rowwise GEMM (``gemm/fp8_ws.py``) against an older version of the same file, on one
+"""A/B of the FP8 rowwise GEMM as shipped against an older version of the warp-specialized ``gemm/fp8_ws.py``, on one
 GPU in one process, rounds interleaved (old, new, new, old, ...) so that clock and thermal drift falls on both.
 
     git show REV:kernels/mxkernels/gemm/fp8_ws.py > /tmp/fp8_ws_old.py
     python scripts/ab_fp8_gemm.py --old-file /tmp/fp8_ws_old.py [--only qwen3-layer-down,...] [--rounds 4]
 
 The old file is loaded as a sibling module of the package (``mxkernels.gemm._ab_old``), so its relative imports
-resolve; each version's ``run_fp8_rowwise`` (its default launch) runs on the same operands (``tune_fp8_gemm``'s
-shapes and operands; ``--passes``, fwd and dgrad by default) and must give the same bytes as the other before any timing. Per shape and pass:
-each version's median over the rounds' medians (``time_fn``, cold L2) and new / old. JSON to ``--out``.
+resolve. Its ``run_fp8_rowwise`` (its default launch) and the shipped dispatch (``backend=None``: the shape class's
+backend and launch, what a layer runs) take the same operands (``tune_fp8_gemm``'s shapes and operands; ``--passes``,
+fwd and dgrad by default) and must give the same bytes before any timing. Per shape and pass: each side's median of
+its rounds' medians (``time_fn``, cold L2) and new / old. JSON to ``--out``; exit 1 if any bytes differ.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 from tuning import start
 
 import torch
-from mxkernels.gemm import fp8_ws as new_ws
+from mxkernels.gemm import grouped_gemm as GG
 from tune_fp8_gemm import MODELS, _operands
 from mxbench.instruments.timing import time_fn
 
@@ -52,8 +53,9 @@ def main() -> int:
         K, N, G, M = MODELS[model]
         for pass_ in args.passes.split(","):
             (a_q, sa, b_q, sb), offs = _operands(pass_, K, N, [M // G] * G, seed=0)
-            ops = (a_q, sa, b_q, sb, offs, torch.bfloat16)
-            calls = {"old": lambda o=ops: old_ws.run_fp8_rowwise(*o), "new": lambda o=ops: new_ws.run_fp8_rowwise(*o)}
+            ops = (a_q, sa, b_q, sb, offs)
+            calls = {"old": lambda o=ops: old_ws.run_fp8_rowwise(*o, torch.bfloat16),
+                     "new": lambda o=ops: GG.fp8_rowwise_scaled_grouped_mm(*o, out_dtype=torch.bfloat16)}  # fmt: skip
             same = torch.equal(calls["old"]().view(torch.int16), calls["new"]().view(torch.int16))
             if not same:
                 print(f"{model} {pass_}: old and new outputs differ", flush=True)

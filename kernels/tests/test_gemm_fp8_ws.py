@@ -47,7 +47,9 @@ def test_config_is_checked():
     with pytest.raises(InputError, match="2d3d"):
         W.default_config("3d3d")
     for fields, match in (({"block_m": 64}, "128 rows"), ({"block_n": 64}, "128 rows"), ({"num_stages": 0}, "num_stages"),
-                          ({"consumer_regs": 236}, "multiple of 8"), ({"producer_regs": 16}, "producer_regs")):  # fmt: skip
+                          ({"consumer_regs": 236}, "multiple of 8"), ({"producer_regs": 16}, "producer_regs"),
+                          ({"early_scales": 1}, "bool"), ({"staging": 3}, "staging"),
+                          ({"num_stages": 4, "staging": 2}, "shared memory")):  # fmt: skip
         with pytest.raises(InputError, match=match):
             W.WsConfig(**fields)
 
@@ -96,7 +98,7 @@ _BUILD = textwrap.dedent(
                           torch.empty(1024, dtype=torch.bfloat16), 1024, 256, 1024, 4, 132, WGRAD=case == "2d2d",
                           STAGES=c.num_stages,
                           GROUP_M=c.group_m, TMA_STORE=c.tma_store, PRODUCER_REGS=c.producer_regs,
-                          CONSUMER_REGS=c.consumer_regs, STAGING=W.staging_buffers(c), num_warps=4, grid=(1,))
+                          CONSUMER_REGS=c.consumer_regs, STAGING=c.staging, EARLY_SCALES=c.early_scales, num_warps=4, grid=(1,))
         built.append({"ptx": k.asm["ptx"], "shared": k.metadata.shared})
     sys.stdout.write(json.dumps(built))
     """
@@ -114,11 +116,13 @@ def _ptxas() -> Path | None:
     return path if path.exists() else None
 
 
-CASES, VARIANTS = ["2d3d", "2d2d"], ["default", "128-no-tma-store"]
+CASES, VARIANTS = ["2d3d", "2d2d"], ["default", "128-no-tma-store", "early-scales"]
 
 
 def _build_config(case: str, variant: str) -> W.WsConfig:
     config = W.default_config(case)
+    if variant == "early-scales":  # the many-experts class's launch (2D x 2D's four slots leave room for one buffer)
+        return dataclasses.replace(config, early_scales=True, staging=2 if case == "2d3d" else 1)
     return config if variant == "default" else dataclasses.replace(config, block_n=128, tma_store=False)
 
 
@@ -165,8 +169,9 @@ def test_sm90_build_overlaps_the_warpgroups(case, variant, tmp_path, sm90_builds
 # ---- on the GPU ----------------------------------------------------------------------------------------------------
 
 # The default; a program walking several tiles and groups; 128-column tiles with stores from registers.
-CONFIGS = [None, W.WsConfig(max_programs=3), W.WsConfig(block_n=128, tma_store=False, max_programs=5)]
-IDS = ["default", "3-programs", "128-no-tma-store-5-programs"]
+CONFIGS = [None, W.WsConfig(max_programs=3), W.WsConfig(block_n=128, tma_store=False, max_programs=5),
+           W.WsConfig(early_scales=True, staging=2, max_programs=3)]
+IDS = ["default", "3-programs", "128-no-tma-store-5-programs", "early-scales-2-staging-3-programs"]
 
 
 @pytest.mark.gpu

@@ -33,13 +33,17 @@ HAND_WORKED = {
     "deepseek-v3 wgrad": (("2d2d", 131072, 2048, 7168, 8), C.WGRAD),
     "llama4-scout fwd": (("2d3d", 131072, 8192, 5120, 8), C.GROUPED),
     "llama4-scout dgrad": (("2d3d", 131072, 5120, 8192, 8), C.GROUPED),
-    # Qwen3-30B-A3B's layer at 128 experts: the warp-specialized kernel since its walk resumes (measured, H200).
-    "qwen3 down fwd": (("2d3d", 131072, 2048, 768, 128), C.GROUPED),
-    "qwen3 up fwd": (("2d3d", 131072, 1536, 2048, 128), C.GROUPED),
+    # Qwen3-30B-A3B's layer at 128 experts: the warp-specialized kernel since its walk resumes (measured, H200), its
+    # scales loaded early from 64 experts up (the A/B).
+    "qwen3 down fwd": (("2d3d", 131072, 2048, 768, 128), C.GROUPED_MANY),
+    "qwen3 up fwd": (("2d3d", 131072, 1536, 2048, 128), C.GROUPED_MANY),
     "qwen3 wgrad": (("2d2d", 131072, 768, 2048, 128), C.WGRAD),
-    "gpt-oss fwd": (("2d3d", 131072, 2880, 2880, 128), C.GROUPED),
+    "gpt-oss fwd": (("2d3d", 131072, 2880, 2880, 128), C.GROUPED_MANY),
     # 128 experts of 128 rows: no class of their own (ws 3% ahead of 64-row tiles over fwd + dgrad).
-    "tiny groups": (("2d3d", 16384, 768, 2048, 128), C.GROUPED),
+    "tiny groups": (("2d3d", 16384, 768, 2048, 128), C.GROUPED_MANY),
+    # The boundary: 63 experts stay, 64 (DeepSeek-V2-Lite) move.
+    "63 experts": (("2d3d", 63 * 1024, 2048, 1408, 63), C.GROUPED),
+    "v2-lite down fwd": (("2d3d", 98304, 2048, 1408, 64), C.GROUPED_MANY),
     # 8 experts, N 384: 256-column tiles compute 512 (33% waste), 128-column ones 384 (none): 0.33 > 0.127.
     "narrow tail": (("2d3d", 65536, 384, 7168, 8), C.GROUPED_NARROW_TAIL),
     # N 640: 768 computed at 256 (20% waste), 640 at 128 (none): 0.20 > 0.127; at 128 experts too.
@@ -65,6 +69,8 @@ def test_grouped_and_wgrad_run_the_ws_defaults_chosen_on_the_h100():
     assert grouped.config == W.default_config("2d3d") and wgrad.config == W.default_config("2d2d")
     narrow = TABLE.choices[C.GROUPED_NARROW_TAIL]
     assert (narrow.backend, narrow.config.block_n) == ("triton_ws", 128)
+    many = TABLE.choices[C.GROUPED_MANY]  # the grouped launch, its scales early and two staging buffers
+    assert many.config == W.WsConfig(128, 256, 128, num_stages=3, group_m=8, early_scales=True, staging=2)
 
 
 def test_every_class_has_a_launch_its_backend_takes():
@@ -72,7 +78,7 @@ def test_every_class_has_a_launch_its_backend_takes():
         assert choice.why
         assert isinstance(choice.config, GG.CONFIG_TYPES["fp8_rowwise"][choice.backend]), cls
     with pytest.raises(InputError, match="no choice"):
-        SC.ClassTable(0.1, choices={C.WGRAD: TABLE.choices[C.WGRAD]})
+        SC.ClassTable(0.1, 64, choices={C.WGRAD: TABLE.choices[C.WGRAD]})
     with pytest.raises(InputError, match="case"):
         GemmShape("3d3d", 1, 1, 1, 1)
 
@@ -86,7 +92,7 @@ def test_only_sm90_fp8_rowwise_has_classes(monkeypatch):
     assert GG.choose("fp8_rowwise", "2d3d", 131072, 2048, 768, 128, "cuda") == SC.Choice(
         GG.default_backend("fp8_rowwise", "cuda"), None, GG.choose("fp8_rowwise", "2d3d", 1, 1, 1, 1, "cuda").why)
     monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
-    assert GG.choose("fp8_rowwise", "2d3d", 131072, 2048, 768, 128, "cuda") is TABLE.choices[C.GROUPED]
+    assert GG.choose("fp8_rowwise", "2d3d", 131072, 2048, 768, 128, "cuda") is TABLE.choices[C.GROUPED_MANY]
     assert GG.choose("mxfp8", "2d3d", 131072, 2048, 768, 128, "cuda").config is None
 
 
@@ -133,7 +139,7 @@ def test_backend_none_runs_the_class_kernel_and_launch(sm90_spies):
 
 def test_a_backend_or_launch_given_is_kept(sm90_spies):
     ops = case_2d3d([0, 5, 1, 0, 7] * 8, N=48, K=32)
-    mine = W.WsConfig(num_stages=5)  # the class (narrow tail) would run 128 columns, 4 slots
+    mine = W.WsConfig(num_stages=4)  # the class (narrow tail) would run 128 columns, 4 slots
     GG.fp8_rowwise_scaled_grouped_mm(*ops, config=mine, out_dtype=torch.float32)
     GG.fp8_rowwise_scaled_grouped_mm(*ops, backend="triton", out_dtype=torch.float32)
     assert sm90_spies == [("triton_ws", mine), ("triton", None)]
@@ -153,9 +159,9 @@ def test_the_step_and_layer_stages_name_each_gemms_class(monkeypatch):
 
     monkeypatch.setattr(GG, "_capability", lambda device: (9, 0))
     gemms = lambda stages: {s.name: (s.backend, s.fn.keywords.get("config")) for s in stages if s.backend}
-    # Qwen3's expert shape (K 2048, N 768, 128 x 512 rows) and DeepSeek-V3's: the same launches.
-    grouped, wgrad = TABLE.choices[C.GROUPED], TABLE.choices[C.WGRAD]
-    for shape in ((65536, 768, 2048, 128), (131072, 2048, 7168, 8)):
+    # Qwen3's expert shape (K 2048, N 768, 128 x 512 rows) and DeepSeek-V3's: each its class's launches.
+    grouped, wgrad, many = TABLE.choices[C.GROUPED], TABLE.choices[C.WGRAD], TABLE.choices[C.GROUPED_MANY]
+    for shape, grouped in (((65536, 768, 2048, 128), many), ((131072, 2048, 7168, 8), grouped)):
         got = gemms(step_stages("fp8_rowwise", *shape))
         assert got == {"gemm_fwd": ("triton_ws", grouped.config), "gemm_dgrad": ("triton_ws", grouped.config),
                        "gemm_wgrad": ("triton_ws", wgrad.config)}, shape  # fmt: skip
@@ -163,7 +169,7 @@ def test_the_step_and_layer_stages_name_each_gemms_class(monkeypatch):
     assert set(given.values()) == {("triton_ws", None)}  # a backend given runs everywhere, with its own launch
     # Qwen3-30B-A3B's layer (16384 tokens, top-8: 131072 rows; down contracts 768 into 2048 columns)
     got = gemms(layer_stages("fp8_rowwise", LayerShape(T=16384, K=2048, N=768, E=128, top_k=8)))
-    assert got["down.gemm_fwd"] == ("triton_ws", grouped.config) and got["down.gemm_wgrad"] == ("triton_ws", wgrad.config)
+    assert got["down.gemm_fwd"] == ("triton_ws", many.config) and got["down.gemm_wgrad"] == ("triton_ws", wgrad.config)
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------------------------

@@ -338,7 +338,8 @@ _SCALES = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 
 
 @gluon.jit
-def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr, WGRAD: gl.constexpr):
+def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr, WGRAD: gl.constexpr,
+              EARLY_SCALES: gl.constexpr):  # fmt: skip
     """Rows [HALF * BLOCK_M / 2, +BLOCK_M / 2) of every tile, in one warpgroup: A's rows (2D x 3D) or X's (WGRAD)."""
     BLOCK_M: gl.constexpr = ring.a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = ring.a_desc.block_type.shape[1]
@@ -378,23 +379,30 @@ def _consumer(ring: _Ring, w: _Walk, sa_ptr, sb_ptr, out_ptr, HALF: gl.constexpr
             sb_base = sb_ptr + g * w.N
             desc_row = row0
             nonempty = True
-        # The scales are loaded before the main loop, a few registers a thread in a blocked layout (the accumulator's
-        # would take 32 a column block), so their latency hides behind it instead of idling the tensor core after.
-        rb = HALF * ROWS + gl.arange(0, ROWS, layout=_SCALES)
-        sa_early = gl.load(sa_base + row0 + rb, mask=rb < rows_left, other=0.0)
-        sb_lo = gl.load(sb_base + n0 + cb, mask=n0 + cb < cols_total, other=0.0)
-        if BLOCK_N // SUB == 2:
-            sb_hi = gl.load(sb_base + n0 + SUB + cb, mask=n0 + SUB + cb < cols_total, other=0.0)
-        else:
-            sb_hi = sb_lo
+        if EARLY_SCALES:
+            # The scales loaded before the main loop, a few registers a thread in a blocked layout (the
+            # accumulator's would take 32 a column block), so that their latency hides behind it.
+            rb = HALF * ROWS + gl.arange(0, ROWS, layout=_SCALES)
+            sa_early = gl.load(sa_base + row0 + rb, mask=rb < rows_left, other=0.0)
+            sb_lo = gl.load(sb_base + n0 + cb, mask=n0 + cb < cols_total, other=0.0)
+            if BLOCK_N // SUB == 2:
+                sb_hi = gl.load(sb_base + n0 + SUB + cb, mask=n0 + SUB + cb < cols_total, other=0.0)
+            else:
+                sb_hi = sb_lo
         acc, acc_hi, step, part = _contract(ring, step, k_steps, part, HALF)
         row_ok = r < rows_left
-        sa = gl.convert_layout(sa_early, gl.SliceLayout(1, mma))
+        if EARLY_SCALES:
+            sa = gl.convert_layout(sa_early, gl.SliceLayout(1, mma))
+        else:
+            sa = gl.load(sa_base + row0 + r, mask=row_ok, other=0.0)
         whole = rows_left >= (HALF + 1) * ROWS
         for h in gl.static_range(BLOCK_N // SUB):
             cols = n0 + h * SUB + c
             col_ok = cols < cols_total
-            sb = gl.convert_layout(sb_lo if h == 0 else sb_hi, gl.SliceLayout(0, mma))
+            if EARLY_SCALES:
+                sb = gl.convert_layout(sb_lo if h == 0 else sb_hi, gl.SliceLayout(0, mma))
+            else:
+                sb = gl.load(sb_base + cols, mask=col_ok, other=0.0)
             stores = _epilogue(ring, acc if h == 0 else acc_hi, sa, sb, nonempty, out_block, row0 + r, cols, row_ok,
                                col_ok, cols_total, whole, desc_row + HALF * ROWS, n0 + h * SUB, stores, HALF)  # fmt: skip
 
@@ -425,6 +433,7 @@ def _fp8_ws(
     a_desc, b_desc, out_desc, sa_ptr, sb_ptr, offs_ptr, out_ptr, M, N, K, G, PROGRAMS,
     WGRAD: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, TMA_STORE: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, STAGING: gl.constexpr = 1,
+    EARLY_SCALES: gl.constexpr = False,
 ):  # fmt: skip
     """2D x 3D: out (M, N) = (A (M, K) @ B_g (N, K)^T) * sa[:, None] * sb[g][None, :] per row group g.
     WGRAD (2D x 2D): out[g] (N, K) = (X[:, group g] @ Y[:, group g]^T) * sx[g][:, None] * sy[g][None, :], X = a_q
@@ -432,10 +441,15 @@ def _fp8_ws(
     ring = _ring(a_desc, b_desc, out_desc, STAGES, TMA_STORE, STAGING)
     w = _Walk(offs_ptr, M, N, K, G, PROGRAMS, GROUP_M)
     gl.warp_specialize([
-        (_consumer, (ring, w, sa_ptr, sb_ptr, out_ptr, 0, WGRAD)),
-        (_consumer, (ring, w, sa_ptr, sb_ptr, out_ptr, 1, WGRAD)),
+        (_consumer, (ring, w, sa_ptr, sb_ptr, out_ptr, 0, WGRAD, EARLY_SCALES)),
+        (_consumer, (ring, w, sa_ptr, sb_ptr, out_ptr, 1, WGRAD, EARLY_SCALES)),
         (_producer, (ring, w, WGRAD)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+
+
+# Shared memory for the ring and the staging buffers: the SM90 block's 227 KiB less 2 KiB for the barriers and the
+# scales' layout conversions (the 2D x 2D default's four slots and one staging buffer a consumer built to 230480 bytes).
+_SHARED_BUDGET = 227 * 1024 - 2048
 
 
 @dataclass(frozen=True)
@@ -468,6 +482,13 @@ class WsConfig:
     consumer_regs: int = 232
     # Cap on the grid (None: one program per SM). Tests use a small one so a program walks several tiles and groups.
     max_programs: int | None = None
+    # Each consumer loads its tile's scales before the main loop (blocked layout, converted after it) instead of
+    # after: their load latency then hides behind the main loop. Faster at 64-128 experts, slower at 8 (H200 A/B,
+    # docs/perf-log.md): the shape classes choose.
+    early_scales: bool = False
+    # Staging buffers a consumer takes in turn for its TMA stores (1 or 2): with two, a 256-column tile's second half
+    # does not wait for its first half's store. Two need the ring to leave 2 x 16 KiB more shared memory.
+    staging: int = 1
 
     def __post_init__(self):
         if self.block_m != 128 or self.block_n not in (128, 256) or self.block_k not in (64, 128):
@@ -482,19 +503,18 @@ class WsConfig:
                 raise InputError(f"WsConfig.{name} must be a multiple of 8 (setmaxnreg), got {value}")
         if self.max_programs is not None:
             check_int("WsConfig.max_programs", self.max_programs, 1)
+        if not isinstance(self.early_scales, bool):
+            raise InputError(f"WsConfig.early_scales must be a bool, got {self.early_scales!r}")
+        check_int("WsConfig.staging", self.staging, 1, 2)
+        ring = self.num_stages * (self.block_m + self.block_n) * self.block_k
+        if ring + 2 * self.staging * (self.block_m // 2) * min(self.block_n, 128) * 2 > _SHARED_BUDGET:
+            raise InputError(f"WsConfig: a ring of {self.num_stages} slots and {self.staging} staging buffers a "
+                             f"consumer take more than the {_SHARED_BUDGET} bytes of shared memory they may")  # fmt: skip
 
 
-# Shared memory for the ring and the staging buffers, under the SM90 block's 227 KiB (barriers and the scales'
-# layout conversions take the rest).
-_SHARED_BUDGET = 220 * 1024
 DEFAULT_CONFIG = WsConfig()
 
 
-def staging_buffers(config: WsConfig) -> int:
-    """Staging buffers a consumer warpgroup gets for its TMA stores: two where the ring leaves room for them (the
-    default 2D x 3D ring: 144 + 64 KiB of bf16 64 x 128 blocks), else one (the 2D x 2D default's four slots: 192)."""
-    ring = config.num_stages * (config.block_m + config.block_n) * config.block_k
-    return 2 if ring + 4 * (config.block_m // 2) * min(config.block_n, 128) * 2 <= _SHARED_BUDGET else 1
 # The defaults per case: scripts/tune_fp8_gemm.py's candidates at DeepSeek-V3 and Llama 4 Scout shapes on an H100, two
 # runs (docs/perf-log.md). 2D x 3D: three or four slots and either band height are within 1% over fwd and dgrad; 2D x
 # 2D: four slots and bands of 16 were 2-3% ahead in wgrad (its (N, K) outputs share B panels across more rows).
@@ -547,7 +567,7 @@ def run_fp8_rowwise(a_q, a_scale, b_q, b_scale, offs, out_dtype: torch.dtype, co
     _fp8_ws[(programs,)](a_desc, b_desc, out_desc, a_scale, b_scale, offs, out, M, N, K, G, programs,
                         WGRAD=b_q.dim() == 2, STAGES=config.num_stages, GROUP_M=config.group_m, TMA_STORE=tma_store,
                         PRODUCER_REGS=config.producer_regs, CONSUMER_REGS=config.consumer_regs,
-                        STAGING=staging_buffers(config),
+                        STAGING=config.staging, EARLY_SCALES=config.early_scales,
                         num_warps=4)  # fmt: skip
     return out
 

@@ -19,6 +19,10 @@ Why these classes (docs/perf-log.md, 2026-11-29: the H200 measurements they rest
   160 B/clk of shared memory at the tensor core's rate against 142 (12.7% more, ``fp8_ws.WsConfig.block_n``). So
   128-column ws tiles pay only where the 256-column tail wastes more than that (no preset model's width does;
   predicted from counting only); measured at 2880: 3332 against 2657 us.
+* Expert count: from 64 experts up (short runs of tiles an expert), the same launch with its scales loaded before the
+  main loop and two staging buffers a consumer (``WsConfig.early_scales``, ``staging``): an interleaved A/B on one
+  H200 gave 0.93-1.00x the plain launch at Qwen3-30B-A3B's and DeepSeek-V2-Lite's layer projections (64 and 128
+  experts) and 1.00-1.13x at DeepSeek-V3's and Scout's (8), so 8 keeps it; between 8 and 64 not measured.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class ShapeClass(StrEnum):
     WGRAD = "wgrad"  # 2D x 2D: tiles located by division
     GROUPED = "grouped"  # 2D x 3D: the warp-specialized kernel, 256-column tiles
     GROUPED_NARROW_TAIL = "grouped_narrow_tail"  # ... where 256-column tiles waste > 12.7% more of the width
+    GROUPED_MANY = "grouped_many"  # ... at many experts (short tiles an expert): the scales loaded early
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class ClassTable:
 
     # A 128-column ws tile moves this much more shared memory per product than a 256-column one (160 / 142 B/clk).
     narrow_tile_cost: float
+    # From this many experts up, 2D x 3D calls are GROUPED_MANY.
+    many_groups: int
     choices: Mapping[ShapeClass, Choice] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -91,11 +98,14 @@ class ClassTable:
             return ShapeClass.WGRAD
         if shape.tail_waste(256) - shape.tail_waste(128) > self.narrow_tile_cost:
             return ShapeClass.GROUPED_NARROW_TAIL
+        if shape.G >= self.many_groups:
+            return ShapeClass.GROUPED_MANY
         return ShapeClass.GROUPED
 
 
 SM90_FP8_ROWWISE = ClassTable(
     narrow_tile_cost=160 / 142 - 1,
+    many_groups=64,
     choices={
         ShapeClass.WGRAD: Choice("triton_ws", WsConfig(num_stages=4, group_m=16),
                                  "fastest in every model measured (H200: Qwen3 300 us, gpt-oss 2497; DeepSeek-V3 and "
@@ -104,6 +114,10 @@ SM90_FP8_ROWWISE = ClassTable(
                                    "fastest at 8 and 128 experts on an H200 (DeepSeek-V3 3094 / 3446 us, Scout, "
                                    "Qwen3 193 / 255, gpt-oss 2075 / 2088); 3% ahead of 64-row tiles at 128 rows "
                                    "an expert"),
+        ShapeClass.GROUPED_MANY: Choice("triton_ws", WsConfig(early_scales=True, staging=2),
+                                        "the scales loaded before the main loop and two staging buffers: 0.93-1.00x "
+                                        "the plain launch at 64 and 128 experts (H200 A/B, Qwen3 and V2-Lite layer "
+                                        "projections), 1.00-1.13x at 8 (DeepSeek-V3, Scout), so not there"),
         ShapeClass.GROUPED_NARROW_TAIL: Choice("triton_ws", WsConfig(block_n=128, num_stages=4),
                                                "predicted from counting only: 256 columns waste more than the "
                                                "narrow tile's extra shared-memory traffic"),
