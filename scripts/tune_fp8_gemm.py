@@ -40,7 +40,7 @@ import torch
 from mxkernels.gemm import grouped_gemm as GG
 from mxkernels.gemm.fp8_triton import Fp8Config
 from mxkernels.gemm import fp8_ws as WS
-from mxkernels.gemm.fp8_ws import WsConfig
+from mxkernels.gemm.ws_config import WsConfig
 from mxkernels.gemm import shape_classes as SC
 from mxkernels.gemm.backend import GemmCase, arch_of
 from mxbench.instruments.timing import time_fn

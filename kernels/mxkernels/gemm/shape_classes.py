@@ -16,7 +16,7 @@ Why these classes (docs/perf-log.md, 2026-11-29: the H200 measurements they rest
   rows-per-expert class is kept.
 * 2D x 2D (wgrad): tiles find their expert by division, ws measured fastest in all four models (its own launch).
 * Output width: 2880 = 11.25 x 256 computes 12 column tiles for 11.25 (6.7% waste); a 128-column ws tile moves
-  160 B/clk of shared memory at the tensor core's rate against 142 (12.7% more, ``fp8_ws.WsConfig.block_n``). So
+  160 B/clk of shared memory at the tensor core's rate against 142 (12.7% more, ``ws_config.WsConfig.block_n``). So
   128-column ws tiles pay only where the 256-column tail wastes more than that (no preset model's width does;
   predicted from counting only); measured at 2880: 3332 against 2657 us.
 * Expert count: from 64 experts up (short runs of tiles an expert), the same launch with its scales loaded before the
@@ -36,7 +36,7 @@ from types import MappingProxyType
 from ..core.errors import InputError
 from ..core.names import Recipe
 from .backend import Arch, GemmCase
-from .fp8_ws import WsConfig
+from .ws_config import WsConfig
 
 class ShapeClass(StrEnum):
     """The shape classes of an FP8 rowwise grouped GEMM on SM90 (module doc: why each)."""
