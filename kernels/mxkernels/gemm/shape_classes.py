@@ -21,7 +21,7 @@ Why these classes (docs/perf-log.md, 2026-11-29: the H200 measurements they rest
   predicted from counting only); measured at 2880: 3332 against 2657 us.
 * Expert count: from 64 experts up (short runs of tiles an expert), the same launch with its scales loaded before the
   main loop and two staging buffers a consumer (``WsConfig.early_scales``, ``staging``): an interleaved A/B on one
-  H200 gave 0.93-1.00x the plain launch at Qwen3-30B-A3B's and DeepSeek-V2-Lite's layer projections (64 and 128
+  H200 gave 0.91-1.01x the plain launch at Qwen3-30B-A3B's and DeepSeek-V2-Lite's layer projections (64 and 128
   experts) and 1.00-1.13x at DeepSeek-V3's and Scout's (8), so 8 keeps it; between 8 and 64 not measured.
 """
 
@@ -115,7 +115,7 @@ SM90_FP8_ROWWISE = ClassTable(
                                    "Qwen3 193 / 255, gpt-oss 2075 / 2088); 3% ahead of 64-row tiles at 128 rows "
                                    "an expert"),
         ShapeClass.GROUPED_MANY: Choice("triton_ws", WsConfig(early_scales=True, staging=2),
-                                        "the scales loaded before the main loop and two staging buffers: 0.93-1.00x "
+                                        "the scales loaded before the main loop and two staging buffers: 0.91-1.01x "
                                         "the plain launch at 64 and 128 experts (H200 A/B, Qwen3 and V2-Lite layer "
                                         "projections), 1.00-1.13x at 8 (DeepSeek-V3, Scout), so not there"),
         ShapeClass.GROUPED_NARROW_TAIL: Choice("triton_ws", WsConfig(block_n=128, num_stages=4),
