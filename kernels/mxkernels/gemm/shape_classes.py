@@ -22,7 +22,7 @@ Why these classes (docs/perf-log.md, 2026-11-29: the H200 measurements they rest
 * Expert count: from 64 experts up (short runs of tiles an expert), the same launch with its scales loaded before the
   main loop and two staging buffers a consumer (``WsConfig.early_scales``, ``staging``): an interleaved A/B on one
   H200 gave 0.91-1.01x the plain launch at Qwen3-30B-A3B's and DeepSeek-V2-Lite's layer projections (64 and 128
-  experts) and 1.00-1.13x at DeepSeek-V3's and Scout's (8), so 8 keeps it; between 8 and 64 not measured.
+  experts) and 1.00-1.13x at DeepSeek-V3's and Scout's (8), which keep the plain launch; 9-63 not measured.
 """
 
 from __future__ import annotations
