@@ -86,3 +86,14 @@ def end_to_end_kernel(recipe: str) -> str:
 
 def end_to_end_purpose(recipe: str) -> str:
     return f"One forward + backward of the {recipe} grouped GEMM autograd function"
+
+
+# The stages that read the expert weights and nothing made from tokens: the weights' quantized copies (along K for
+# the forward, along N for dgrad), their scale rearranges, and the fused-scale pair (the column amax it folds is
+# the weights' own). A trainer accumulating gradients over microbatches computes their outputs once per optimizer
+# step (``stages.step_specs`` marks each spec ``weights_only``; the harness amortizes them by these names without
+# importing the specs, which import torch).
+WEIGHT_ONLY_STAGES = frozenset({
+    "quantize_w", "rearrange_w", "quantize_w_t", "rearrange_w_t", "quantize_w_blocked", "quantize_w_t_blocked",
+    "quantize_w_amax", "quantize_w_t_from_amax",
+})  # fmt: skip

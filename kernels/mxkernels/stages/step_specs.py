@@ -31,6 +31,7 @@ from ..reference import gemm as gemm_reference
 from ..core.comparison import BitExact, MinSQNR, Mismatch, Rule, sqnr_db
 from ..core.format import BLOCK_SIZE, quantize_reference
 from ..core.names import (
+    WEIGHT_ONLY_STAGES,
     Category,
     Pass,
     Recipe,
@@ -486,15 +487,6 @@ def _bf16() -> list[StageSpec]:
                            functools.partial(ours, case=case), "torch._grouped_mm", _BF16_GEMM_FLOOR_DB,
                            two_d_three_d=case != "wgrad"))  # fmt: skip
     return [*specs, *_pads(R)]
-
-
-# The stages that read the expert weights and nothing made from tokens: the weights' quantized copies (along K for
-# the forward, along N for dgrad), their scale rearranges, and the fused-scale pair (the column amax it folds is
-# the weights' own). Declared once here, carried by each spec as ``weights_only``.
-WEIGHT_ONLY_STAGES = frozenset({
-    "quantize_w", "rearrange_w", "quantize_w_t", "rearrange_w_t", "quantize_w_blocked", "quantize_w_t_blocked",
-    "quantize_w_amax", "quantize_w_t_from_amax",
-})  # fmt: skip
 
 
 @functools.cache

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mxkernels.core.names import END_TO_END_STAGE, Recipe
-from mxkernels.stages.step_specs import all_specs
+from mxkernels.core.names import END_TO_END_STAGE, WEIGHT_ONLY_STAGES
 
 from ...storage.results import Record
 
 
 def is_weights_only(record: Record) -> bool:
-    """Whether the record's stage is declared weights-only (a projection's stage, named ``role.stage``)."""
-    spec = all_specs().get((Recipe(record.point.recipe), record.stage.rsplit(".", 1)[-1]))
-    return spec is not None and spec.weights_only
+    """Whether the record's stage is a weights-only one (a projection's stage, named ``role.stage``;
+    ``mxkernels.core.names.WEIGHT_ONLY_STAGES``, the names every spec of them carries as ``weights_only``)."""
+    return record.stage.rsplit(".", 1)[-1] in WEIGHT_ONLY_STAGES
 
 
 def weight_only_us(records: Sequence[Record]) -> float | None:
