@@ -63,6 +63,7 @@ def schema_file(kind: Published) -> dict[str, Any]:
     return json.loads(kind.path.read_text())
 
 
+@cache
 def _resolve(ref: str, root: Published) -> tuple[dict[str, Any], Published]:
     """The schema a ``$ref`` names ("#/$defs/point", or "ceilings.schema.json#/$defs/entry") and the file it is in."""
     where, _, pointer = ref.partition("#")
@@ -129,14 +130,28 @@ def _shown(value: Any) -> str:
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
-def _fail(path: str, schema: dict[str, Any], value: Any, kind: str | None = None) -> InputError:
-    return InputError(f"{path or 'the file'} must be {expected(schema, kind)}, got {_shown(value)}")
+# Where a value sits, as (parent, key, named) links from the file's root (None): written out only for an error, since a
+# valid file has every path built and none read (formatting each was a fifth of a reader's time).
+Path = tuple | None
 
 
-def _child(path: str, key: str | int, named: bool) -> str:
+def _fail(path: Path, schema: dict[str, Any], value: Any, kind: str | None = None) -> InputError:
+    return InputError(f"{_text(path) or 'the file'} must be {expected(schema, kind)}, got {_shown(value)}")
+
+
+def _child(path: Path, key: str | int, named: bool) -> Path:
+    return (path, key, named)
+
+
+def _text(path: Path) -> str:
+    """The path as messages name it: ``records[3].point.M``, ``stages['a b']``."""
+    if path is None:
+        return ""
+    parent, key, named = path
+    above = _text(parent)
     if isinstance(key, int):
-        return f"{path}[{key}]"
-    return (f"{path}.{key}" if path else key) if named else f"{path}[{key!r}]"
+        return f"{above}[{key}]"
+    return (f"{above}.{key}" if above else key) if named else f"{above}[{key!r}]"
 
 
 def _date_time(value: str) -> bool:
@@ -149,7 +164,7 @@ def _date_time(value: str) -> bool:
     return True
 
 
-def check(value: Any, schema: dict[str, Any], path: str = "", root: Published = Published.RUN) -> None:
+def check(value: Any, schema: dict[str, Any], path: Path = None, root: Published = Published.RUN) -> None:
     """Raise ``InputError`` naming the first field of ``value`` that ``schema`` (a node of ``root``'s file) refuses."""
     if "$ref" in schema:
         target, where = _resolve(schema["$ref"], root)
@@ -171,7 +186,7 @@ def check(value: Any, schema: dict[str, Any], path: str = "", root: Published = 
     if isinstance(value, str) and schema.get("format") == "date-time" and not _date_time(value):
         raise _fail(path, schema, value)
     if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
-        raise InputError(f"{path} must match {schema['pattern']}, got {_shown(value)}")
+        raise InputError(f"{_text(path)} must match {schema['pattern']}, got {_shown(value)}")
     if isinstance(value, list):
         _check_list(value, schema, path, root)
     if isinstance(value, dict):
@@ -182,7 +197,7 @@ def check(value: Any, schema: dict[str, Any], path: str = "", root: Published = 
             check(value, branch, path, root)
 
 
-def _any_of(value: Any, options: list[dict[str, Any]], path: str, root: Published) -> None:
+def _any_of(value: Any, options: list[dict[str, Any]], path: Path, root: Published) -> None:
     """Valid against one option; else the error of the option of the value's type (the null-or-entry fields)."""
     if any(valid(value, option, root) for option in options):
         return
@@ -190,19 +205,20 @@ def _any_of(value: Any, options: list[dict[str, Any]], path: str, root: Publishe
     check(value, typed[-1], path, root)
 
 
-def _check_list(value: list, schema: dict[str, Any], path: str, root: Published) -> None:
+def _check_list(value: list, schema: dict[str, Any], path: Path, root: Published) -> None:
     if len(value) < schema.get("minItems", 0):
-        raise InputError(f"{path} is empty: the file holds no {path.rpartition('.')[2] or 'items'}"
-                         if not value else f"{path} must hold at least {schema['minItems']} items, got {len(value)}")
+        where = _text(path)
+        raise InputError(f"{where} is empty: the file holds no {where.rpartition('.')[2] or 'items'}"
+                         if not value else f"{where} must hold at least {schema['minItems']} items, got {len(value)}")
     if "items" in schema:
         for i, item in enumerate(value):
             check(item, schema["items"], _child(path, i, True), root)
 
 
-def _check_object(value: dict, schema: dict[str, Any], path: str, root: Published) -> None:
+def _check_object(value: dict, schema: dict[str, Any], path: Path, root: Published) -> None:
     for name in schema.get("required", ()):
         if name not in value:
-            raise InputError(f"{_child(path, name, True)} is missing")
+            raise InputError(f"{_text(_child(path, name, True))} is missing")
     properties = schema.get("properties", {})
     for name, sub in properties.items():
         if name in value:
@@ -211,7 +227,7 @@ def _check_object(value: dict, schema: dict[str, Any], path: str, root: Publishe
     if extra is False:
         unknown = sorted(set(value) - set(properties))
         if unknown:
-            raise InputError(f"{path} has unknown fields {unknown}; known: {list(properties)}")
+            raise InputError(f"{_text(path)} has unknown fields {unknown}; known: {list(properties)}")
     elif extra is not True:
         for name in value.keys() - properties.keys():
             check(value[name], extra, _child(path, name, False), root)
@@ -219,7 +235,7 @@ def _check_object(value: dict, schema: dict[str, Any], path: str, root: Publishe
 
 def valid(value: Any, schema: dict[str, Any], root: Published = Published.RUN) -> bool:
     try:
-        check(value, schema, "", root)
+        check(value, schema, None, root)
     except InputError:
         return False
     return True
@@ -227,7 +243,7 @@ def valid(value: Any, schema: dict[str, Any], root: Published = Published.RUN) -
 
 def validate(payload: Any, kind: Published) -> None:
     """Check a parsed file against the published schema of its ``kind``."""
-    check(payload, schema_file(kind), "", kind)
+    check(payload, schema_file(kind), None, kind)
 
 
 # --------------------------------------------------------------------------------------------- reading
