@@ -109,7 +109,7 @@ class WholeRowsConfig:
 # (DeepSeek-V3's 8, the one such shape measured) a one-row program's group lookup is cheap and one-row programs, four
 # warps, ran faster. Under the interpreter, 32 rows a program (its time is its program count).
 MX_HALVES_ROWS = ((2048, WholeRowsConfig(1, 4)), (2**30, WholeRowsConfig(1, 8)))
-MX_HALVES_FEW_GROUPS = (8, WholeRowsConfig(1, 4, walk=False))
+MX_HALVES_FEW_GROUPS = (8, ((2**30, WholeRowsConfig(1, 4, walk=False)),))
 # SwiGLU's forward in MXFP8 (tune_layer_fused --recipes mxfp8 --only swiglu, an H200; numbers in docs/perf-log.md):
 # whole rows of one row a step paid where the row fills its power-of-two lanes well enough: at 768 columns (128
 # groups) 4-warp programs walking a scale block, 1.13x the chain against the column tiles' 0.92x; at 2048 columns
@@ -121,6 +121,14 @@ MX_SWIGLU_FEW_GROUPS = (8, ((4096, WholeRowsConfig(1, 2, walk=False)), (2**30, M
 # widths of whole such rows: each half whole 32-blocks, and no padding scale column for the kernel to write.
 _BLOCKED_ROW = 4 * BLOCK_SIZE
 _MX_HALVES_INTERPRETED = WholeRowsConfig(32, 4)
+
+
+def _mx_default(few_groups, rows, offs, width: int):
+    """A launch table's pick for ``width``-column rows: ``few_groups`` = (up to this many groups, their table), else
+    ``rows``. The group count only picks: ``_mxfp8`` validates ``offs`` (a non-tensor fails there, with its message)."""
+    few, table = few_groups
+    groups = offs.numel() if isinstance(offs, torch.Tensor) else 0
+    return launch_by_width(table if groups <= few else rows, width)
 
 
 def _mxfp8(out: torch.Tensor, offs: torch.Tensor, mode, config, producer: Producer, halves: bool = False):
@@ -190,9 +198,7 @@ def swiglu_quantize_mxfp8(h1, h3, offs, mode="rceil", *, config: quantize.RowsCo
     by N; under the interpreter ``MX_FUSED``'s)."""
     out, producer = _swiglu(h1, h3)
     if config is None and not INTERPRET:
-        few, table = MX_SWIGLU_FEW_GROUPS
-        groups = offs.numel() if isinstance(offs, torch.Tensor) else 0  # ``_mxfp8`` validates offs
-        config = launch_by_width(table if groups <= few else MX_SWIGLU_ROWS, out.shape[1])
+        config = _mx_default(MX_SWIGLU_FEW_GROUPS, MX_SWIGLU_ROWS, offs, out.shape[1])
     return _mxfp8(out, offs, mode, config, producer)
 
 
@@ -201,17 +207,13 @@ def swiglu_backward_quantize_mxfp8(grad_act, h1, h3, offs, mode="rceil", *,
     """(grad_h, gh_q, gh_sb): ``(grad_h,) = swiglu.swiglu_backward(grad_act, h1, h3, packed=True)`` (M, 2N) bf16 and
     ``quantize_dim0_blocked(grad_h, offs, mode)``. 2N a multiple of 32. ``config``: a ``WholeRowsConfig`` (each column
     computed once for both halves; 2N a multiple of 128) or a ``RowsConfig`` (column tiles, each half's lanes
-    computed apart); None where 2N is a multiple of 128: ``MX_HALVES_FEW_GROUPS``' launch for up to its groups,
-    else the class of ``MX_HALVES_ROWS``; ``MX_FUSED`` otherwise."""
+    computed apart); None where 2N is a multiple of 128: ``MX_HALVES_FEW_GROUPS``' class for up to its groups,
+    else ``MX_HALVES_ROWS``'; ``MX_FUSED`` otherwise."""
     out, producer = _swiglu_backward(grad_act, h1, h3)
     width = out.shape[1]
     check_config("config", config, (quantize.RowsConfig, WholeRowsConfig))
     if config is None and width % _BLOCKED_ROW == 0:
-        few, tile = MX_HALVES_FEW_GROUPS
-        # The group count picks the launch; ``_mxfp8`` validates offs (a non-tensor fails there, with its message).
-        groups = offs.numel() if isinstance(offs, torch.Tensor) else 0
-        config = (_MX_HALVES_INTERPRETED if INTERPRET else tile if groups <= few
-                  else launch_by_width(MX_HALVES_ROWS, width))  # fmt: skip
+        config = _MX_HALVES_INTERPRETED if INTERPRET else _mx_default(MX_HALVES_FEW_GROUPS, MX_HALVES_ROWS, offs, width)
     if not isinstance(config, WholeRowsConfig):
         return _mxfp8(out, offs, mode, config, producer)
     if width % _BLOCKED_ROW:
