@@ -48,7 +48,8 @@ def test_config_is_checked():
         W.default_config("3d3d")
     for fields, match in (({"block_m": 64}, "128 rows"), ({"block_n": 64}, "128 rows"), ({"num_stages": 0}, "num_stages"),
                           ({"consumer_regs": 236}, "multiple of 8"), ({"producer_regs": 16}, "producer_regs"),
-                          ({"early_scales": 1}, "bool"), ({"staging": 3}, "staging"),
+                          ({"early_scales": 1}, "bool"), ({"staging": 0}, "WsConfig.staging"),
+                          ({"staging": 3}, "WsConfig.staging"),
                           ({"num_stages": 4, "staging": 2}, "shared memory")):  # fmt: skip
         with pytest.raises(InputError, match=match):
             W.WsConfig(**fields)
