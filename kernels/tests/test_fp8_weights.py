@@ -101,3 +101,44 @@ def test_gpu_both_bit_exact_at_fine_grained_weights(shape):
     ref = W.quantize_fp8_rowwise_3d_both_reference(w)
     for config in (None, B(lag=0), None, None):
         assert_same(W.quantize_fp8_rowwise_3d_both(w, config=config), ref)
+
+
+# ---- the pair by chunks of experts (``quantize_fp8_rowwise_3d_both_chunked``) ------------------------------------
+
+
+@pytest.mark.parametrize("shape,experts", [((5, 40, 24), 2), ((4, 33, 70), 1), ((3, 48, 32), 3), ((2, 17, 40), 8)])
+def test_chunked_match_reference_and_unfused(device, shape, experts):
+    # Chunks that end off the experts (5 by 2), one expert a chunk, one chunk of all, a chunk longer than G.
+    w = weights(shape, sum(shape), device=device)
+    got = W.quantize_fp8_rowwise_3d_both_chunked(w, experts=experts)
+    assert_same(got, W.quantize_fp8_rowwise_3d_both_reference(w))
+    assert_same(got, (*F.quantize_fp8_rowwise_3d(w, along="K"), *F.quantize_fp8_rowwise_3d(w, along="N")))
+
+
+def test_chunked_fp32_empty_and_refusals(device):
+    w = weights((3, 20, 40), 5, torch.float32, device)
+    assert_same(W.quantize_fp8_rowwise_3d_both_chunked(w, experts=2), W.quantize_fp8_rowwise_3d_both_reference(w))
+    empty = W.quantize_fp8_rowwise_3d_both_chunked(torch.zeros(0, 16, 32, dtype=BF16, device=device))
+    assert [tuple(t.shape) for t in empty] == [(0, 16, 32), (0, 16), (0, 32, 16), (0, 32)]
+    with pytest.raises(InputError, match="longer than"):
+        W.quantize_fp8_rowwise_3d_both_chunked(torch.zeros(1, 1, W.MAX_COLS + 1, dtype=BF16))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InputError, match="experts"):
+            W.quantize_fp8_rowwise_3d_both_chunked(w, experts=bad)
+
+
+def test_chunk_experts_hand_worked():
+    # Experts whose bf16 values and along-K copy (3 bytes an element) fit half of a 60 MiB L2 (31457280 bytes).
+    assert W.chunk_experts(1536, 2048, BF16, 60 * 2**20) == 3  # 9437184 bytes an expert
+    assert W.chunk_experts(2048, 768, BF16, 60 * 2**20) == 6  # 4718592
+    assert W.chunk_experts(4096, 7168, BF16, 60 * 2**20) == 0  # DeepSeek-V3's: 88 MB, no chunk fits
+    assert W.chunk_experts(16, 32, torch.float32, 2500) == 0  # 16 * 32 * 5 = 2560 > 1250
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(128, 1536, 2048), (128, 2048, 768), (16, 2880, 2880)])
+def test_gpu_chunked_bit_exact_at_fine_grained_weights(shape):
+    w = weights(shape, 1, device="cuda")
+    ref = W.quantize_fp8_rowwise_3d_both_reference(w)
+    for experts in (None, 1, 5):
+        assert_same(W.quantize_fp8_rowwise_3d_both_chunked(w, experts=experts), ref)
