@@ -300,17 +300,20 @@ def both_case(name: str, shape: tuple[int, int, int], launches: list[tuple[str, 
 
         runs = [Launch("old: fused-scale pair (two reads)", "old", pair)]
         runs += [Launch(label, role, lambda c=c: W.quantize_fp8_rowwise_3d_both(w, config=c)) for label, role, c in launches]
-        runs += [Launch(f"pair by chunks of {e} experts", "candidate",
-                        lambda e=e: W.quantize_fp8_rowwise_3d_both_chunked(w, experts=e)) for e in CHUNKS]
-        runs.append(Launch("new: pair by chunks, the L2 default", "new", lambda: W.quantize_fp8_rowwise_3d_both_chunked(w)))
+        runs += [Launch(f"by chunks of {e} experts, rows {r}", "candidate",
+                        lambda e=e, r=r: W.quantize_fp8_rowwise_3d_both_chunked(w, experts=e, rows_config=r))
+                 for e, r in CHUNKS]
         return {"w": w}, ref, runs
 
     return Case(name, "both", W.both_cost(*shape, BF16).bytes, setup)
 
 
-# Experts a chunk of the pair by chunks (``quantize_fp8_rowwise_3d_both_chunked``) in the "both" group, beside its
-# L2-sized default.
-CHUNKS = (1, 2, 4, 8)
+# Experts a chunk of the pair by chunks (``quantize_fp8_rowwise_3d_both_chunked``) in the "both" group, and its
+# along-K launch.
+# Its along-K launch folds a column amax per program with one atomic a column: in a chunk of few experts every
+# program folds into the same few columns, so fewer, longer programs are tried beside the default.
+_R = A.AmaxRowsConfig
+CHUNKS = [(e, r) for e in (2, 4, 8) for r in (None, _R(1, 8), _R(1, 16), _R(2, 8))]
 
 
 def both_launches(only_default: bool = False) -> list[tuple[str, str, object]]:

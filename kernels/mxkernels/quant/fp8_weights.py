@@ -257,12 +257,13 @@ def chunk_experts(N: int, K: int, in_dtype: torch.dtype, l2_bytes: int) -> int:
 
 
 def quantize_fp8_rowwise_3d_both_chunked(
-    w: torch.Tensor, *, experts: int | None = None
+    w: torch.Tensor, *, experts: int | None = None, rows_config: fp8_amax.AmaxRowsConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``quantize_fp8_rowwise_3d_both``'s four outputs from ``fp8_amax``'s pair (along K folding the column amax,
     along N from it), launched ``experts`` experts at a time: each chunk's second launch reads the experts its first
     just read, from L2 while they fit (``chunk_experts``, the default with the device's L2). Two launches a chunk,
-    no waiting inside a launch; bit-identical to the pair (the same kernels, on views of the same outputs)."""
+    no waiting inside a launch; bit-identical to the pair (the same kernels, on views of the same outputs).
+    ``rows_config``: the along-K launch's (None: ``fp8_amax.WEIGHT_ROWS_DEFAULTS``' by the width of K)."""
     check_tensor("w", w, dtypes=fp8_rowwise.INPUT_DTYPES, ndim=3)
     G, N, K = w.shape
     if G > MAX_GROUPS:
@@ -273,6 +274,7 @@ def quantize_fp8_rowwise_3d_both_chunked(
         l2 = torch.cuda.get_device_properties(w.device).L2_cache_size if w.is_cuda else 0
         experts = max(chunk_experts(N, K, w.dtype, l2), 1)
     check_int("experts", experts, 1, MAX_GROUPS)
+    check_config("rows_config", rows_config, fp8_amax.AmaxRowsConfig)
     qk = torch.empty(G, N, K, dtype=DATA_DTYPE, device=w.device)
     sk = torch.empty(G, N, dtype=torch.float32, device=w.device)
     qn = torch.empty(G, K, N, dtype=DATA_DTYPE, device=w.device)
@@ -280,7 +282,8 @@ def quantize_fp8_rowwise_3d_both_chunked(
     if not qk.numel():
         return qk, sk, qn, sn
     amax = torch.zeros(G, K, dtype=torch.int32, device=w.device)
-    rows_config = None if INTERPRET else launch_by_width(fp8_amax.WEIGHT_ROWS_DEFAULTS, K)
+    if rows_config is None and not INTERPRET:
+        rows_config = launch_by_width(fp8_amax.WEIGHT_ROWS_DEFAULTS, K)
     for e0 in range(0, G, experts):
         e1 = min(G, e0 + experts)
         g, wc = e1 - e0, w[e0:e1]
