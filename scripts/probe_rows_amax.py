@@ -1,0 +1,59 @@
+"""Where the along-K weight quantizer with the column-amax table loses against the plain rows quantizer: the same
+weights through ``fp8_rowwise.quantize_fp8_rowwise_3d(along="K")`` (non-persistent, no table), ``fp8_amax``'s
+persistent rows kernel without the table (``groups`` 0) and with it (the shipped ``quantize_fp8_rowwise_3d_with_amax``),
+each timed with ``time_fn`` (cold-L2 graph replays) on one GPU; the along-K outputs checked equal first.
+
+    python scripts/probe_rows_amax.py [--out PATH] [--samples 5]
+"""
+
+from __future__ import annotations
+
+# isort: off
+from tuning import start
+
+import torch
+from mxkernels.core.runtime import launch_by_width
+from mxkernels.quant import fp8_amax as A
+from mxkernels.quant import fp8_rowwise as F
+from tune_quantize import make_input
+from mxbench.instruments.timing import time_fn
+
+# isort: on
+
+SCRIPT = "probe_rows_amax"
+WEIGHTS = {"qwen3-30b-a3b": [(128, 1536, 2048), (128, 2048, 768)], "deepseek-v2-lite": [(64, 2816, 2048)],
+           "gpt-oss-120b": [(128, 2880, 2880)], "deepseek-v3": [(8, 4096, 7168)]}  # fmt: skip
+
+
+def variants(w):
+    G, N, K = w.shape
+    config = launch_by_width(A.WEIGHT_ROWS_DEFAULTS, K)
+    return {
+        "plain rows (fp8_rowwise, no table)": lambda: F.quantize_fp8_rowwise_3d(w, along="K"),
+        "amax kernel, no table": lambda: A._rows_with_amax(w.view(G * N, K), None, 0, 1, config),
+        "amax kernel + table (shipped)": lambda: A.quantize_fp8_rowwise_3d_with_amax(w)[:2],
+    }
+
+
+def main() -> None:
+    session = start(SCRIPT, __doc__, "", "", 131072, 2048)
+    rows = []
+    for model, shapes in WEIGHTS.items():
+        for shape in shapes:
+            w = make_input(shape)
+            ref = F.quantize_fp8_rowwise_3d(w, along="K")
+            for label, fn in variants(w).items():
+                q, s = fn()[:2]
+                ok = torch.equal(q.view(-1).view(torch.uint8), ref[0].view(-1).view(torch.uint8)) and torch.equal(
+                    s.view(-1), ref[1].view(-1))
+                t = time_fn(fn, samples=session.args.samples, target_replay_ms=5.0)
+                tbps = 3 * w.numel() / t.median_us / 1e6
+                rows.append({"model": model, "shape": list(shape), "variant": label, "ok": ok, "us": t.median_us,
+                             "iqr_us": t.iqr_us, "tbps": tbps})  # fmt: skip
+                print(f"{model:18s} {str(shape):18s} {label:36s} {t.median_us:8.1f} us {tbps:5.2f} TB/s ok={ok}")
+            del w, ref
+    session.finish(SCRIPT, rows, [], {})
+
+
+if __name__ == "__main__":
+    main()
