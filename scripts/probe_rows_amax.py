@@ -50,7 +50,7 @@ def main() -> None:
                 tbps = 3 * w.numel() / t.median_us / 1e6
                 rows.append({"model": model, "shape": list(shape), "variant": label, "ok": ok, "us": t.median_us,
                              "iqr_us": t.iqr_us, "tbps": tbps})  # fmt: skip
-                print(f"{model:18s} {str(shape):18s} {label:36s} {t.median_us:8.1f} us {tbps:5.2f} TB/s ok={ok}")
+                print(f"{model:18s} {shape!s:18s} {label:36s} {t.median_us:8.1f} us {tbps:5.2f} TB/s ok={ok}")
             del w, ref
     session.finish(SCRIPT, rows, [], {})
 
