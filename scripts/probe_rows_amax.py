@@ -25,14 +25,24 @@ WEIGHTS = {"qwen3-30b-a3b": [(128, 1536, 2048), (128, 2048, 768)], "deepseek-v2-
            "gpt-oss-120b": [(128, 2880, 2880)], "deepseek-v3": [(8, 4096, 7168)]}  # fmt: skip
 
 
+R = A.AmaxRowsConfig
+# Grids from the shipped few persistent programs to many one-span programs (a grid in waves, as the plain quantizer's).
+CONFIGS = [R(6, 4), R(16, 4, block_rows=1), R(16, 4, block_rows=2), R(32, 4, block_rows=1), R(64, 4, block_rows=1),
+           R(64, 4, block_rows=2), R(16, 8, block_rows=4), R(64, 8, block_rows=4)]  # fmt: skip
+
+
 def variants(w):
     G, N, K = w.shape
     config = launch_by_width(A.WEIGHT_ROWS_DEFAULTS, K)
-    return {
+    out = {
         "plain rows (fp8_rowwise, no table)": lambda: F.quantize_fp8_rowwise_3d(w, along="K"),
-        "amax kernel, no table": lambda: A._rows_with_amax(w.view(G * N, K), None, 0, 1, config),
         "amax kernel + table (shipped)": lambda: A.quantize_fp8_rowwise_3d_with_amax(w)[:2],
     }
+    for c in [config, *CONFIGS]:
+        name = f"{c.programs_per_sm}/SM w{c.num_warps} r{c.block_rows} cap{c.max_registers}"
+        out[f"{name} no table"] = lambda c=c: A._rows_with_amax(w.view(G * N, K), None, 0, 1, c)
+        out[f"{name} + table"] = lambda c=c: A._rows_with_amax(w.view(G * N, K), None, G, N, c)[:2]
+    return out
 
 
 def main() -> None:
@@ -50,7 +60,7 @@ def main() -> None:
                 tbps = 3 * w.numel() / t.median_us / 1e6
                 rows.append({"model": model, "shape": list(shape), "variant": label, "ok": ok, "us": t.median_us,
                              "iqr_us": t.iqr_us, "tbps": tbps})  # fmt: skip
-                print(f"{model:18s} {shape!s:18s} {label:36s} {t.median_us:8.1f} us {tbps:5.2f} TB/s ok={ok}")
+                print(f"{model:18s} {shape!s:18s} {label:30s} {t.median_us:8.1f} us {tbps:5.2f} TB/s ok={ok}")
             del w, ref
     session.finish(SCRIPT, rows, [], {})
 
