@@ -1,7 +1,8 @@
 """Where the along-K weight quantizer with the column-amax table loses against the plain rows quantizer: the same
 weights through ``fp8_rowwise.quantize_fp8_rowwise_3d(along="K")`` (non-persistent, no table), ``fp8_amax``'s
-persistent rows kernel without the table (``groups`` 0) and with it (the shipped ``quantize_fp8_rowwise_3d_with_amax``),
-each timed with ``time_fn`` (cold-L2 graph replays) on one GPU; the along-K outputs checked equal first.
+rows kernel without the table (``groups`` 0) and with it, and with spans storing a partial table (``span_rows``),
+each timed with ``time_fn`` (cold-L2 graph replays) on one GPU; every output (the table too, where there is one)
+checked equal to the shipped ``quantize_fp8_rowwise_3d_with_amax``'s first.
 
     python scripts/probe_rows_amax.py [--out PATH] [--samples 5]
 """
@@ -26,9 +27,9 @@ WEIGHTS = {"qwen3-30b-a3b": [(128, 1536, 2048), (128, 2048, 768)], "deepseek-v2-
 
 
 R = A.AmaxRowsConfig
-# Grids from the shipped few persistent programs to many one-span programs (a grid in waves, as the plain quantizer's).
-CONFIGS = [R(6, 4), R(16, 4, block_rows=1), R(16, 4, block_rows=2), R(32, 4, block_rows=1), R(64, 4, block_rows=1),
-           R(64, 4, block_rows=2), R(16, 8, block_rows=4), R(64, 8, block_rows=4)]  # fmt: skip
+# The shipped launch with and without its table, then spans within an expert storing a partial table (``span_rows``).
+# (Persistent grids of 6-64 programs an SM, with and without the table: probe_rows_amax-2.json, commit b122da0.)
+CONFIGS = [R(1, w, block_rows=r, span_rows=span) for span in (64, 128, 256) for w, r in ((4, 1), (4, 2), (8, 4))]
 
 
 def variants(w):
@@ -36,12 +37,16 @@ def variants(w):
     config = launch_by_width(A.WEIGHT_ROWS_DEFAULTS, K)
     out = {
         "plain rows (fp8_rowwise, no table)": lambda: F.quantize_fp8_rowwise_3d(w, along="K"),
-        "amax kernel + table (shipped)": lambda: A.quantize_fp8_rowwise_3d_with_amax(w)[:2],
+        "amax kernel + table (shipped)": lambda: A.quantize_fp8_rowwise_3d_with_amax(w),
     }
     for c in [config, *CONFIGS]:
+        if c.span_rows:
+            out[f"span {c.span_rows} w{c.num_warps} r{c.block_rows} + partial table"] = (
+                lambda c=c: A._rows_with_amax(w.view(G * N, K), None, G, N, c))
+            continue
         name = f"{c.programs_per_sm}/SM w{c.num_warps} r{c.block_rows} cap{c.max_registers}"
         out[f"{name} no table"] = lambda c=c: A._rows_with_amax(w.view(G * N, K), None, 0, 1, c)
-        out[f"{name} + table"] = lambda c=c: A._rows_with_amax(w.view(G * N, K), None, G, N, c)[:2]
+        out[f"{name} + table"] = lambda c=c: A._rows_with_amax(w.view(G * N, K), None, G, N, c)
     return out
 
 
@@ -51,11 +56,12 @@ def main() -> None:
     for model, shapes in WEIGHTS.items():
         for shape in shapes:
             w = make_input(shape)
-            ref = F.quantize_fp8_rowwise_3d(w, along="K")
+            ref = [t.reshape(-1) for t in A.quantize_fp8_rowwise_3d_with_amax(w)]
             for label, fn in variants(w).items():
-                q, s = fn()[:2]
-                ok = torch.equal(q.view(-1).view(torch.uint8), ref[0].view(-1).view(torch.uint8)) and torch.equal(
-                    s.view(-1), ref[1].view(-1))
+                got = [t.reshape(-1) for t in fn()]  # the along-K copy and scales, and the table where there is one
+                ok = all(torch.equal(g.view(torch.uint8) if g.dtype.itemsize == 1 else g,
+                                     r.view(torch.uint8) if r.dtype.itemsize == 1 else r)
+                         for g, r in zip(got, ref[:len(got)], strict=True))  # fmt: skip
                 t = time_fn(fn, samples=session.args.samples, target_replay_ms=5.0)
                 tbps = 3 * w.numel() / t.median_us / 1e6
                 rows.append({"model": model, "shape": list(shape), "variant": label, "ok": ok, "us": t.median_us,

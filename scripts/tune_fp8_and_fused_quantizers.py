@@ -300,27 +300,14 @@ def both_case(name: str, shape: tuple[int, int, int], launches: list[tuple[str, 
 
         runs = [Launch("old: fused-scale pair (two reads)", "old", pair)]
         runs += [Launch(label, role, lambda c=c: W.quantize_fp8_rowwise_3d_both(w, config=c)) for label, role, c in launches]
-        runs += [Launch(f"by chunks of {e} experts, rows {r}", "candidate",
-                        lambda e=e, r=r: W.quantize_fp8_rowwise_3d_both_chunked(w, experts=e, rows_config=r))
-                 for e, r in CHUNKS]
         return {"w": w}, ref, runs
 
     return Case(name, "both", W.both_cost(*shape, BF16).bytes, setup)
 
 
-# Experts a chunk of the pair by chunks (``quantize_fp8_rowwise_3d_both_chunked``) in the "both" group, and its
-# along-K launch.
-# Its along-K launch folds a column amax per program with one atomic a column: in a chunk of few experts every
-# program folds into the same few columns, so fewer, longer programs are tried beside the default.
-_R = A.AmaxRowsConfig
-CHUNKS = [(e, r) for e in (2, 4, 8) for r in (None, _R(1, 8), _R(1, 16), _R(2, 8))]
-
-
-def both_launches(only_default: bool = False) -> list[tuple[str, str, object]]:
+def both_launches() -> list[tuple[str, str, object]]:
     B = W.BothConfig
-    if only_default:
-        return [("one launch: default " + str(W.DEFAULT_CONFIG), "candidate", None)]
-    return [("one launch: default " + str(W.DEFAULT_CONFIG), "candidate", None),
+    return [("new: default " + str(W.DEFAULT_CONFIG), "new", None),
             ("span 16 chunk 512 lag 3 4/SM", "candidate", B(row_span=16, chunk_rows=512, lag=3, programs_per_sm=4)),
             ("span 32 chunk 512 lag 3 4/SM", "candidate", B(row_span=32, chunk_rows=512, lag=3, programs_per_sm=4)),
             ("span 16 lag 2 4/SM", "candidate", B(row_span=16, lag=2, programs_per_sm=4)),
@@ -342,12 +329,6 @@ def both_checks() -> list[dict]:
         wrong = same(W.quantize_fp8_rowwise_3d_both(w, config=config), W.quantize_fp8_rowwise_3d_both_reference(w))
         results.append({"check": f"both {shape} {dtype} {config} #{i}", "ok": wrong is None, "error": wrong})
         print(f"  check both {shape} {config}: {wrong or 'ok'}", flush=True)
-    for shape, dtype, experts in [((128, 1536, 2048), BF16, 3), ((7, 1000, 2880), BF16, None),
-                                  ((5, 333, 1408), torch.float32, 2)]:  # fmt: skip
-        w = make_input(shape).to(dtype)
-        wrong = same(W.quantize_fp8_rowwise_3d_both_chunked(w, experts=experts), W.quantize_fp8_rowwise_3d_both_reference(w))
-        results.append({"check": f"both by chunks {shape} {dtype} {experts}", "ok": wrong is None, "error": wrong})
-        print(f"  check both by chunks {shape} {experts}: {wrong or 'ok'}", flush=True)
     return results
 
 
@@ -422,7 +403,7 @@ def cases() -> list[Case]:
     both_weights = {"qwen3-30b-a3b": FINE["qwen3-30b-a3b"]["weights"],
                     "deepseek-v2-lite": [(64, 2816, 2048), (64, 2048, 1408)], "gpt-oss-120b": FINE["gpt-oss-120b"]["weights"],
                     "deepseek-v3": FINE["deepseek-v3"]["weights"]}  # fmt: skip
-    both = [both_case(f"both {model} W{shape}", shape, both_launches(only_default=True)) for model, shapes in both_weights.items()
+    both = [both_case(f"both {model} W{shape}", shape, both_launches()) for model, shapes in both_weights.items()
             for shape in shapes]  # fmt: skip
     return fine_cases() + amax_cases + fine_amax + both + [
         fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [

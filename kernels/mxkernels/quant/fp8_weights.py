@@ -48,10 +48,9 @@ from ..core.runtime import (
     check_fields_power_of_two,
     check_int,
     check_tensor,
-    launch_by_width,
     persistent_programs,
 )
-from . import fp8_amax, fp8_colwise, fp8_rowwise
+from . import fp8_colwise, fp8_rowwise
 
 # ---------------------------------------------------------------------------------------------------------------
 # Plain-torch reference
@@ -239,57 +238,3 @@ def both_cost(G: int, N: int, K: int, in_dtype: torch.dtype) -> Cost:
     """``quantize_fp8_rowwise_3d_both`` of (G, N, K): w read once, both e4m3 copies and their scales written (the
     amax table and counters stay in L2, and are not counted)."""
     return Cost(G * N * K * in_dtype.itemsize, 2 * G * N * K + 4 * G * (N + K))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Both copies, the pair's two launches taken a chunk of experts at a time
-# ---------------------------------------------------------------------------------------------------------------
-
-# The L2 share a chunk may fill: its bf16 experts plus their along-K copy, written while the second launch reads the
-# experts back. Half the L2, as ``fits_l2``: the rest holds the other copy's writes and whatever the GPU keeps.
-CHUNK_L2_SHARE = 0.5
-
-
-def chunk_experts(N: int, K: int, in_dtype: torch.dtype, l2_bytes: int) -> int:
-    """Experts a chunk of ``quantize_fp8_rowwise_3d_both_chunked`` takes so that they and their along-K copy fit
-    ``CHUNK_L2_SHARE`` of an L2 of ``l2_bytes``; 0 where one expert does not (the pair then reads w twice anyway)."""
-    return int(l2_bytes * CHUNK_L2_SHARE) // max(N * K * (in_dtype.itemsize + 1), 1)
-
-
-def quantize_fp8_rowwise_3d_both_chunked(
-    w: torch.Tensor, *, experts: int | None = None, rows_config: fp8_amax.AmaxRowsConfig | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``quantize_fp8_rowwise_3d_both``'s four outputs from ``fp8_amax``'s pair (along K folding the column amax,
-    along N from it), launched ``experts`` experts at a time: each chunk's second launch reads the experts its first
-    just read, from L2 while they fit (``chunk_experts``, the default with the device's L2). Two launches a chunk,
-    no waiting inside a launch; bit-identical to the pair (the same kernels, on views of the same outputs).
-    ``rows_config``: the along-K launch's (None: ``fp8_amax.WEIGHT_ROWS_DEFAULTS``' by the width of K)."""
-    check_tensor("w", w, dtypes=fp8_rowwise.INPUT_DTYPES, ndim=3)
-    G, N, K = w.shape
-    if G > MAX_GROUPS:
-        raise InputError(f"w must hold at most {MAX_GROUPS} experts (dim 0), got {G}")
-    if K > MAX_COLS:
-        raise InputError(f"rows of {K} elements are longer than the {MAX_COLS} the along-K launch holds whole")
-    if experts is None:
-        l2 = torch.cuda.get_device_properties(w.device).L2_cache_size if w.is_cuda else 0
-        experts = max(chunk_experts(N, K, w.dtype, l2), 1)
-    check_int("experts", experts, 1, MAX_GROUPS)
-    check_config("rows_config", rows_config, fp8_amax.AmaxRowsConfig)
-    qk = torch.empty(G, N, K, dtype=DATA_DTYPE, device=w.device)
-    sk = torch.empty(G, N, dtype=torch.float32, device=w.device)
-    qn = torch.empty(G, K, N, dtype=DATA_DTYPE, device=w.device)
-    sn = torch.empty(G, K, dtype=torch.float32, device=w.device)
-    if not qk.numel():
-        return qk, sk, qn, sn
-    amax = torch.zeros(G, K, dtype=torch.int32, device=w.device)
-    if rows_config is None and not INTERPRET:
-        rows_config = launch_by_width(fp8_amax.WEIGHT_ROWS_DEFAULTS, K)
-    for e0 in range(0, G, experts):
-        e1 = min(G, e0 + experts)
-        g, wc = e1 - e0, w[e0:e1]
-        fp8_amax._rows_with_amax(wc.view(g * N, K), None, g, N, rows_config,
-                                 out=(qk[e0:e1].view(g * N, K), sk[e0:e1].view(g * N), amax[e0:e1]))  # fmt: skip
-        fp8_colwise.launch_from_amax(wc, None, amax[e0:e1].view(torch.float32), qn[e0:e1], sn[e0:e1], g, rows=N,
-                                     cols=K, x_strides=w.stride(), q_strides=(K * N, N),
-                                     config=fp8_amax.ALONG_N_FROM_AMAX)  # fmt: skip
-    return qk, sk, qn, sn
