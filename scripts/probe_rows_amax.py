@@ -1,7 +1,7 @@
 """Where the along-K weight quantizer with the column-amax table loses against the plain rows quantizer: the same
 weights through ``fp8_rowwise.quantize_fp8_rowwise_3d(along="K")`` (non-persistent, no table), ``fp8_amax``'s
-rows kernel without the table (``groups`` 0) and with it, and with spans storing a partial table (``span_rows``),
-each timed with ``time_fn`` (cold-L2 graph replays) on one GPU; every output (the table too, where there is one)
+rows kernel without the table (``groups`` 0) and with it, over grids from few persistent programs to many, each
+timed with ``time_fn`` (cold-L2 graph replays) on one GPU; every output (the table too, where there is one)
 checked equal to the shipped ``quantize_fp8_rowwise_3d_with_amax``'s first.
 
     python scripts/probe_rows_amax.py [--out PATH] [--samples 5]
@@ -27,10 +27,11 @@ WEIGHTS = {"qwen3-30b-a3b": [(128, 1536, 2048), (128, 2048, 768)], "deepseek-v2-
 
 
 R = A.AmaxRowsConfig
-# The shipped launch with and without its table, then spans within an expert storing a partial table (``span_rows``).
-# (Persistent grids of 6-64 programs an SM, with and without the table: probe_rows_amax-2.json, commit b122da0.)
-CONFIGS = [R(1, w, block_rows=r, span_rows=span) for span in (64, 128, 256) for w, r in ((4, 1), (4, 2), (8, 4))]
-
+# Grids from the shipped few persistent programs to many one-span programs (a grid in waves, as the plain
+# quantizer's). (Spans within an expert each storing a partial table, reduced after, instead of atomics:
+# probe_rows_amax-3-span.json, commit cca21ff; no faster, and taken back out.)
+CONFIGS = [R(6, 4), R(16, 4, block_rows=1), R(16, 4, block_rows=2), R(32, 4, block_rows=1), R(64, 4, block_rows=1),
+           R(64, 4, block_rows=2), R(16, 8, block_rows=4), R(64, 8, block_rows=4)]  # fmt: skip
 
 def variants(w):
     G, N, K = w.shape
@@ -40,10 +41,6 @@ def variants(w):
         "amax kernel + table (shipped)": lambda: A.quantize_fp8_rowwise_3d_with_amax(w),
     }
     for c in [config, *CONFIGS]:
-        if c.span_rows:
-            out[f"span {c.span_rows} w{c.num_warps} r{c.block_rows} + partial table"] = (
-                lambda c=c: A._rows_with_amax(w.view(G * N, K), None, G, N, c))
-            continue
         name = f"{c.programs_per_sm}/SM w{c.num_warps} r{c.block_rows} cap{c.max_registers}"
         out[f"{name} no table"] = lambda c=c: A._rows_with_amax(w.view(G * N, K), None, 0, 1, c)
         out[f"{name} + table"] = lambda c=c: A._rows_with_amax(w.view(G * N, K), None, G, N, c)

@@ -92,6 +92,15 @@ def test_3d_with_amax_then_from_amax(device, config):
     assert_same(second, A.quantize_fp8_rowwise_3d_from_amax_reference(w, first[2]))
 
 
+def test_3d_with_amax_of_no_experts(device):
+    # No experts: the three outputs, empty and shaped as for any G (the rows kernel's groups 0 means "no table").
+    q, scale, amax = A.quantize_fp8_rowwise_3d_with_amax(torch.zeros(0, 40, 64, dtype=BF16, device=device))
+    assert (q.shape, q.dtype, scale.shape, amax.shape, amax.dtype) == ((0, 40, 64), E4M3, (0, 40), (0, 64),
+                                                                        torch.float32)  # fmt: skip
+    assert_same(A.quantize_fp8_rowwise_3d_from_amax(torch.zeros(0, 40, 64, dtype=BF16, device=device), amax),
+                F.quantize_fp8_rowwise_3d(torch.zeros(0, 40, 64, dtype=BF16, device=device), along="N"))  # fmt: skip
+
+
 @pytest.mark.parametrize("sizes,M", GROUPS)
 def test_k_groups_from_amax_matches_unfused(device, sizes, M):
     x = (torch.randn(M, 48, generator=torch.Generator().manual_seed(3))).to(BF16).to(device)

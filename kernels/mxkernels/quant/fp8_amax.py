@@ -113,7 +113,7 @@ def _rows_amax_kernel(
     x_ptr, offs_ptr, q_ptr, scale_ptr, amax_ptr, rows, cols, G, group_rows, span, p_a, p_b, p_c, p_sa, p_sb,
     HAS_OFFS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
     EVEN: tl.constexpr, EXACT: tl.constexpr, PRODUCE: tl.constexpr, VARIANT: tl.constexpr, HALVES: tl.constexpr,
-    AMAX: tl.constexpr, PARTIAL: tl.constexpr = False,
+    AMAX: tl.constexpr,
 ):  # fmt: skip
     """``fp8_rowwise``'s rows kernel over rows [pid * span, (pid + 1) * span) of x (rows, cols), BLOCK_R whole rows
     at a time, folding the column amax of each group's rows into amax (G, cols) (int32 bits of fp32, zero at
@@ -126,18 +126,9 @@ def _rows_amax_kernel(
     writes them to x (``moe_fused``). HALVES: the tile's lanes hold a row of two halves of cols / 2 as two halves of
     BLOCK_C / 2 (lane j of the second at column cols / 2 + j), for a producer that computes both halves of a column
     at once (``swiglu.swiglu_backward_halves_producer``). Without AMAX, no table: the rows quantized alone (one
-    group of all rows), for a fused stage whose column amax nothing reads. PARTIAL (groups of group_rows rows, no
-    offs): program pid takes part p = pid % parts of group g = pid // parts (parts = cdiv(group_rows, span), the
-    last part of a group shorter) and stores its column amax to row pid of a (G * parts, cols) table with a plain
-    store, where the atomics of many programs folding into one group's columns would queue (reduced after)."""
-    if PARTIAL:
-        parts = tl.cdiv(group_rows, span)
-        g0 = tl.program_id(0) // parts
-        first = g0 * group_rows + (tl.program_id(0) % parts) * span
-        last = tl.minimum(tl.minimum(first + span, (g0 + 1) * group_rows), rows)
-    else:
-        first = tl.program_id(0) * span
-        last = tl.minimum(first + span, rows)
+    group of all rows), for a fused stage whose column amax nothing reads."""
+    first = tl.program_id(0) * span
+    last = tl.minimum(first + span, rows)
     if HALVES:
         c, col_ok = halves_lanes(BLOCK_C, cols)
     else:
@@ -170,10 +161,7 @@ def _rows_amax_kernel(
                 acc = tl.maximum(acc, magnitude(x))
         if AMAX:
             bits = tl.max(magnitude_fp32_bits(acc, x_ptr.dtype.element_ty == tl.bfloat16), 0)
-            if PARTIAL:
-                tl.store(amax_ptr + tl.program_id(0).to(tl.int64) * cols + c, bits, mask=col_ok)
-            else:
-                _fold(amax_ptr, bits, g, c, col_ok, cols, G)
+            _fold(amax_ptr, bits, g, c, col_ok, cols, G)
 
 
 @dataclass(frozen=True)
@@ -191,17 +179,10 @@ class AmaxRowsConfig:
     # Registers a thread may use (ptxas' maxnreg), 0: the compiler's choice. The kernel is occupancy-bound by its
     # registers (a row and its running column amax live in them): a cap buys programs per SM with spills.
     max_registers: int = 0
-    # Groups of equal rows (the experts' weights, no offs): > 0 gives every group's rows to programs of this many
-    # rows each (rounded up to whole steps), one grid of them in waves, each program storing its own row of a
-    # partial table that one reduction folds, instead of a persistent grid folding with atomics (programs_per_sm
-    # then plays no part). The atomics of many programs into one expert's columns queue; few programs stream
-    # slower (perf log, "The weights' column amax without atomics").
-    span_rows: int = 0
 
     def __post_init__(self):
         check_int("AmaxRowsConfig.programs_per_sm", self.programs_per_sm, 1, 64)
         check_int("AmaxRowsConfig.max_registers", self.max_registers, 0, 255)
-        check_int("AmaxRowsConfig.span_rows", self.span_rows, 0)
         check_fields_power_of_two(self, "num_warps")
         if self.block_rows:
             check_fields_power_of_two(self, "block_rows")
@@ -234,50 +215,39 @@ ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=256, ste
 
 
 def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None, producer: Producer | None = None,
-                    halves: bool = False):  # fmt: skip
+                    halves: bool = False, out: tuple | None = None):  # fmt: skip
     """Launch the rows kernel with the column amax on validated arguments: (q, scale, amax); with a ``producer``,
     x2d is the bf16 output it writes (``moe_fused``), its tile in the HALVES lane order if ``halves`` (an even
-    number of columns). ``groups`` 0: no table, (q, scale) alone (``offs`` and ``group_rows`` unread)."""
+    number of columns). ``groups`` 0: no table, (q, scale) alone (``offs`` and ``group_rows`` unread). ``out``:
+    (q, scale, amax as int32 zeros) to write into, contiguous views of a larger launch's outputs (``fp8_weights``)."""
     rows, cols = x2d.shape
     width = max(triton.next_power_of_2(max(cols, 1)), 16)
     config = config or (WIDE_ROWS_CONFIG if width >= 8192 else AMAX_ROWS_CONFIG)
     if cols > MAX_COLS:
         raise InputError(f"rows of {cols} elements are longer than the {MAX_COLS} the column-amax quantizer holds "
                          "whole; quantize without fused scales")  # fmt: skip
-    q = torch.empty(rows, cols, dtype=DATA_DTYPE, device=x2d.device)
-    scale = torch.empty(rows, dtype=torch.float32, device=x2d.device)
+    if out is None:
+        out = (torch.empty(rows, cols, dtype=DATA_DTYPE, device=x2d.device),
+               torch.empty(rows, dtype=torch.float32, device=x2d.device),
+               torch.zeros(groups, cols, dtype=torch.int32, device=x2d.device))  # fmt: skip
+    q, scale, amax = out
     if not groups:  # the rows as one group, folded nowhere
         offs, group_rows = None, max(rows, 1)
-    partial = bool(config.span_rows) and groups > 0 and rows > 0 and cols > 0
-    if config.span_rows and offs is not None:
-        raise InputError("AmaxRowsConfig.span_rows splits groups of equal rows (the experts' weights); token groups "
-                         "(offs) fold with atomics: leave it 0")  # fmt: skip
-    if not partial:
-        amax = torch.zeros(groups, cols, dtype=torch.int32, device=x2d.device)
     if rows and cols:
         block_r = config.block_rows or fp8_rowwise.default_rowwise_config(cols).block_rows
-        if partial:  # spans within a group, each storing its own row of a (groups * parts, cols) table
-            span = triton.cdiv(min(config.span_rows, group_rows), block_r) * block_r
-            parts = triton.cdiv(group_rows, span)
-            amax = torch.empty(groups * parts, cols, dtype=torch.int32, device=x2d.device)
-            programs = groups * parts
-        else:
-            span = triton.cdiv(triton.cdiv(rows, sm_count(x2d.device) * config.programs_per_sm), block_r) * block_r
-            programs = triton.cdiv(rows, span)
+        span = triton.cdiv(triton.cdiv(rows, sm_count(x2d.device) * config.programs_per_sm), block_r) * block_r
         cap = {"maxnreg": config.max_registers} if config.max_registers and not INTERPRET else {}
         # A producer's arithmetic rounds every operation as its unfused kernel does: no FMA contraction.
         if producer is not None:
             cap["enable_fp_fusion"] = False
         args, produce = producer_args(producer, x2d)
-        _rows_amax_kernel[(programs,)](
+        _rows_amax_kernel[(triton.cdiv(rows, span),)](
             x2d, offs if offs is not None else scale, q.view(torch.uint8), scale, amax if groups else scale, rows,
             cols, groups, group_rows, span, *args, HAS_OFFS=offs is not None, BLOCK_R=block_r, BLOCK_C=width,
             BLOCK_G=triton.next_power_of_2(max(groups, 1)),
             EVEN=width == cols and (block_r == 1 or (offs is None and group_rows % block_r == 0)), EXACT=INTERPRET,
-            HALVES=halves, AMAX=groups > 0, PARTIAL=partial, num_warps=config.num_warps, **produce, **cap,
+            HALVES=halves, AMAX=groups > 0, num_warps=config.num_warps, **produce, **cap,
         )  # fmt: skip
-        if partial:  # magnitudes' fp32 bits order as their values: an int max is the float max
-            amax = amax.view(groups, parts, cols).amax(dim=1)
     return (q, scale, amax.view(torch.float32)) if groups else (q, scale)
 
 
