@@ -215,22 +215,19 @@ ALONG_N_FROM_AMAX = fp8_colwise.ColwiseConfig(strip_cols=64, chunk_rows=256, ste
 
 
 def _rows_with_amax(x2d, offs, groups, group_rows, config: AmaxRowsConfig | None, producer: Producer | None = None,
-                    halves: bool = False, out: tuple | None = None):  # fmt: skip
+                    halves: bool = False):  # fmt: skip
     """Launch the rows kernel with the column amax on validated arguments: (q, scale, amax); with a ``producer``,
     x2d is the bf16 output it writes (``moe_fused``), its tile in the HALVES lane order if ``halves`` (an even
-    number of columns). ``groups`` 0: no table, (q, scale) alone (``offs`` and ``group_rows`` unread). ``out``:
-    (q, scale, amax as int32 zeros) to write into, contiguous views of a larger launch's outputs (``fp8_weights``)."""
+    number of columns). ``groups`` 0: no table, (q, scale) alone (``offs`` and ``group_rows`` unread)."""
     rows, cols = x2d.shape
     width = max(triton.next_power_of_2(max(cols, 1)), 16)
     config = config or (WIDE_ROWS_CONFIG if width >= 8192 else AMAX_ROWS_CONFIG)
     if cols > MAX_COLS:
         raise InputError(f"rows of {cols} elements are longer than the {MAX_COLS} the column-amax quantizer holds "
                          "whole; quantize without fused scales")  # fmt: skip
-    if out is None:
-        out = (torch.empty(rows, cols, dtype=DATA_DTYPE, device=x2d.device),
-               torch.empty(rows, dtype=torch.float32, device=x2d.device),
-               torch.zeros(groups, cols, dtype=torch.int32, device=x2d.device))  # fmt: skip
-    q, scale, amax = out
+    q = torch.empty(rows, cols, dtype=DATA_DTYPE, device=x2d.device)
+    scale = torch.empty(rows, dtype=torch.float32, device=x2d.device)
+    amax = torch.zeros(groups, cols, dtype=torch.int32, device=x2d.device)
     if not groups:  # the rows as one group, folded nowhere
         offs, group_rows = None, max(rows, 1)
     if rows and cols:
