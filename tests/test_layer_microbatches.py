@@ -64,3 +64,19 @@ def test_bad_microbatches_is_refused(tmp_path):
     result = CliRunner().invoke(cli, ["layer", "--preset", "qwen3-30b-a3b", "--microbatches", "0",
                                       "--out", str(tmp_path / "x.json")])  # fmt: skip
     assert result.exit_code == 2 and not (tmp_path / "x.json").exists()
+
+
+def test_amortized_step_of_an_overlapped_step_counts_only_what_the_cached_microbatches_skip():
+    # Hand-worked: the first microbatch takes the overlapped step (900 us), the three others the step with the weight
+    # stages in order (1000 us) less those stages (100 + 200 us): (900 + 3 * 700) / 4 = 750 us. Subtracting the
+    # weight stages from the overlapped step (900 - 0.75 * 300 = 675 us) would count the hidden part twice.
+    from mxbench.storage.results import Point, Record
+    from mxbench.workloads.layer.amortize import amortized_us
+
+    p = Point(M=64, N=64, K=64, G=4, recipe="fp8_rowwise")
+    rec = lambda stage, us: Record(p, "forward", stage, "k", "quantize", samples_us=[us])
+    records = [rec("up.quantize_w_amax", 100.0), rec("down.quantize_w_amax", 200.0), rec("up.gemm_fwd", 400.0)]
+    assert amortized_us(900.0, records, 4, in_order_us=1000.0) == pytest.approx(750.0)
+    assert amortized_us(900.0, records, 4) == pytest.approx(675.0)  # in order: the step less 3/4 of the stages
+    assert amortized_us(900.0, records, 1, in_order_us=1000.0) == pytest.approx(900.0)
+    assert amortized_us(None, records, 4, in_order_us=1000.0) is None

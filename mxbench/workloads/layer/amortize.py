@@ -7,7 +7,13 @@ caching). The amortized step is the one-graph step less (N - 1) / N of those sta
 
     amortized = step - (1 - 1/N) * sum(weight-only stages)
 
-bf16 has no such stages: its amortized step is its step.
+When the step runs the forward's weight stages on a second stream (``moe_layer``'s ``overlap_weights``), part of
+their time is hidden in the step already: the first microbatch takes the overlapped step, the N - 1 others the step
+with the stages in order (``in_order``, timed beside it) less their times:
+
+    amortized = (step + (N - 1) * (in_order - sum(weight-only stages))) / N
+
+(the first form when in_order = step). bf16 has no such stages: its amortized step is its step.
 """
 
 from __future__ import annotations
@@ -33,9 +39,13 @@ def weight_only_us(records: Sequence[Record]) -> float | None:
     return sum(r.median_us for r in stages)
 
 
-def amortized_us(step_us: float | None, records: Sequence[Record], microbatches: int) -> float | None:
-    """The step amortized over ``microbatches`` (module doc); None where the step or a weight-only stage is missing."""
+def amortized_us(step_us: float | None, records: Sequence[Record], microbatches: int,
+                 in_order_us: float | None = None) -> float | None:  # fmt: skip
+    """The step amortized over ``microbatches`` (module doc); ``in_order_us``: the step with the weight stages in
+    order, where ``step_us`` overlapped them (None: it did not). None where the step or a weight-only stage is
+    missing."""
     weights = weight_only_us(records)
     if step_us is None or weights is None:
         return None
-    return step_us - (1 - 1 / microbatches) * weights
+    in_order = step_us if in_order_us is None else in_order_us
+    return (step_us + (microbatches - 1) * (in_order - weights)) / microbatches

@@ -68,7 +68,8 @@ def layer_rows(run: Run, project: str | None = None) -> list[Row]:
                     "Fused": fused, "bf16 (ms)": _ms(base), "recipe (ms)": _ms(us),
                     "speedup": f"{base / us:.3f}x" if base and us else None}  # fmt: skip
         if microbatches > 1 and not project:  # the weight-only stages' times are the measured ones
-            amortized = amortized_us(us, records, microbatches)
+            in_order = step.telemetry.get("in_order_step_us") if step is not None else None
+            amortized = amortized_us(us, records, microbatches, in_order)
             row["microbatches"] = microbatches
             row["amortized bf16 (ms)"], row["amortized recipe (ms)"] = _ms(base), _ms(amortized)
             row["amortized speedup"] = f"{base / amortized:.3f}x" if base and amortized else None
