@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mxkernels.stages import overlap
+from mxkernels.ep import overlap
 from mxkernels.ep.wgrad import Wgrad
 from mxkernels.stages import ep_layer, ep_stages
 from mxkernels.stages.ep_shared import side_stage_names

@@ -202,10 +202,10 @@ def test_history_of_the_committed_h200_runs(tmp_path):
     # fine-grained layers re-measured twice in the session after; f4c83e6 and 59b0c92: the layers after the FP8 fused
     # stages dropped the unread column amax table, and Scout's again after the end-to-end floor's fix; c51a936 and
     # c3adfe1: the layers after the GEMM's epilogue change; 94857fa: DeepSeek-V3's and Scout's after the plain
-    # launch came back at 8 experts)
+    # launch came back at 8 experts; 6bb05da: the fine-grained layers with the weights' stages overlapped)
     assert [s.commit[:7] for s in h.steps] == ["755e51b", "d3351dc", "b2355c3", "92750bf", "d248d50", "8ad40cb",
                                                "ff97928", "d86fd77", "da4d49d", "f4c83e6", "59b0c92", "c51a936",
-                                               "c3adfe1", "94857fa"]  # fmt: skip
+                                               "c3adfe1", "94857fa", "6bb05da"]  # fmt: skip
     assert all(s.time_source in ("commit time from git", "run date (commit not in this checkout)") for s in h.steps)
     assert sorted(Path(f).name for f in h.steps[1].files) == [
         "peers-llama4-scout.json", "roofline-deepseek-v3-fp8_rowwise.json", "roofline-deepseek-v3-skewed.json",

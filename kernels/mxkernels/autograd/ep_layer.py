@@ -1,6 +1,6 @@
 """The whole MoE layer expert-parallel with autograd: the routing plan of a forced assignment and the layer run from
 ``stages.ep_layer``'s stage list (``moe_layer``'s staged autograd function), so a model runs what the harness times.
-With ``overlap`` the shared experts' stages run on a second stream (``stages.overlap``)."""
+With ``overlap`` the shared experts' stages run on a second stream (``ep.overlap``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..stages.overlap import SideStream, run_overlapped
+from ..ep.overlap import SideStream, run_overlapped
 from ..stages.ep_shared import side_stage_names
 from ..stages.pipeline import split_passes
 from .ep_projection import RoutingPlan, plan_routing
@@ -49,11 +49,10 @@ def ep_moe_layer(x: torch.Tensor, weights: Mapping[str, torch.Tensor], assign: t
                  names=("wr", "w13", "w2"), overlap: bool = False) -> torch.Tensor:  # fmt: skip
     """y (T, K) of this rank's tokens through the EP layer's ``stages`` (``ep_layer_stages`` of ``plan``),
     differentiable in x and the weights ``names`` (``EPLayerShape.weights``: wr, w13, w2, and ws13, ws2 with shared
-    experts). ``overlap``: the shared experts' stages on a second stream (``stages.overlap``)."""
+    experts). ``overlap``: the shared experts' stages on a second stream (``ep.overlap``)."""
     forward, backward = split_passes(stages)
     extra = {"assign": assign.to(torch.int32), **plan.tensors}
     if overlap:
         return _OverlappedLayer.apply(forward, backward, names, extra, SideStream.of(x.device), x,
                                       *(weights[n] for n in names))  # fmt: skip
-    # The weights' stages stay in order here (overlap_weights off): the EP runs were measured so.
-    return _StagedLayer.apply(forward, backward, names, extra, False, x, *(weights[n] for n in names))
+    return _StagedLayer.apply(forward, backward, names, extra, x, *(weights[n] for n in names))

@@ -25,7 +25,6 @@ from ..core import vjp
 from ..stages.layer import LayerShape, Routing, layer_stages
 from ..moe.router import ScoreFunc
 from ..core.names import Recipe
-from ..stages.overlap import SideStream, run_overlapped, weights_first
 from ..stages.pipeline import Stage, run_stages, split_passes
 from ..core.runtime import InputError
 
@@ -89,13 +88,8 @@ def weights_of(inputs: Mapping[str, torch.Tensor], shape: LayerShape) -> dict[st
 
 class _StagedLayer(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, forward, backward, names, extra, overlap, x, *weights):
-        env = {"x": x, **dict(zip(names, weights, strict=True)), **extra}
-        if overlap:
-            ordered, side = weights_first(forward, env)
-            env = run_overlapped(ordered, env, side, SideStream.of(x.device))
-        else:
-            env = run_stages(forward, env)
+    def forward(ctx, forward, backward, names, extra, x, *weights):
+        env = run_stages(forward, {"x": x, **dict(zip(names, weights, strict=True)), **extra})
         save_for_stages(ctx, env, backward, "dy")
         ctx.names = names
         return env["y"]
@@ -103,18 +97,16 @@ class _StagedLayer(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         env = run_saved_stages(ctx, dy)
-        return (None, None, None, None, None, env["grad_x"], *(env[f"grad_{n}"] for n in ctx.names))
+        return (None, None, None, None, env["grad_x"], *(env[f"grad_{n}"] for n in ctx.names))
 
 
 def moe_layer(x: torch.Tensor, weights: Mapping[str, torch.Tensor], shape: LayerShape, recipe: str = "bf16", *,
               assign: torch.Tensor | None = None, shared_offs: torch.Tensor | None = None, mode: str = "rceil",
-              backend: str | None = None, fuse: bool = False, impls=None, stages: Sequence[Stage] | None = None,
-              overlap_weights: bool = True) -> torch.Tensor:  # fmt: skip
+              backend: str | None = None, fuse: bool = False, impls=None,
+              stages: Sequence[Stage] | None = None) -> torch.Tensor:  # fmt: skip
     """y (T, K) bf16 of the layer (module doc), differentiable in x and every weight. ``assign`` (T, top_k) int32:
     the forced experts when ``shape.routing`` forces them; ``shared_offs`` int32 [T]: the one group of the shared
-    experts when they run in the recipe (``layer_inputs`` makes both). ``stages``: the stage list, when built.
-    ``overlap_weights``: the forward's weight stages (the weights' quantized copies) on a second stream beside the
-    router and the routing (``stages.overlap.weights_first``); the same values either way."""
+    experts when they run in the recipe (``layer_inputs`` makes both). ``stages``: the stage list, when built."""
     if tuple(x.shape) != (shape.T, shape.K):
         raise InputError(f"x must be ({shape.T}, {shape.K}) for this layer, got {tuple(x.shape)}")
     missing = [n for n in shape.weights if n not in weights]
@@ -129,7 +121,7 @@ def moe_layer(x: torch.Tensor, weights: Mapping[str, torch.Tensor], shape: Layer
     forward, backward = split_passes(stages)
     names = shape.weights
     extra = {k: v for k, v in (("assign", assign), ("shared_offs", shared_offs)) if v is not None}
-    return _StagedLayer.apply(forward, backward, names, extra, overlap_weights, x, *(weights[n] for n in names))
+    return _StagedLayer.apply(forward, backward, names, extra, x, *(weights[n] for n in names))
 
 
 # ---- the independent reference and the accuracy of a recipe ---------------------------------------------------

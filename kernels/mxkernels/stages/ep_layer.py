@@ -33,7 +33,7 @@ the down projection's output gradient exist as MXFP8 rows only and are dequantiz
 
 Shared experts (``EPLayerShape.shared``, ``ep_shared``): their forward is issued just before the dispatch and added
 to the routed output at the end (``add_shared``); their backward just before the combine's gradient all-to-all, their
-input gradient added to the routed one before the router's term (``shared.add_grads``). ``stages.overlap`` runs them on
+input gradient added to the routed one before the router's term (``shared.add_grads``). ``ep.overlap`` runs them on
 a second stream.
 """
 

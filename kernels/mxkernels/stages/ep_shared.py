@@ -7,7 +7,7 @@ strategy's recipe when ``in_recipe`` (as ``mxbench layer --shared-in-recipe``), 
 layer's under the role ``shared``. The EP layer adds its output to the routed one (``add_shared``) and its input
 gradient to the routed one (``shared.add_grads``) before the router's term.
 
-``--overlap`` issues these stages on a second stream (``stages.overlap``): they depend on x and dy alone, so the forward
+``--overlap`` issues these stages on a second stream (``ep.overlap``): they depend on x and dy alone, so the forward
 ones are issued just before the dispatch and run beside the dispatch, the experts and the combine; the backward
 ones (input and weight gradients) just before the combine's gradient all-to-all. ``SIDE_ROLES`` names them.
 """

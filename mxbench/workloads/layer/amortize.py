@@ -7,9 +7,10 @@ caching). The amortized step is the one-graph step less (N - 1) / N of those sta
 
     amortized = step - (1 - 1/N) * sum(weight-only stages)
 
-When the step runs the forward's weight stages on a second stream (``moe_layer``'s ``overlap_weights``), part of
-their time is hidden in the step already: the first microbatch takes the overlapped step, the N - 1 others the step
-with the stages in order (``in_order``, timed beside it) less their times:
+A step that ran the forward's weight stages on a second stream (the layer runs of commit 6bb05da, an experiment
+taken back out: docs/perf-log.md, "The weights' quantizers beside the routing") hid part of their time in the step
+already; such a record stores the step with the stages in order beside it (telemetry ``in_order_step_us``). The
+first microbatch takes the overlapped step, the N - 1 others the in-order step less the stages' times:
 
     amortized = (step + (N - 1) * (in_order - sum(weight-only stages))) / N
 
@@ -42,7 +43,7 @@ def weight_only_us(records: Sequence[Record]) -> float | None:
 def amortized_us(step_us: float | None, records: Sequence[Record], microbatches: int,
                  in_order_us: float | None = None) -> float | None:  # fmt: skip
     """The step amortized over ``microbatches`` (module doc); ``in_order_us``: the step with the weight stages in
-    order, where ``step_us`` overlapped them (None: it did not). None where the step or a weight-only stage is
+    order, where ``step_us`` overlapped them (None: it did not, as every run now). None where the step or a weight-only stage is
     missing."""
     weights = weight_only_us(records)
     if step_us is None or weights is None:

@@ -124,26 +124,19 @@ class LayerTimer(StageTimer):
         record = self.time(point, step, self._step_call(inputs, stages))
         record.telemetry["sqnr_db"] = self._sqnr(point, inputs, stages)
         if self.microbatches > 1:
-            # The cached microbatches have no weight stages to overlap: the step with them in order is timed too.
-            in_order, step_us = None, record.median_us if record.ok else None
-            if step_us is not None and any(s.weights_only for s in stages):
-                timed = self.time(point, step, self._step_call(inputs, stages, overlap_weights=False))
-                in_order = timed.median_us if timed.ok else None
-                record.telemetry["in_order_step_us"] = in_order
-                step_us = step_us if in_order is not None else None  # without it the amortized step is unknown
-            record.telemetry["amortized_step_us"] = amortized_us(step_us, records, self.microbatches, in_order)
+            record.telemetry["amortized_step_us"] = amortized_us(record.median_us if record.ok else None, records,
+                                                                 self.microbatches)  # fmt: skip
         records.append(record)
         return records
 
-    def _step_call(self, inputs, stages, overlap_weights: bool = True):
+    def _step_call(self, inputs, stages):
         s = self.shape
         x = inputs["x"].detach().clone().requires_grad_()
         weights = {n: inputs[n].detach().clone().requires_grad_() for n in s.weights}
         assign, shared_offs, dy = inputs.get("assign"), inputs.get("shared_offs"), inputs["dy"]
 
         def step():
-            y = moe_layer(x, weights, s, assign=assign, shared_offs=shared_offs, stages=stages,
-                          overlap_weights=overlap_weights)  # fmt: skip
+            y = moe_layer(x, weights, s, assign=assign, shared_offs=shared_offs, stages=stages)
             return torch.autograd.grad(y, [x, *weights.values()], dy)
 
         return step

@@ -1,6 +1,4 @@
-"""Running part of a stage list on a second stream: the shared experts beside the all-to-alls (expert parallelism's
-``--overlap``), and the weights' quantizers beside the router and the routing (the layer's forward,
-``weights_first``).
+"""Running part of a stage list on a second stream: the shared experts beside the all-to-alls (``--overlap``).
 
 ``run_overlapped(stages, env, side_names, side)`` runs ``stages`` in order like ``pipeline.run_stages``, except that
 the stages named in ``side_names`` are issued on ``side``, a second stream that first waits for the work issued so
@@ -68,21 +66,6 @@ class SideStream:
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.is_cuda:
                 t.record_stream(stream)
-
-
-def weights_first(stages: Sequence, available: Collection[str]) -> tuple[list, frozenset[str]]:
-    """``stages`` with the ones that read weights alone (``weights_only``) and can start with the pass (every input
-    in ``available``, the names it starts with, or made by an earlier such stage) moved to the front, in their
-    order, and those stages' names (``run_overlapped``'s ``side_names``). The router's and the routing's stages read
-    no weight's copy, so at a layer's start the weights' quantizers stream beside them: sorting and scattering
-    token indices leaves the memory bandwidth mostly idle."""
-    have, first = set(available), []
-    for stage in stages:
-        if stage.weights_only and all(name in have for name in stage.inputs):
-            first.append(stage)
-            have.update(name for name in stage.outputs if name is not None)
-    moved = {id(stage) for stage in first}
-    return first + [s for s in stages if id(s) not in moved], frozenset(s.name for s in first)
 
 
 def reads_side(stage, pending) -> bool:
