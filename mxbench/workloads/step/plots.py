@@ -147,19 +147,26 @@ def plot_step(data: Data, out: str | Path, spec: HardwareSpec | None = None, pro
 
 
 def _sheet(ctx: Context, path: Path, project: str | None) -> Path:
-    """All panels that have data on one figure, three per row."""
-    panels: list[Panel] = [p for p in PANELS.values() if p(Figure().subplots(), ctx)]
-    if project is not None:
+    """All panels that have data on one figure, three per row. Each panel is drawn once, on an axes of its own;
+    those that had nothing to draw are removed and the rest placed in the grid their number makes."""
+    fig = Figure(layout="constrained")
+    panels: list[Panel] = list(PANELS.values())
+    if project is not None:  # drawn whatever the run holds, as before
         panels += [partial(draw_projected_breakdown, target=project), partial(draw_projected_speedup, target=project)]
-    if not panels:
+    axes = []
+    for i, panel in enumerate(panels):
+        ax = fig.add_subplot()
+        if panel(ax, ctx) or i >= len(PANELS):
+            axes.append(ax)
+        else:
+            ax.remove()
+    if not axes:
         raise InputError(f"run of {ctx.card} holds nothing to draw")
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    fig = Figure(figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, panel in zip(axes, panels, strict=False):
-        panel(ax, ctx)
-    for ax in axes[len(panels) :]:
-        ax.set_visible(False)
+    cols = min(3, len(axes))
+    rows = -(-len(axes) // cols)
+    grid = fig.add_gridspec(rows, cols)
+    for i, ax in enumerate(axes):
+        ax.set_subplotspec(grid[i // cols, i % cols])
+    fig.set_size_inches(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows)
     fig.suptitle(f"mxbench: {ctx.subtitle()}", fontsize=12)
     return save(fig, path)
