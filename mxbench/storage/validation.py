@@ -78,13 +78,21 @@ def _resolve(ref: str, root: Published) -> tuple[dict[str, Any], Published]:
 # --------------------------------------------------------------------------------------------- checking
 
 
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_TYPE_TESTS = {
+    "integer": _is_integer,
+    # an int is finite however long (math.isfinite would convert it to a float and overflow)
+    "number": lambda v: _is_integer(v) or (isinstance(v, float) and math.isfinite(v)),
+    "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list), "null": lambda v: v is None,
+}  # fmt: skip
+
+
 def _is_type(value: Any, kind: str) -> bool:
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":  # an int is finite however long (math.isfinite would convert it to a float and overflow)
-        integer = isinstance(value, int) and not isinstance(value, bool)
-        return integer or (isinstance(value, float) and math.isfinite(value))
-    return isinstance(value, {"string": str, "boolean": bool, "object": dict, "array": list, "null": type(None)}[kind])
+    return _TYPE_TESTS[kind](value)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -166,35 +174,110 @@ def _date_time(value: str) -> bool:
 
 def check(value: Any, schema: dict[str, Any], path: Path = None, root: Published = Published.RUN) -> None:
     """Raise ``InputError`` naming the first field of ``value`` that ``schema`` (a node of ``root``'s file) refuses."""
+    _node(schema, root)(value, path)
+
+
+# Each schema node is read once into the list of the checks its keywords ask for (``_Node``), in the order ``check``
+# applies them: a value then meets only the checks its node has, where reading every keyword of every node for
+# every value was most of a reader's time. Nodes are kept by the identity of their schema dict (the node holds the
+# dict, so the identity is never reused while it is kept).
+_NODES: dict[tuple[int, Published], _Node] = {}
+
+
+def _node(schema: dict[str, Any], root: Published) -> _Node:
+    node = _NODES.get((id(schema), root))
+    if node is None:
+        node = _NODES[(id(schema), root)] = _Node(schema, root)
+    return node
+
+
+class _Node:
+    """The checks of one schema node, built on its first value (a ``$ref`` may lead back to the node itself)."""
+
+    __slots__ = ("root", "schema", "steps")
+
+    def __init__(self, schema: dict[str, Any], root: Published):
+        self.schema, self.root, self.steps = schema, root, None
+
+    def __call__(self, value: Any, path: Path) -> None:
+        steps = self.steps
+        if steps is None:
+            steps = self.steps = _steps(self.schema, self.root)
+        for step in steps:
+            step(value, path)
+
+
+def _steps(schema: dict[str, Any], root: Published) -> list:
+    """``schema``'s checks (``check``'s order), each a call of (value, path)."""
+    steps = []
     if "$ref" in schema:
-        target, where = _resolve(schema["$ref"], root)
-        check(value, target, path, where)
+        steps.append(_node(*_resolve(schema["$ref"], root)))
     kinds = schema.get("type")
-    if kinds is not None and not any(_is_type(value, k) for k in ([kinds] if isinstance(kinds, str) else kinds)):
-        raise _fail(path, schema, value)
-    if "enum" in schema and not any(_same(value, v) for v in schema["enum"]):
-        raise _fail(path, schema, value)
-    if "const" in schema and not _same(value, schema["const"]):
-        raise _fail(path, schema, value)
+    if kinds is not None:
+        tests = [_TYPE_TESTS[k] for k in ([kinds] if isinstance(kinds, str) else kinds)]
+
+        def typed(value, path, tests=tests):
+            for test in tests:
+                if test(value):
+                    return
+            raise _fail(path, schema, value)
+
+        steps.append(typed)
+    if "enum" in schema:
+        options = schema["enum"]
+
+        def enum(value, path):
+            if not any(_same(value, v) for v in options):
+                raise _fail(path, schema, value)
+
+        steps.append(enum)
+    if "const" in schema:
+
+        def const(value, path):
+            if not _same(value, schema["const"]):
+                raise _fail(path, schema, value)
+
+        steps.append(const)
     if "anyOf" in schema:
-        _any_of(value, schema["anyOf"], path, root)
-    if _is_type(value, "number"):
-        low, above, high = schema.get("minimum"), schema.get("exclusiveMinimum"), schema.get("maximum")
-        below = (low is not None and value < low) or (above is not None and value <= above)
-        if below or (high is not None and value > high):
-            raise _fail(path, schema, value, "integer" if _is_type(value, "integer") else "number")
-    if isinstance(value, str) and schema.get("format") == "date-time" and not _date_time(value):
-        raise _fail(path, schema, value)
-    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
-        raise InputError(f"{_text(path)} must match {schema['pattern']}, got {_shown(value)}")
-    if isinstance(value, list):
-        _check_list(value, schema, path, root)
-    if isinstance(value, dict):
-        _check_object(value, schema, path, root)
+        steps.append(lambda value, path: _any_of(value, schema["anyOf"], path, root))
+    low, above, high = schema.get("minimum"), schema.get("exclusiveMinimum"), schema.get("maximum")
+    if low is not None or above is not None or high is not None:
+
+        def bounded(value, path):
+            if _is_type(value, "number"):
+                below = (low is not None and value < low) or (above is not None and value <= above)
+                if below or (high is not None and value > high):
+                    raise _fail(path, schema, value, "integer" if _is_type(value, "integer") else "number")
+
+        steps.append(bounded)
+    if schema.get("format") == "date-time":
+
+        def date_time(value, path):
+            if isinstance(value, str) and not _date_time(value):
+                raise _fail(path, schema, value)
+
+        steps.append(date_time)
+    if "pattern" in schema:
+        pattern = schema["pattern"]
+
+        def matches(value, path):
+            if isinstance(value, str) and not re.search(pattern, value):
+                raise InputError(f"{_text(path)} must match {pattern}, got {_shown(value)}")
+
+        steps.append(matches)
+    if "minItems" in schema or "items" in schema:
+        steps.append(lambda value, path: _check_list(value, schema, path, root) if isinstance(value, list) else None)
+    if "required" in schema or "properties" in schema or schema.get("additionalProperties", True) is not True:
+        steps.append(lambda value, path: _check_object(value, schema, path, root) if isinstance(value, dict) else None)
     if "if" in schema:
-        branch = schema.get("then" if valid(value, schema["if"], root) else "else")
-        if branch is not None:
-            check(value, branch, path, root)
+
+        def branch(value, path):
+            then = schema.get("then" if valid(value, schema["if"], root) else "else")
+            if then is not None:
+                check(value, then, path, root)
+
+        steps.append(branch)
+    return steps
 
 
 def _any_of(value: Any, options: list[dict[str, Any]], path: Path, root: Published) -> None:
@@ -211,8 +294,9 @@ def _check_list(value: list, schema: dict[str, Any], path: Path, root: Published
         raise InputError(f"{where} is empty: the file holds no {where.rpartition('.')[2] or 'items'}"
                          if not value else f"{where} must hold at least {schema['minItems']} items, got {len(value)}")
     if "items" in schema:
+        item_node = _node(schema["items"], root)
         for i, item in enumerate(value):
-            check(item, schema["items"], _child(path, i, True), root)
+            item_node(item, _child(path, i, True))
 
 
 def _check_object(value: dict, schema: dict[str, Any], path: Path, root: Published) -> None:
@@ -222,15 +306,16 @@ def _check_object(value: dict, schema: dict[str, Any], path: Path, root: Publish
     properties = schema.get("properties", {})
     for name, sub in properties.items():
         if name in value:
-            check(value[name], sub, _child(path, name, True), root)
+            _node(sub, root)(value[name], _child(path, name, True))
     extra = schema.get("additionalProperties", True)
     if extra is False:
         unknown = sorted(set(value) - set(properties))
         if unknown:
             raise InputError(f"{_text(path)} has unknown fields {unknown}; known: {list(properties)}")
     elif extra is not True:
+        extra_node = _node(extra, root)
         for name in value.keys() - properties.keys():
-            check(value[name], extra, _child(path, name, False), root)
+            extra_node(value[name], _child(path, name, False))
 
 
 def valid(value: Any, schema: dict[str, Any], root: Published = Published.RUN) -> bool:
