@@ -2,7 +2,7 @@
 # The fine-grained MoE runs of issue 32 on one GPU machine (no network): install, the GPU tests of what changed, the
 # quantizer and router tuning runs, the layer at the four fine-grained and coarse presets (the maps:
 # scripts/map_session.sh).
-# Usage: bash scripts/finegrained_session.sh [tests] [quant] [weightquant] [fused] [alone] [fineamax] [both] [router]
+# Usage: bash scripts/finegrained_session.sh [tests] [quant] [weightquant] [fused] [alone] [fineamax] [router]
 #   [layers] [coarse[/PRESET]] [wgrad[/PRESET]] [step]
 # Runs go to results/<card>/ and plots/<card>/; everything written there is packed into $OUT/results.tgz (the device
 # tool brings back few files) after every step, logs beside it. SAMPLES (default 5) sets the samples per stage.
@@ -57,10 +57,6 @@ for step in "$@"; do
       timeout -s INT "$(within 170)" python3 scripts/tune_fp8_and_fused_quantizers.py --only fine_amax --budget-s 130 \
         --samples 5 --out "results/$CARD/tuning/tune_fp8_and_fused_quantizers-fine-amax.json" > "$OUT/fineamax.log" 2>&1
       tail -30 "$OUT/fineamax.log" ;;
-    both)  # both copies of the weights in one launch (fp8_weights) against the fused-scale pair, and its checks
-      timeout -s INT "$(within 300)" python3 scripts/tune_fp8_and_fused_quantizers.py --only both --budget-s 240 \
-        --samples 5 --out "results/$CARD/tuning/tune_fp8_and_fused_quantizers-both$TAG.json" > "$OUT/both.log" 2>&1
-      grep -v Warning "$OUT/both.log" | tail -75 ;;
     wgrad|wgrad/*)  # the layer with its weight gradients in bf16 (--wgrad bf16), fused stages, 8 microbatches
       presets=$([ "$step" = wgrad ] && echo "qwen3-30b-a3b deepseek-v2-lite gpt-oss-120b" || echo "${step#wgrad/}")
       for p in $presets; do

@@ -2,7 +2,7 @@
 quantizers, each checked bit-exact and timed beside its old default and the streaming roof.
 
     python scripts/tune_fp8_and_fused_quantizers.py [--out PATH] [--budget-s 170] [--samples 10]
-        [--only fp8,along_n,fused,amax,fine,fine_amax,both]
+        [--only fp8,along_n,fused,amax,fine,fine_amax]
 
 DeepSeek-V3 sizes (M = 131072 tokens in G = 8 balanced groups, K = 7168, N = 2048, bf16, RCEIL), plus Llama 4
 Scout's weights (16, 8192, 5120) for quantize_3d along N. First the roof: the Triton streaming kernels of
@@ -20,9 +20,8 @@ tensor's first quantizer folding the column amaxes per group, its second scaling
 quantizers they replace. The "fine" group (issue 32): the 3D-along-N and k_groups quantizers at Qwen3-30B-A3B's,
 gpt-oss-120b's and DeepSeek-V3's shapes (131072 routed rows, 128 or 8 balanced groups), old default, new default
 (the holding kernel where a strip fits) and holding launches. The "fine_amax" group: the fused-scale pair (along K
-with the table, along N from it) at those models' weights. The "both" group: ``fp8_weights``' one launch of both
-copies (w read once) beside that pair, at those weights and DeepSeek-V2-Lite's, and its repeat and ragged-shape
-checks. Last, the table and the JSON (``--out``, default
+with the table, along N from it) at those models' weights. (The "both" group, both copies from one read, went with
+the kernel it timed: docs/perf-log.md.) Last, the table and the JSON (``--out``, default
 ``$OUT/tune_fp8_and_fused_quantizers.json``, ``$OUT`` default ./out).
 """
 
@@ -42,7 +41,6 @@ from mxkernels.quant import fp8_amax as A
 from mxkernels.quant import fp8_colwise as C
 from mxkernels.quant import fp8_hold as H
 from mxkernels.quant import fp8_rowwise as F
-from mxkernels.quant import fp8_weights as W
 from mxkernels.quant import quantize as Q
 from mxkernels.quant import quantize_blocked as QB
 from tune_quantize import make_input
@@ -286,52 +284,6 @@ def from_amax_case(name: str, launches: list[tuple[str, str, object]], k_groups:
     return Case(name, "amax", A.from_amax_cost(rows, cols, groups, BF16).bytes, setup)
 
 
-def both_case(name: str, shape: tuple[int, int, int], launches: list[tuple[str, str, object]]) -> Case:
-    """Both FP8 rowwise copies of (G, N, K) weights (``fp8_weights``) beside the fused-scale pair it replaces (along K
-    with the table, then along N from it, timed as one call); the traffic counted is one read of w."""
-
-    def setup():
-        w = make_input(shape)
-        ref = W.quantize_fp8_rowwise_3d_both_reference(w)
-
-        def pair():
-            q, scale, amax = A.quantize_fp8_rowwise_3d_with_amax(w)
-            return (q, scale, *A.quantize_fp8_rowwise_3d_from_amax(w, amax))
-
-        runs = [Launch("old: fused-scale pair (two reads)", "old", pair)]
-        runs += [Launch(label, role, lambda c=c: W.quantize_fp8_rowwise_3d_both(w, config=c)) for label, role, c in launches]
-        return {"w": w}, ref, runs
-
-    return Case(name, "both", W.both_cost(*shape, BF16).bytes, setup)
-
-
-def both_launches() -> list[tuple[str, str, object]]:
-    B = W.BothConfig
-    return [("new: default " + str(W.DEFAULT_CONFIG), "new", None),
-            ("span 16 chunk 512 lag 3 4/SM", "candidate", B(row_span=16, chunk_rows=512, lag=3, programs_per_sm=4)),
-            ("span 32 chunk 512 lag 3 4/SM", "candidate", B(row_span=32, chunk_rows=512, lag=3, programs_per_sm=4)),
-            ("span 16 lag 2 4/SM", "candidate", B(row_span=16, lag=2, programs_per_sm=4)),
-            ("span 16 chunk 512 lag 2", "candidate", B(row_span=16, chunk_rows=512, lag=2)),
-            ("span 16 chunk 1024 lag 4 4/SM", "candidate", B(row_span=16, chunk_rows=1024, lag=4, programs_per_sm=4)),
-            ("span 16 chunk 512 lag 3 6/SM", "candidate", B(row_span=16, chunk_rows=512, lag=3, programs_per_sm=6))]  # fmt: skip
-
-
-def both_checks() -> list[dict]:
-    """``quantize_fp8_rowwise_3d_both`` run five times at Qwen3-30B-A3B's gate/up weights (a chunk item reading the
-    amax table before its expert's rows items are all counted would differ from run to run), and at shapes off every
-    tile: N off the span, the chunk and 16 rows, K off a power of two, one expert, fp32."""
-    results = []
-    cases = [((128, 1536, 2048), BF16, None)] * 5 + [((128, 1536, 2048), BF16, W.BothConfig(lag=0))] * 2 + [
-        ((7, 1000, 2880), BF16, None), ((1, 4100, 768), BF16, W.BothConfig(lag=2)), ((5, 333, 1408), torch.float32, None),
-    ]  # fmt: skip
-    for i, (shape, dtype, config) in enumerate(cases):
-        w = make_input(shape).to(dtype)
-        wrong = same(W.quantize_fp8_rowwise_3d_both(w, config=config), W.quantize_fp8_rowwise_3d_both_reference(w))
-        results.append({"check": f"both {shape} {dtype} {config} #{i}", "ok": wrong is None, "error": wrong})
-        print(f"  check both {shape} {config}: {wrong or 'ok'}", flush=True)
-    return results
-
-
 def strips(strip, chunk, step, group=256, warps=8, **kw) -> C.ColwiseConfig:
     return C.ColwiseConfig(strip_cols=strip, chunk_rows=chunk, step_rows=step, group_cols=group, num_warps=warps, **kw)
 
@@ -400,12 +352,7 @@ def cases() -> list[Case]:
             fine_amax.append(from_amax_case(f"fine_amax {model} W{shape} along N from table", pass2, None, shape))
     for case in fine_amax:
         case.group = "fine_amax"
-    both_weights = {"qwen3-30b-a3b": FINE["qwen3-30b-a3b"]["weights"],
-                    "deepseek-v2-lite": [(64, 2816, 2048), (64, 2048, 1408)], "gpt-oss-120b": FINE["gpt-oss-120b"]["weights"],
-                    "deepseek-v3": FINE["deepseek-v3"]["weights"]}  # fmt: skip
-    both = [both_case(f"both {model} W{shape}", shape, both_launches()) for model, shapes in both_weights.items()
-            for shape in shapes]  # fmt: skip
-    return fine_cases() + amax_cases + fine_amax + both + [
+    return fine_cases() + amax_cases + fine_amax + [
         fp8_rows_case("fp8 rowwise A (131072, 7168)", (M, K), [
             ("old: two passes (4, 1024) w4", "old", old_rows), ("new: one read (1, 8192) w8", "new", None),
             ("one read (2, 8192) w16", "candidate", F.Fp8RowwiseConfig(2, 8192, 16)),
@@ -575,8 +522,6 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001
             checks = [{"check": "(race and group checks)", "ok": False, "error": f"{type(e).__name__}: {e}"[:300]}]
             traceback.print_exc(limit=2, file=sys.stderr)
-    if "both" in only:
-        checks += both_checks()
 
     print(f"\n{session.device}; roof: copy {roofs['copy']:.2f} TB/s, cast {roofs['read2write1']:.2f} TB/s. TB/s over "
           "each case's minimal traffic; %roof of the case's roof (the better of those two and the cast over the "
