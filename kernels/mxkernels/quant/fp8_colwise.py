@@ -98,7 +98,7 @@ def _colwise_kernel(
 
 
 @triton.jit
-def strip_scale_pass(
+def _strip_scale_pass(
     x_cols, q_cols, scale_ptr, amax_ptr, c, limit, scale_limit, lo, hi, stride_xm, STEP: tl.constexpr,
     STAGES: tl.constexpr, PREFETCH: tl.constexpr, FROM_ATOMICS: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
@@ -203,7 +203,7 @@ def _strips_kernel(
     amax_ptr = work_ptr + g * cols + c
     scale_ptr = scale_ptr + g * cols + c
     if PHASE == 2:
-        strip_scale_pass(x_cols, q_cols, scale_ptr, amax_ptr, c, limit, tl.where(local == 0, limit, 0), lo, hi,
+        _strip_scale_pass(x_cols, q_cols, scale_ptr, amax_ptr, c, limit, tl.where(local == 0, limit, 0), lo, hi,
                           stride_xm, STEP, STAGES, PREFETCH, False, EXACT)  # fmt: skip
     else:
         m = lo + tl.arange(0, CHUNK)
@@ -218,7 +218,7 @@ def _strips_kernel(
             counter = work_ptr + G * cols + g * n_strips + strip
             done = tl.atomic_add(counter, one, mask=live, sem="acq_rel", scope="gpu")
             if live & (done == chunks - 1):
-                strip_scale_pass(x_cols, q_cols, scale_ptr, amax_ptr, c, limit, limit, start, start + size,
+                _strip_scale_pass(x_cols, q_cols, scale_ptr, amax_ptr, c, limit, limit, start, start + size,
                                   stride_xm, STEP, STAGES, PREFETCH, True, EXACT)  # fmt: skip
 
 
