@@ -24,14 +24,13 @@ from mxbench.instruments.timing import time_fn
 SCRIPT = "probe_rows_amax"
 WEIGHTS = {"qwen3-30b-a3b": [(128, 1536, 2048), (128, 2048, 768)], "deepseek-v2-lite": [(64, 2816, 2048)],
            "gpt-oss-120b": [(128, 2880, 2880)], "deepseek-v3": [(8, 4096, 7168)]}  # fmt: skip
-
-
 R = A.AmaxRowsConfig
 # Grids from the shipped few persistent programs to many one-span programs (a grid in waves, as the plain
 # quantizer's). (Spans within an expert each storing a partial table, reduced after, instead of atomics:
 # probe_rows_amax-3-span.json, commit cca21ff; no faster, and taken back out.)
 CONFIGS = [R(6, 4), R(16, 4, block_rows=1), R(16, 4, block_rows=2), R(32, 4, block_rows=1), R(64, 4, block_rows=1),
            R(64, 4, block_rows=2), R(16, 8, block_rows=4), R(64, 8, block_rows=4)]  # fmt: skip
+
 
 def variants(w):
     G, N, K = w.shape

@@ -67,9 +67,10 @@ def test_bad_microbatches_is_refused(tmp_path):
 
 
 def test_amortized_step_of_an_overlapped_step_counts_only_what_the_cached_microbatches_skip():
-    # The layer runs of 6bb05da overlapped the weight stages and stored the in-order step. Hand-worked: the first microbatch takes the overlapped step (900 us), the three others the step with the weight
-    # stages in order (1000 us) less those stages (100 + 200 us): (900 + 3 * 700) / 4 = 750 us. Subtracting the
-    # weight stages from the overlapped step (900 - 0.75 * 300 = 675 us) would count the hidden part twice.
+    # The layer runs of 6bb05da overlapped the weight stages and stored the in-order step. Hand-worked: the first
+    # microbatch takes the overlapped step (900 us), the three others the step with the weight stages in order
+    # (1000 us) less those stages (100 + 200 us): (900 + 3 * 700) / 4 = 750 us. Subtracting the weight stages from
+    # the overlapped step (900 - 0.75 * 300 = 675 us) would count the hidden part twice.
     from mxbench.storage.results import Point, Record
     from mxbench.workloads.layer.amortize import amortized_us
 

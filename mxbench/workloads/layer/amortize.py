@@ -43,8 +43,8 @@ def weight_only_us(records: Sequence[Record]) -> float | None:
 def amortized_us(step_us: float | None, records: Sequence[Record], microbatches: int,
                  in_order_us: float | None = None) -> float | None:  # fmt: skip
     """The step amortized over ``microbatches`` (module doc); ``in_order_us``: the step with the weight stages in
-    order, where ``step_us`` overlapped them (None: it did not, as every run now). None where the step or a weight-only stage is
-    missing."""
+    order, where ``step_us`` overlapped them (None: it did not, as every run now). None where the step or a
+    weight-only stage is missing."""
     weights = weight_only_us(records)
     if step_us is None or weights is None:
         return None

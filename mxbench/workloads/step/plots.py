@@ -150,16 +150,17 @@ def _sheet(ctx: Context, path: Path, project: str | None) -> Path:
     """All panels that have data on one figure, three per row. Each panel is drawn once, on an axes of its own;
     those that had nothing to draw are removed and the rest placed in the grid their number makes."""
     fig = Figure(layout="constrained")
-    panels: list[Panel] = list(PANELS.values())
-    if project is not None:  # drawn whatever the run holds, as before
-        panels += [partial(draw_projected_breakdown, target=project), partial(draw_projected_speedup, target=project)]
     axes = []
-    for i, panel in enumerate(panels):
+    for panel in PANELS.values():
         ax = fig.add_subplot()
-        if panel(ax, ctx) or i >= len(PANELS):
+        if panel(ax, ctx):
             axes.append(ax)
         else:
             ax.remove()
+    if project is not None:  # drawn whatever the run holds, as before
+        for panel in (draw_projected_breakdown, draw_projected_speedup):
+            axes.append(ax := fig.add_subplot())
+            panel(ax, ctx, target=project)
     if not axes:
         raise InputError(f"run of {ctx.card} holds nothing to draw")
     cols = min(3, len(axes))
